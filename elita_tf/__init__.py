@@ -1,0 +1,5 @@
+"""elita-tf: efficient, linear-time transformer building blocks for Keras 3 on TensorFlow."""
+
+from elita_tf import layers, ops
+
+__version__ = "0.1.0"

@@ -1,0 +1,4 @@
+"""Keras layers, one public layer per file."""
+
+from elita_tf.layers.attention2 import Attention2
+from elita_tf.layers.feedforward2 import FeedForward2

@@ -1,0 +1,246 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int
+from elita_tf.ops.causal_mean import (
+    DEFAULT_CHUNK_SIZE,
+    accumulator_dtype,
+    causal_softmax_mean,
+    causal_softmax_mean_step,
+    empty_state,
+)
+
+POSITION_MODES = ("fixed", "length")
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class Attention2(keras.layers.Layer):
+    """ELiTA efficient time-linear attention (`Attention2`), causal.
+
+    Per head `h`, with learned sinusoidal position terms
+    `P1_i = Σ_r c_r sin(a1_r u_i + b1_r)` and `P2_i = Σ_r c_r sin(a2_r u_i + b2_r)`:
+
+        κ_i = k1·x_i + P1_i      δ_i = k2·x_i      ρ_i = P2_i + k3·x_i      v_i = Vᵀ x_i
+        y_i = (e^{δ_i} v_i + e^{ρ_i} Σ_{j<=i} e^{κ_j} v_j) / (e^{δ_i} + e^{ρ_i} Σ_{j<=i} e^{κ_j})
+        out_i = Σ_h O_h y_{h,i}
+
+    Row `i` is a softmax over a self slot and every earlier position, whose
+    logits are additive in query and key; it is computed exactly, in O(T), as
+    a gate between `v_i` and a stable causal softmax mean of the values:
+
+        h̄_i = Σ_{j<=i} e^{κ_j} v_j / Σ_{j<=i} e^{κ_j},  logZ_i = log Σ_{j<=i} e^{κ_j}
+        y_i = g_i v_i + (1 - g_i) h̄_i,  g_i = sigmoid(δ_i - ρ_i - logZ_i)
+
+        row 0: s x . .     s = self slot, x = positions averaged into h̄
+        row 1: s x x .
+        row 2: s x x x
+
+    Decoding keeps `(logZ, h̄)` per head: a constant-size state.
+
+    Args:
+        num_heads: int. Number of heads `H`.
+        head_dim: int. Value width per head `D`.
+        position_dim: int. Number of sinusoid components `p` of the position terms.
+        context_length: int. Training length `L`: in `"fixed"` mode position
+            `i` is `u_i = i / (L - 1)`, the reference's `linspace(0, 1, L)`;
+            longer sequences extrapolate. Defaults to `256`.
+        position_mode: `"fixed"` (`u_i = i / (L - 1)`, consistent for
+            decoding and any length) or `"length"` (the reference exactly:
+            `u_i = time_scale * i / (T - 1)`, so every position moves with the
+            sequence length; no decoding). Defaults to `"fixed"`.
+        time_scale: float. The reference's `t`, used in `"length"` mode.
+            Defaults to `1.0`.
+        logit_clip: float or None. Clip `κ`, `δ`, `ρ` to `±logit_clip` as the
+            reference did with `20.0` (its saturated logits have zero
+            gradient). Defaults to `None`: exact for any logit.
+        chunk_size: int. Positions per matrix-product chunk of the kernel.
+            Defaults to `64`.
+        logit_initializer: initializer for `k1`, `k2`, `k3`. Defaults to
+            `"random_uniform"` (U(-0.05, 0.05), as the reference).
+        position_initializer: initializer for `a1`, `a2`, `b1`, `b2`, `c`.
+            Defaults to `"random_uniform"`.
+        kernel_initializer: initializer for `value_kernel`, `output_kernel`.
+            Defaults to `"glorot_uniform"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: optional bool `[B, T]`, False at padding. Padded
+            positions add nothing to later rows. Defaults to the Keras mask.
+        cache: optional tuple from `get_initial_cache` or a previous call:
+            the inputs continue the sequence the cache summarises.
+        training: ignored.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, new_cache)` when a cache is passed.
+
+    Example:
+    >>> layer = Attention2(num_heads=4, head_dim=16, position_dim=8)
+    >>> x = tf.random.normal([2, 100, 64])
+    >>> layer(x).shape
+    TensorShape([2, 100, 64])
+    >>> y, cache = layer(x[:, :99], cache=layer.get_initial_cache(2))
+    >>> y_last, cache = layer(x[:, 99:], cache=cache)  # one decoding step
+
+    References:
+        - [ELiTA, A. C. O. Sharma](https://github.com/acosharma/elita-transformer)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        head_dim,
+        position_dim,
+        context_length=256,
+        position_mode="fixed",
+        time_scale=1.0,
+        logit_clip=None,
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        logit_initializer="random_uniform",
+        position_initializer="random_uniform",
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("head_dim", head_dim)
+        check_positive_int("position_dim", position_dim)
+        check_positive_int("chunk_size", chunk_size)
+        check_choice("position_mode", position_mode, POSITION_MODES)
+        if not isinstance(context_length, int) or context_length < 2:
+            raise ValueError(f"`context_length` must be an integer >= 2. Received: context_length={context_length!r}")
+        if logit_clip is not None and not logit_clip > 0:
+            raise ValueError(f"`logit_clip` must be None or positive. Received: logit_clip={logit_clip!r}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.position_dim = position_dim
+        self.context_length = context_length
+        self.position_mode = position_mode
+        self.time_scale = float(time_scale)
+        self.logit_clip = None if logit_clip is None else float(logit_clip)
+        self.chunk_size = chunk_size
+        self.logit_initializer = keras.initializers.get(logit_initializer)
+        self.position_initializer = keras.initializers.get(position_initializer)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+        if width is None:
+            raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
+        h, p, d = self.num_heads, self.position_dim, self.head_dim
+
+        def weight(name, shape, initializer):
+            return self.add_weight(name=name, shape=shape, initializer=initializer, dtype=self.variable_dtype)
+
+        self.k1 = weight("k1", (h, width), self.logit_initializer)
+        self.k2 = weight("k2", (h, width), self.logit_initializer)
+        self.k3 = weight("k3", (h, width), self.logit_initializer)
+        self.a1 = weight("a1", (h, p), self.position_initializer)
+        self.a2 = weight("a2", (h, p), self.position_initializer)
+        self.b1 = weight("b1", (h, p), self.position_initializer)
+        self.b2 = weight("b2", (h, p), self.position_initializer)
+        self.c = weight("c", (h, p), self.position_initializer)
+        self.value_kernel = weight("value_kernel", (h, width, d), self.kernel_initializer)
+        self.output_kernel = weight("output_kernel", (h, width, d), self.kernel_initializer)
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    def _positions(self, length, start):
+        """`u [B or 1, T]` in the accumulator dtype."""
+        dtype = accumulator_dtype(self.compute_dtype)
+        index = tf.range(length)[None, :]
+        if start is not None:
+            index = index + start[:, None]
+        index = tf.cast(index, dtype)
+        if self.position_mode == "fixed":
+            return index / (self.context_length - 1)
+        denominator = tf.cast(tf.maximum(length - 1, 1), dtype)
+        return self.time_scale * index / denominator
+
+    def _position_terms(self, u):
+        """`(P1, P2)`, each `[B or 1, H, T]`."""
+        dtype = u.dtype
+
+        def sinusoids(a, b):
+            a, b, c = (tf.cast(w, dtype) for w in (a, b, self.c))
+            phase = a[None, :, :, None] * u[:, None, None, :] + b[None, :, :, None]  # [B, H, p, T]
+            return tf.einsum("hp,bhpt->bht", c, tf.sin(phase))
+
+        return sinusoids(self.a1, self.b1), sinusoids(self.a2, self.b2)
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+        check_float_sequence(self, inputs)
+        if padding_mask is None:
+            padding_mask = mask
+        if cache is not None and self.position_mode != "fixed":
+            raise ValueError(
+                "Decoding with a cache needs positions that do not move with the length: "
+                f"use position_mode='fixed'. Received: position_mode={self.position_mode!r}"
+            )
+        length = tf.shape(inputs)[1]
+        start = None if cache is None else cache[2]
+        p1, p2 = self._position_terms(self._positions(length, start))
+
+        acc = p1.dtype
+        keys = tf.stack([tf.convert_to_tensor(k) for k in (self.k1, self.k2, self.k3)])  # [3, H, d]
+        logits = tf.cast(tf.einsum("btd,khd->kbht", inputs, keys), acc)  # [3, B, H, T]
+        kappa, delta, rho = logits[0] + p1, logits[1], logits[2] + p2
+        if self.logit_clip is not None:
+            kappa, delta, rho = (tf.clip_by_value(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))
+        values = tf.einsum("btd,hde->bhte", inputs, self.value_kernel)  # [B, H, T, D]
+
+        if cache is not None and inputs.shape[1] == 1:
+            step_mask = None if padding_mask is None else padding_mask[:, 0]
+            mean, log_z, state = causal_softmax_mean_step(cache[:2], kappa[..., 0], values[:, :, 0], mask=step_mask)
+            mean, log_z = mean[:, :, None], log_z[..., None]
+        else:
+            mean, log_z, state = causal_softmax_mean(
+                kappa,
+                values,
+                mask=padding_mask,
+                initial_state=None if cache is None else cache[:2],
+                chunk_size=self.chunk_size,
+            )
+        gate = tf.sigmoid(delta - rho - log_z)[..., None]
+        mixed = gate * tf.cast(values, acc) + (1.0 - gate) * mean
+        outputs = tf.einsum("bhte,hde->btd", tf.cast(mixed, self.compute_dtype), self.output_kernel)
+        if cache is None:
+            return outputs
+        return outputs, (state[0], state[1], cache[2] + length)
+
+    def get_initial_cache(self, batch_size, dtype=None):
+        """The cache before any position.
+
+        Returns:
+            `(log_z [B, H], mean [B, H, D], position [B] int32)`: the running
+            normaliser and mean of every head (float32, or float64 for a
+            float64 layer) and the index of the next position.
+        """
+        dtype = accumulator_dtype(dtype or self.compute_dtype)
+        log_z, mean = empty_state(batch_size, self.num_heads, self.head_dim, dtype=dtype)
+        return log_z, mean, tf.zeros([batch_size], tf.int32)
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "position_dim": self.position_dim,
+                "context_length": self.context_length,
+                "position_mode": self.position_mode,
+                "time_scale": self.time_scale,
+                "logit_clip": self.logit_clip,
+                "chunk_size": self.chunk_size,
+                "logit_initializer": keras.initializers.serialize(self.logit_initializer),
+                "position_initializer": keras.initializers.serialize(self.position_initializer),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,113 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_float_sequence, check_positive_int
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class FeedForward2(keras.layers.Layer):
+    """ELiTA's trilinear feed-forward layer (`FeedForward2`).
+
+    Two swish branches of widths `a = hidden_dim` and `b = factor` are
+    multiplied pairwise and mixed back to the input width `d`:
+
+        α = swish(x W1 + b1)            # [..., a]
+        β = swish(x W2 + b2)            # [..., b]
+        y = Σ_ij α_i β_j W3[i, j, :] + b3
+
+    i.e. an MLP with `a * b` hidden units whose unit `(i, j)` is the product
+    `α_i β_j`. It is computed as one outer product and one matrix product.
+    Position-wise: no state, so its decoding cache is the empty tuple.
+
+    Args:
+        hidden_dim: int or None. Width `a` of the first branch. Defaults to
+            the input width.
+        factor: int. Width `b` of the second branch. Defaults to `8`.
+        kernel_initializer: initializer for `w1`, `w2`, `w3`. Defaults to
+            `"glorot_uniform"`.
+        bias_initializer: initializer for `b1`, `b2`, `b3`. Defaults to
+            `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: ignored (position-wise); accepted for a uniform block API.
+        cache: `()` to get `(outputs, ())` back, as the stateful layers do.
+        training: ignored.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, ())` when a cache is passed.
+
+    Example:
+    >>> layer = FeedForward2(factor=8)
+    >>> layer(tf.zeros([2, 10, 16])).shape
+    TensorShape([2, 10, 16])
+
+    References:
+        - [ELiTA, A. C. O. Sharma](https://github.com/acosharma/elita-transformer)
+    """
+
+    def __init__(
+        self,
+        hidden_dim=None,
+        factor=8,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("hidden_dim", hidden_dim, allow_none=True)
+        check_positive_int("factor", factor)
+        self.hidden_dim = hidden_dim
+        self.factor = factor
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = inputs_shape[-1]
+        if width is None:
+            raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
+        a = self.hidden_dim or width
+        b = self.factor
+
+        def weight(name, shape, initializer):
+            return self.add_weight(name=name, shape=shape, initializer=initializer, dtype=self.variable_dtype)
+
+        self.w1 = weight("w1", (width, a), self.kernel_initializer)
+        self.b1 = weight("b1", (a,), self.bias_initializer)
+        self.w2 = weight("w2", (width, b), self.kernel_initializer)
+        self.b2 = weight("b2", (b,), self.bias_initializer)
+        self.w3 = weight("w3", (a, b, width), self.kernel_initializer)
+        self.b3 = weight("b3", (width,), self.bias_initializer)
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None):
+        check_float_sequence(self, inputs)
+        a, b, width = self.w3.shape
+        x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
+        alpha = tf.nn.silu(tf.matmul(x, self.w1) + self.b1)  # [B*T, a]
+        beta = tf.nn.silu(tf.matmul(x, self.w2) + self.b2)  # [B*T, b]
+        hidden = tf.reshape(alpha[:, :, None] * beta[:, None, :], [-1, a * b])
+        outputs = tf.matmul(hidden, tf.reshape(self.w3, [a * b, width])) + self.b3
+        outputs = tf.reshape(outputs, tf.shape(inputs))
+        return outputs if cache is None else (outputs, ())
+
+    def get_initial_cache(self, batch_size, dtype=None):
+        """The empty tuple: a position-wise layer keeps no state."""
+        return ()
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_dim": self.hidden_dim,
+                "factor": self.factor,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

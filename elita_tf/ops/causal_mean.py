@@ -1,0 +1,326 @@
+"""Stable causal softmax-weighted means with key-only logits (SPEC §7).
+
+For logits `l [B, H, T]` and values `x [B, H, T, D]` row `i` is
+
+    mean_i = Σ_{j∈W(i)} exp(l_j) x_j / Σ_{j∈W(i)} exp(l_j)
+    logZ_i = log Σ_{j∈W(i)} exp(l_j)
+
+with `W(i) = {j <= i}` (global) or the last `window` positions (windowed):
+
+    global          window = 3
+    row 0: x . . .  x . . . .
+    row 1: x x . .  x x . . .
+    row 2: x x x .  x x x . .
+    row 3: x x x x  . x x x .
+
+This is the shared primitive of ELiTA `Attention2` and additive attention.
+
+Every exponent taken here is `l_j - L_i <= 0` with `L_i` a log-sum-exp
+over a set that holds `l_j`: nothing overflows for any logit range, and there
+is no cumulative sum difference that can cancel. All arithmetic is float32
+(float64 stays float64) whatever the input dtype.
+
+Forms:
+- `causal_softmax_mean`: the parallel training form. Chunks of `C` positions
+  are combined with `C x C` matrix products; chunks are linked by a carry
+  computed with `cumulative_logsumexp` over the chunk axis. Time and memory are
+  O(T * C * D) for the global and for every window size.
+- `causal_softmax_mean_step`: the one-step recurrent form for decoding, from a
+  constant-size state (global) or a ring buffer of `window` entries.
+"""
+
+import tensorflow as tf
+
+# A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
+# never makes `-inf - -inf = nan` in a forward or backward pass.
+NEG_INF = -1e30
+# Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
+_TINY = 1e-30
+
+DEFAULT_CHUNK_SIZE = 64
+
+
+def accumulator_dtype(dtype):
+    """float64 stays float64, anything else is accumulated in float32."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def logaddexp(a, b):
+    """`log(exp(a) + exp(b))`, broadcasting, with the right gradient at ties."""
+    a, b = a + tf.zeros_like(b), b + tf.zeros_like(a)
+    return tf.reduce_logsumexp(tf.stack([a, b], axis=-1), axis=-1)
+
+
+def empty_state(batch_size, num_heads, head_dim, window=None, dtype=tf.float32):
+    """The state before any position, for `causal_softmax_mean(_step)`.
+
+    Returns:
+        Global (`window=None`): `(log_z [B, H], mean [B, H, D])`, the running
+        normaliser and mean. Windowed: `(logits [B, H, window],
+        values [B, H, window, D])`, a ring buffer of the last `window` inputs
+        (oldest first).
+    """
+    dtype = accumulator_dtype(dtype)
+    if window is None:
+        log_z = tf.fill([batch_size, num_heads], tf.constant(NEG_INF, dtype))
+        return log_z, tf.zeros([batch_size, num_heads, head_dim], dtype)
+    logits = tf.fill([batch_size, num_heads, window], tf.constant(NEG_INF, dtype))
+    return logits, tf.zeros([batch_size, num_heads, window, head_dim], dtype)
+
+
+def _check_window(window):
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"`window` must be None or a positive integer. Received: window={window}")
+
+
+def _prepare(logits, values, mask):
+    """Casts to the accumulator dtype; masked positions get no weight and zero value."""
+    dtype = accumulator_dtype(values.dtype)
+    logits = tf.cast(logits, dtype)
+    values = tf.cast(values, dtype)
+    if mask is not None:
+        mask = tf.cast(mask, tf.bool)[:, None, :]  # [B, 1, T]
+        logits = tf.where(mask, logits, tf.constant(NEG_INF, dtype))
+        values = tf.where(mask[..., None], values, tf.zeros([], dtype))
+    return logits, values
+
+
+def _pad_time(logits, values, multiple):
+    """Pads the time axis to a multiple: padded keys get no weight."""
+    length = tf.shape(logits)[-1]
+    pad = (-length) % multiple
+    logits = tf.pad(logits, [[0, 0], [0, 0], [0, pad]], constant_values=NEG_INF)
+    values = tf.pad(values, [[0, 0], [0, 0], [0, pad], [0, 0]])
+    return logits, values
+
+
+def _shift_right(x, axis, fill=0.0):
+    """`x` moved one step along `axis`, `fill` entering at index 0 (safe for size 0)."""
+    pad = [[0, 0]] * x.shape.rank
+    pad[axis] = [1, 0]
+    padded = tf.pad(x, pad, constant_values=fill)
+    return tf.gather(padded, tf.range(tf.shape(x)[axis]), axis=axis)
+
+
+def _shift_left(x, axis, fill=0.0):
+    """`x` moved one step back along `axis`, `fill` entering at the end."""
+    pad = [[0, 0]] * x.shape.rank
+    pad[axis] = [0, 1]
+    padded = tf.pad(x, pad, constant_values=fill)
+    return tf.gather(padded, tf.range(1, tf.shape(x)[axis] + 1), axis=axis)
+
+
+def _global_chunked(logits, values, chunk_size):
+    """Global causal mean of `[N, T]` logits and `[N, T, D]` values."""
+    n, length, depth = tf.shape(values)[0], tf.shape(values)[1], tf.shape(values)[2]
+    logits, values = _pad_time(logits[None], values[None], chunk_size)
+    logits, values = logits[0], values[0]
+    log_z = tf.math.cumulative_logsumexp(logits, axis=-1)  # [N, T']
+    chunks = tf.shape(logits)[-1] // chunk_size
+    l = tf.reshape(logits, [n, chunks, chunk_size])  # [N, K, C]
+    lz = tf.reshape(log_z, [n, chunks, chunk_size])
+    v = tf.reshape(values, [n, chunks, chunk_size, depth])  # [N, K, C, D]
+
+    # Carry between chunks: the mean of everything before each chunk. The
+    # inclusive prefix over chunks of exp(chunk_lz) * chunk_mean is taken in
+    # log space, positive and negative parts apart, so it never overflows.
+    chunk_lz = tf.reduce_logsumexp(l, axis=-1)  # [N, K]
+    chunk_mean = tf.einsum("nkc,nkcd->nkd", tf.nn.softmax(l, axis=-1), v)
+    end_lz = tf.math.cumulative_logsumexp(chunk_lz, axis=1)
+    log_pos = tf.math.log(tf.maximum(chunk_mean, _TINY))
+    log_neg = tf.math.log(tf.maximum(-chunk_mean, _TINY))
+    cum_pos = tf.math.cumulative_logsumexp(chunk_lz[..., None] + log_pos, axis=1)
+    cum_neg = tf.math.cumulative_logsumexp(chunk_lz[..., None] + log_neg, axis=1)
+    end_mean = tf.exp(cum_pos - end_lz[..., None]) - tf.exp(cum_neg - end_lz[..., None])
+    prev_lz = _shift_right(end_lz, axis=1, fill=NEG_INF)
+    prev_mean = _shift_right(end_mean, axis=1)
+
+    # Inside a chunk: exact weights exp(l_j - L_i) <= 1 for j <= i.
+    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]
+    scores = tf.where(causal, l[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, l.dtype))
+    mean = tf.einsum("nkij,nkjd->nkid", tf.exp(scores), v)
+    mean += tf.exp(prev_lz[..., None] - lz)[..., None] * prev_mean[:, :, None, :]
+    mean = tf.reshape(mean, [n, -1, depth])[:, :length]
+    return mean, log_z[:, :length]
+
+
+def _global(logits, values, chunk_size):
+    """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values."""
+    shape = tf.shape(values)
+    mean, log_z = _global_chunked(
+        tf.reshape(logits, [shape[0] * shape[1], shape[2]]),
+        tf.reshape(values, [shape[0] * shape[1], shape[2], shape[3]]),
+        chunk_size,
+    )
+    return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
+
+
+def _banded(logits, values, window, chunk_size):
+    """Windowed mean for `window <= chunk_size`: each chunk sees itself and the one before.
+
+    Row `i` of a chunk sits at key slot `C + i` of `[previous chunk, chunk]`
+    and sees slots `(C + i - window, C + i]`.
+    """
+    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
+    logits, values = _pad_time(logits, values, chunk_size)
+    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
+    prev_l = _shift_right(l, axis=2, fill=NEG_INF)
+    prev_v = _shift_right(v, axis=2)
+    keys_l = tf.concat([prev_l, l], axis=-1)  # [B, H, K, 2C]
+    keys_v = tf.concat([prev_v, v], axis=-2)  # [B, H, K, 2C, D]
+    row = tf.range(chunk_size)[:, None] + chunk_size
+    col = tf.range(2 * chunk_size)[None, :]
+    band = (col <= row) & (col > row - window)  # [C, 2C]
+    scores = tf.where(band, keys_l[..., None, :], tf.constant(NEG_INF, l.dtype))
+    log_z = tf.reduce_logsumexp(scores, axis=-1)  # [B, H, K, C]
+    weights = tf.exp(scores - log_z[..., None])
+    mean = tf.einsum("bhkij,bhkjd->bhkid", weights, keys_v)
+    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
+
+
+def _blockwise(logits, values, window, chunk_size):
+    """Windowed mean for any window, from blocks of exactly `window` positions.
+
+    The window of row `i` (offset `r` in block `b`) is the suffix of block
+    `b - 1` after offset `r` and the prefix of block `b` up to `r`. Prefixes
+    and suffixes are global means inside each block; they are merged with a
+    log-sum-exp, so the cost is independent of the window.
+    """
+    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
+    logits, values = _pad_time(logits, values, window)
+    l = tf.reshape(logits, [-1, window])  # [B*H*NB, W]
+    v = tf.reshape(values, [-1, window, depth])
+    # Inner chunks between C/2 and C that tile the block with little padding.
+    inner = -(-window // -(-window // chunk_size))
+    pre_mean, pre_lz = _global_chunked(l, v, inner)
+    suf_mean, suf_lz = _global_chunked(l[:, ::-1], v[:, ::-1], inner)
+    suf_mean, suf_lz = suf_mean[:, ::-1], suf_lz[:, ::-1]
+
+    # Row r of block b takes the suffix from offset r + 1 of block b - 1.
+    blocks = tf.shape(logits)[-1] // window
+    suf_lz = tf.reshape(suf_lz, [b, h, blocks, window])
+    suf_mean = tf.reshape(suf_mean, [b, h, blocks, window, depth])
+    suf_lz = _shift_right(_shift_left(suf_lz, 3, NEG_INF), 2, NEG_INF)
+    suf_mean = _shift_right(_shift_left(suf_mean, 3), 2)
+    pre_lz = tf.reshape(pre_lz, [b, h, blocks, window])
+    pre_mean = tf.reshape(pre_mean, [b, h, blocks, window, depth])
+
+    log_z = logaddexp(pre_lz, suf_lz)
+    mean = (
+        tf.exp(pre_lz - log_z)[..., None] * pre_mean
+        + tf.exp(suf_lz - log_z)[..., None] * suf_mean
+    )
+    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
+
+
+def causal_softmax_mean(
+    logits,
+    values,
+    window=None,
+    mask=None,
+    initial_state=None,
+    chunk_size=DEFAULT_CHUNK_SIZE,
+):
+    """Causal (windowed) softmax-weighted mean, parallel over time.
+
+    Args:
+        logits: float tensor `[B, H, T]`. Key-only logits, any range.
+        values: float tensor `[B, H, T, D]`.
+        window: `None` (every earlier position) or a positive int, the number
+            of most recent positions each row sees (itself included).
+        mask: optional bool `[B, T]`, False at padding: a padded position adds
+            nothing to any later row (its own row is left finite, not
+            meaningful).
+        initial_state: optional state of the positions before these, as from
+            `empty_state()` or a previous call (prefill then continue).
+        chunk_size: int `C`, positions per matrix-product chunk.
+
+    Returns:
+        `(mean, log_z, state)`: `mean [B, H, T, D]` in the accumulator dtype
+        (float32 unless the values are float64), `log_z [B, H, T]`, and the
+        state after the last position, to continue from.
+    """
+    _check_window(window)
+    logits, values = _prepare(logits, values, mask)
+    if window is not None and initial_state is not None:
+        # The ring buffer holds the `window` positions before these.
+        buf_l, buf_v = initial_state
+        logits = tf.concat([tf.cast(buf_l, logits.dtype), logits], axis=-1)
+        values = tf.concat([tf.cast(buf_v, values.dtype), values], axis=-2)
+    if window is None:
+        mean, log_z = _global(logits, values, chunk_size)
+    elif window <= chunk_size:
+        mean, log_z = _banded(logits, values, window, chunk_size)
+    else:
+        mean, log_z = _blockwise(logits, values, window, chunk_size)
+
+    if window is not None:
+        if initial_state is None:
+            b, h, _, d = (tf.shape(values)[k] for k in range(4))
+            empty_l, empty_v = empty_state(b, h, d, window, values.dtype)
+            logits = tf.concat([empty_l, logits], axis=-1)
+            values = tf.concat([empty_v, values], axis=-2)
+        else:
+            mean, log_z = mean[:, :, window:], log_z[:, :, window:]
+        return mean, log_z, (logits[:, :, -window:], values[:, :, -window:])
+
+    if initial_state is None:
+        b, h, _, d = (tf.shape(values)[k] for k in range(4))
+        initial_state = empty_state(b, h, d, None, values.dtype)
+    else:
+        # Merge the running state of earlier positions into every row.
+        lz0 = tf.cast(initial_state[0], log_z.dtype)[..., None]
+        mean0 = tf.cast(initial_state[1], mean.dtype)[:, :, None, :]
+        merged = logaddexp(lz0, log_z)
+        mean = tf.exp(lz0 - merged)[..., None] * mean0 + tf.exp(log_z - merged)[..., None] * mean
+        log_z = merged
+        initial_state = (lz0[..., 0], mean0[:, :, 0])
+    # The last row's statistics, or the initial state when T = 0.
+    state = (
+        tf.concat([initial_state[0][..., None], log_z], axis=-1)[..., -1],
+        tf.concat([initial_state[1][:, :, None], mean], axis=2)[:, :, -1],
+    )
+    return mean, log_z, state
+
+
+def causal_softmax_mean_step(state, logit, value, window=None, mask=None):
+    """One decoding step of `causal_softmax_mean`.
+
+    Args:
+        state: the state from `empty_state()`, `causal_softmax_mean` or a
+            previous step.
+        logit: float `[B, H]`, the new position's logit.
+        value: float `[B, H, D]`, its value.
+        window: as in `causal_softmax_mean`; must match the state.
+        mask: optional bool `[B]`; False leaves a global state unchanged and
+            pushes an empty slot into a window.
+
+    Returns:
+        `(mean [B, H, D], log_z [B, H], new_state)`, equal to the last row of
+        `causal_softmax_mean` over all positions so far.
+    """
+    _check_window(window)
+    logit, value = _prepare(
+        logit[..., None], value[:, :, None, :], None if mask is None else mask[:, None]
+    )
+    logit, value = logit[..., 0], value[:, :, 0]
+    if window is None:
+        log_z, mean = state
+        new_log_z = logaddexp(log_z, logit)
+        # Online mean: the weight exp(l - L) is in [0, 1], so it never overflows.
+        new_mean = mean + tf.exp(logit - new_log_z)[..., None] * (value - mean)
+        if mask is not None:
+            keep = tf.cast(mask, tf.bool)[:, None]
+            new_log_z = tf.where(keep, new_log_z, log_z)
+            new_mean = tf.where(keep[..., None], new_mean, mean)
+        return new_mean, new_log_z, (new_log_z, new_mean)
+    buf_l, buf_v = state
+    buf_l = tf.concat([buf_l[:, :, 1:], logit[..., None]], axis=-1)
+    buf_v = tf.concat([buf_v[:, :, 1:], value[:, :, None]], axis=2)
+    log_z = tf.reduce_logsumexp(buf_l, axis=-1)
+    mean = tf.einsum("bhw,bhwd->bhd", tf.exp(buf_l - log_z[..., None]), buf_v)
+    return mean, log_z, (buf_l, buf_v)

@@ -1,0 +1,54 @@
+"""Naive O(T^2) references, for tests only.
+
+Each builds the full `[T, T]` matrix of the definition and takes a
+max-subtracted softmax over it, in the dtype it is given (tests use float64).
+They are slow and obviously right; the fast forms are checked against them,
+outputs and gradients.
+"""
+
+import tensorflow as tf
+
+
+def window_mask(length, window=None):
+    """`[T, T]` bool, True where row `i` sees column `j`."""
+    i = tf.range(length)[:, None]
+    j = tf.range(length)[None, :]
+    visible = j <= i
+    if window is not None:
+        visible &= j > i - window
+    return visible
+
+
+def causal_softmax_mean_reference(logits, values, window=None, mask=None):
+    """`(mean [B, H, T, D], log_z [B, H, T])` of SPEC §7 by its definition."""
+    length = tf.shape(logits)[-1]
+    visible = window_mask(length, window)[None, None]  # [1, 1, T, T]
+    if mask is not None:
+        visible &= tf.cast(mask, tf.bool)[:, None, None, :]
+    scores = tf.where(visible, logits[:, :, None, :], logits.dtype.min)
+    log_z = tf.reduce_logsumexp(scores, axis=-1)
+    weights = tf.exp(scores - log_z[..., None])
+    return tf.einsum("bhij,bhjd->bhid", weights, values), log_z
+
+
+def attention2_reference(kappa, delta, rho, values, logit_clip=None):
+    """ELiTA `Attention2` per-head output `y [B, H, T, D]` by SPEC §1(a).
+
+    Row `i` is a softmax over `i + 2` slots: the self slot (logit `δ_i`,
+    value `v_i`) and the slots `j <= i` (logit `ρ_i + κ_j`, value `v_j`).
+    With `logit_clip` it is the original code instead: clipped exponentials,
+    plain cumulative sums and a division.
+    """
+    if logit_clip is not None:
+        e_k = tf.exp(tf.clip_by_value(kappa, -logit_clip, logit_clip))
+        e_d = tf.exp(tf.clip_by_value(delta, -logit_clip, logit_clip))
+        e_r = tf.exp(tf.clip_by_value(rho, -logit_clip, logit_clip))
+        num = e_d[..., None] * values + e_r[..., None] * tf.cumsum(e_k[..., None] * values, axis=2)
+        den = e_d + e_r * tf.cumsum(e_k, axis=2)
+        return num / den[..., None]
+    length = tf.shape(kappa)[-1]
+    visible = window_mask(length)[None, None]
+    cross = tf.where(visible, rho[..., :, None] + kappa[..., None, :], kappa.dtype.min)
+    scores = tf.concat([delta[..., None], cross], axis=-1)  # [B, H, T, 1 + T]
+    weights = tf.nn.softmax(scores, axis=-1)
+    return weights[..., :1] * values + tf.einsum("bhij,bhjd->bhid", weights[..., 1:], values)

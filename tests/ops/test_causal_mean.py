@@ -1,0 +1,205 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_state
+from elita_tf.ops.reference import causal_softmax_mean_reference
+
+LENGTHS = [1, 63, 100, 257]
+# Smaller and larger than the chunk (16 in these tests, 64 by default).
+WINDOWS = [None, 1, 5, 16, 40, 300]
+CHUNK = 16
+
+
+def _inputs(length, scale=3.0, batch=2, heads=3, depth=4, seed=0, dtype=tf.float32):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(batch, heads, length)) * scale
+    values = rng.normal(size=(batch, heads, length, depth))
+    return tf.constant(logits, dtype), tf.constant(values, dtype)
+
+
+def _assert_finite(*tensors):
+    for t in tensors:
+        assert np.all(np.isfinite(t.numpy())), "non-finite values"
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_forward_matches_reference_float64(length, window):
+    logits, values = _inputs(length, dtype=tf.float64)
+    mean, log_z, _ = causal_softmax_mean(logits, values, window=window, chunk_size=CHUNK)
+    ref_mean, ref_log_z = causal_softmax_mean_reference(logits, values, window=window)
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(log_z, ref_log_z, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("window", WINDOWS)
+def test_gradients_match_reference(length, window):
+    logits, values = _inputs(length, dtype=tf.float64, seed=1)
+    rng = np.random.default_rng(2)
+    cot_mean = tf.constant(rng.normal(size=values.shape), tf.float64)
+    cot_lz = tf.constant(rng.normal(size=logits.shape), tf.float64)
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([logits, values])
+            mean, log_z = fn(logits, values)[:2]
+            loss = tf.reduce_sum(mean * cot_mean) + tf.reduce_sum(log_z * cot_lz)
+        return tape.gradient(loss, [logits, values])
+
+    got = grads(lambda l, v: causal_softmax_mean(l, v, window=window, chunk_size=CHUNK))
+    want = grads(lambda l, v: causal_softmax_mean_reference(l, v, window=window))
+    for g, w in zip(got, want):
+        _assert_finite(g)
+        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+def test_float32_large_logits_exact_and_finite(window):
+    # Logits up to +-80: exp() of them alone would overflow float32 sums.
+    logits, values = _inputs(257, scale=40.0, dtype=tf.float64, seed=3)
+    logits = tf.clip_by_value(logits, -80.0, 80.0)
+    with tf.GradientTape() as tape:
+        l32 = tf.cast(logits, tf.float32)
+        tape.watch(l32)
+        mean, log_z, _ = causal_softmax_mean(l32, tf.cast(values, tf.float32), window=window, chunk_size=CHUNK)
+        loss = tf.reduce_sum(mean) + tf.reduce_sum(log_z)
+    grad = tape.gradient(loss, l32)
+    _assert_finite(mean, log_z, grad)
+    ref_mean, ref_log_z = causal_softmax_mean_reference(logits, values, window=window)
+    np.testing.assert_allclose(mean, ref_mean, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(log_z, ref_log_z, rtol=1e-5, atol=1e-4)
+
+
+def test_early_rows_survive_a_late_huge_logit():
+    # A single global max would underflow every earlier row to 0/0.
+    logits = tf.constant([[[-80.0] * 70 + [80.0] + [-80.0] * 30]])
+    values = tf.random.stateless_normal([1, 1, 101, 2], seed=[0, 1])
+    mean, _, _ = causal_softmax_mean(logits, values, chunk_size=CHUNK)
+    ref, _ = causal_softmax_mean_reference(tf.cast(logits, tf.float64), tf.cast(values, tf.float64))
+    np.testing.assert_allclose(mean, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_custom_grad_free_path_passes_numeric_gradient_check():
+    logits, values = _inputs(21, batch=1, heads=1, depth=2, dtype=tf.float64, seed=4)
+    for window in [None, 4, 19]:
+        theory, numeric = tf.test.compute_gradient(
+            lambda l, v: causal_softmax_mean(l, v, window=window, chunk_size=8)[0], [logits, values]
+        )
+        for t, n in zip(theory, numeric):
+            np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 5, 40])
+def test_causality(window):
+    logits, values = _inputs(100, seed=5)
+    mean, log_z, _ = causal_softmax_mean(logits, values, window=window, chunk_size=CHUNK)
+    t = 37
+    changed_l = tf.concat([logits[..., : t + 1], logits[..., t + 1 :] + 50.0], axis=-1)
+    changed_v = tf.concat([values[:, :, : t + 1], -values[:, :, t + 1 :]], axis=2)
+    mean2, log_z2, _ = causal_softmax_mean(changed_l, changed_v, window=window, chunk_size=CHUNK)
+    np.testing.assert_array_equal(mean[:, :, : t + 1], mean2[:, :, : t + 1])
+    np.testing.assert_array_equal(log_z[:, :, : t + 1], log_z2[:, :, : t + 1])
+
+
+@pytest.mark.parametrize("window", [None, 1, 5, 40])
+def test_prefill_then_steps_equal_parallel(window):
+    logits, values = _inputs(90, seed=6)
+    full_mean, full_lz, _ = causal_softmax_mean(logits, values, window=window, chunk_size=CHUNK)
+
+    # Prefill 50, continue with a 20-token chunk, then 20 single steps.
+    mean_a, lz_a, state = causal_softmax_mean(logits[..., :50], values[:, :, :50], window=window, chunk_size=CHUNK)
+    mean_b, lz_b, state = causal_softmax_mean(
+        logits[..., 50:70], values[:, :, 50:70], window=window, initial_state=state, chunk_size=CHUNK
+    )
+    means, lzs = [mean_a, mean_b], [lz_a, lz_b]
+    for t in range(70, 90):
+        m, lz, state = causal_softmax_mean_step(state, logits[..., t], values[:, :, t], window=window)
+        means.append(m[:, :, None])
+        lzs.append(lz[..., None])
+    np.testing.assert_allclose(tf.concat(means, 2), full_mean, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(tf.concat(lzs, 2), full_lz, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_steps_from_empty_state(window):
+    logits, values = _inputs(12, seed=7)
+    full_mean, _, _ = causal_softmax_mean(logits, values, window=window)
+    state = empty_state(2, 3, 4, window=window)
+    for t in range(12):
+        mean, _, state = causal_softmax_mean_step(state, logits[..., t], values[:, :, t], window=window)
+        np.testing.assert_allclose(mean, full_mean[:, :, t], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 3, 40])
+def test_masked_positions_contribute_nothing(window):
+    logits, values = _inputs(70, seed=8)
+    mask = np.ones((2, 70), bool)
+    mask[0, 10:20] = False
+    mask[1, :5] = False
+    mean, log_z, _ = causal_softmax_mean(logits, values, window=window, mask=mask, chunk_size=CHUNK)
+    # Garbage at masked positions must not leak.
+    noisy_l = tf.where(mask[:, None], logits, 1e4)
+    noisy_v = tf.where(mask[:, None, :, None], values, 1e4)
+    mean2, _, _ = causal_softmax_mean(noisy_l, noisy_v, window=window, mask=mask, chunk_size=CHUNK)
+    ref_mean, ref_lz = causal_softmax_mean_reference(
+        tf.cast(logits, tf.float64), tf.cast(values, tf.float64), window=window, mask=mask
+    )
+    _assert_finite(mean, mean2, log_z)
+    # Rows that see at least one real position equal the reference.
+    seen = causal_softmax_mean_reference(
+        tf.zeros_like(ref_lz), tf.ones_like(ref_mean[..., :1]), window=window, mask=mask
+    )[1] > -1e30
+    rows = seen.numpy()
+    np.testing.assert_allclose(mean.numpy()[rows], ref_mean.numpy()[rows], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mean2.numpy()[rows], ref_mean.numpy()[rows], rtol=1e-5, atol=1e-5)
+
+
+def test_masked_step_leaves_global_state_unchanged():
+    logits, values = _inputs(3, seed=9)
+    state = empty_state(2, 3, 4)
+    _, _, state = causal_softmax_mean_step(state, logits[..., 0], values[:, :, 0])
+    _, _, after = causal_softmax_mean_step(
+        state, logits[..., 1], values[:, :, 1], mask=tf.constant([False, True])
+    )
+    np.testing.assert_array_equal(after[0][0], state[0][0])
+    np.testing.assert_array_equal(after[1][0], state[1][0])
+    assert not np.allclose(after[1][1], state[1][1])
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_low_precision_inputs_accumulate_in_float32(dtype):
+    logits, values = _inputs(4096, scale=20.0, batch=1, heads=2, seed=10)
+    mean, log_z, state = causal_softmax_mean(tf.cast(logits, dtype), tf.cast(values, dtype), window=None)
+    assert mean.dtype == tf.float32 and log_z.dtype == tf.float32
+    _assert_finite(mean, log_z, *state)
+
+
+@pytest.mark.parametrize("window", [None, 5, 300])
+def test_empty_sequence(window):
+    logits, values = _inputs(0)
+    mean, log_z, state = causal_softmax_mean(logits, values, window=window)
+    assert mean.shape == (2, 3, 0, 4) and log_z.shape == (2, 3, 0)
+    empty = empty_state(2, 3, 4, window=window)
+    for s, e in zip(state, empty):
+        np.testing.assert_array_equal(s, e)
+
+
+def test_compiles_with_dynamic_length_and_xla():
+    fn = tf.function(
+        lambda l, v: causal_softmax_mean(l, v, window=None)[:2],
+        input_signature=[tf.TensorSpec([None, None, None]), tf.TensorSpec([None, None, None, None])],
+        jit_compile=True,
+    )
+    for length in [5, 130]:
+        logits, values = _inputs(length, seed=11)
+        mean, _ = fn(logits, values)
+        ref, _ = causal_softmax_mean_reference(tf.cast(logits, tf.float64), tf.cast(values, tf.float64))
+        np.testing.assert_allclose(mean, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_window():
+    logits, values = _inputs(4)
+    with pytest.raises(ValueError, match="window"):
+        causal_softmax_mean(logits, values, window=0)
