@@ -54,7 +54,7 @@ class Attention2(keras.layers.Layer):
             reference did with `20.0` (its saturated logits have zero
             gradient). Defaults to `None`: exact for any logit.
         chunk_size: int. Positions per matrix-product chunk of the kernel.
-            Defaults to `64`.
+            Defaults to `32`.
         logit_initializer: initializer for `k1`, `k2`, `k3`. Defaults to
             `"random_uniform"` (U(-0.05, 0.05), as the reference).
         position_initializer: initializer for `a1`, `a2`, `b1`, `b2`, `c`.

@@ -22,9 +22,11 @@ is no cumulative sum difference that can cancel. All arithmetic is float32
 
 Forms:
 - `causal_softmax_mean`: the parallel training form. Chunks of `C` positions
-  are combined with `C x C` matrix products; chunks are linked by a carry
-  computed with `cumulative_logsumexp` over the chunk axis. Time and memory are
-  O(T * C * D) for the global and for every window size.
+  are combined with `C x C` matrix products; chunks are linked by the same
+  scheme one level up (chunks of chunks), and the few top-level blocks by a
+  `cumulative_logsumexp`. Time and memory are O(T * C * D) for the global
+  case and for every window size (windowed: banded chunks for
+  `window <= C`, block prefixes and suffixes beyond).
 - `causal_softmax_mean_step`: the one-step recurrent form for decoding, from a
   constant-size state (global) or a ring buffer of `window` entries.
 """
@@ -37,7 +39,7 @@ NEG_INF = -1e30
 # Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
 _TINY = 1e-30
 
-DEFAULT_CHUNK_SIZE = 64
+DEFAULT_CHUNK_SIZE = 32
 
 
 def accumulator_dtype(dtype):
@@ -111,38 +113,54 @@ def _shift_left(x, axis, fill=0.0):
     return tf.gather(padded, tf.range(1, tf.shape(x)[axis] + 1), axis=axis)
 
 
+def _decayed_prefix(log_norm, items, block_size, levels):
+    """`E_k = Σ_{j<=k} exp(log_norm_j - log_norm_k) items_j` for nondecreasing `log_norm`.
+
+    `log_norm [N, K]`, `items [N, K, D]`. Every weight is `<= 1`. Blocks of
+    `block_size` are combined with matrix products; the carry between blocks
+    is the same sum one level up (the blocks' last rows), and at the top
+    level a sign-split `cumulative_logsumexp`, cheap on so few entries.
+    """
+    if levels == 0:
+        log_pos = tf.math.cumulative_logsumexp(log_norm[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
+        log_neg = tf.math.cumulative_logsumexp(log_norm[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
+        return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
+    n, length, depth = tf.shape(items)[0], tf.shape(items)[1], tf.shape(items)[2]
+    # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
+    padded = length + (-length) % block_size
+    last = tf.minimum(tf.range(padded), length - 1)
+    log_norm = tf.gather(log_norm, last, axis=1)
+    items = tf.pad(items, [[0, 0], [0, padded - length], [0, 0]])
+    lz = tf.reshape(log_norm, [n, -1, block_size])  # [N, K, C]
+    x = tf.reshape(items, [n, -1, block_size, depth])  # [N, K, C, D]
+
+    causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
+    scores = tf.where(causal, lz[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, lz.dtype))
+    inner = tf.matmul(tf.exp(scores), x)  # [N, K, C, D]
+    # Carry: everything before each block, decayed to the block's rows.
+    carry = _decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
+    prev_lz = _shift_right(lz[..., -1], axis=1, fill=NEG_INF)
+    prev = _shift_right(carry, axis=1)
+    out = inner + tf.exp(prev_lz[..., None] - lz)[..., None] * prev[:, :, None, :]
+    return tf.reshape(out, [n, -1, depth])[:, :length]
+
+
 def _global_chunked(logits, values, chunk_size):
-    """Global causal mean of `[N, T]` logits and `[N, T, D]` values."""
-    n, length, depth = tf.shape(values)[0], tf.shape(values)[1], tf.shape(values)[2]
-    logits, values = _pad_time(logits[None], values[None], chunk_size)
-    logits, values = logits[0], values[0]
+    """Global causal mean of `[N, T]` logits and `[N, T, D]` values.
+
+    With `L_i = logcumsumexp(l)_i`, the mean is `Σ_{j<=i} exp(L_j - L_i) c_j`
+    for `c_j = exp(l_j - L_j) x_j`: a decayed prefix sum with weights <= 1,
+    done in chunks at two levels (tokens, then chunks).
+    """
+    length = tf.shape(logits)[1]
+    # At least one chunk, so that T = 0 needs no special case below.
+    pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
+    logits = tf.pad(logits, [[0, 0], [0, pad]], constant_values=NEG_INF)
+    values = tf.pad(values, [[0, 0], [0, pad], [0, 0]])
     log_z = tf.math.cumulative_logsumexp(logits, axis=-1)  # [N, T']
-    chunks = tf.shape(logits)[-1] // chunk_size
-    l = tf.reshape(logits, [n, chunks, chunk_size])  # [N, K, C]
-    lz = tf.reshape(log_z, [n, chunks, chunk_size])
-    v = tf.reshape(values, [n, chunks, chunk_size, depth])  # [N, K, C, D]
-
-    # Carry between chunks: the mean of everything before each chunk. The
-    # inclusive prefix over chunks of exp(chunk_lz) * chunk_mean is taken in
-    # log space, positive and negative parts apart, so it never overflows.
-    chunk_lz = tf.reduce_logsumexp(l, axis=-1)  # [N, K]
-    chunk_mean = tf.einsum("nkc,nkcd->nkd", tf.nn.softmax(l, axis=-1), v)
-    end_lz = tf.math.cumulative_logsumexp(chunk_lz, axis=1)
-    log_pos = tf.math.log(tf.maximum(chunk_mean, _TINY))
-    log_neg = tf.math.log(tf.maximum(-chunk_mean, _TINY))
-    cum_pos = tf.math.cumulative_logsumexp(chunk_lz[..., None] + log_pos, axis=1)
-    cum_neg = tf.math.cumulative_logsumexp(chunk_lz[..., None] + log_neg, axis=1)
-    end_mean = tf.exp(cum_pos - end_lz[..., None]) - tf.exp(cum_neg - end_lz[..., None])
-    prev_lz = _shift_right(end_lz, axis=1, fill=NEG_INF)
-    prev_mean = _shift_right(end_mean, axis=1)
-
-    # Inside a chunk: exact weights exp(l_j - L_i) <= 1 for j <= i.
-    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]
-    scores = tf.where(causal, l[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, l.dtype))
-    mean = tf.einsum("nkij,nkjd->nkid", tf.exp(scores), v)
-    mean += tf.exp(prev_lz[..., None] - lz)[..., None] * prev_mean[:, :, None, :]
-    mean = tf.reshape(mean, [n, -1, depth])[:, :length]
-    return mean, log_z[:, :length]
+    items = tf.exp(logits - log_z)[..., None] * values
+    mean = _decayed_prefix(log_z, items, chunk_size, levels=2)
+    return mean[:, :length], log_z[:, :length]
 
 
 def _global(logits, values, chunk_size):

@@ -1,0 +1,192 @@
+"""Forward and forward+backward cost of the attention layers against T, with baselines.
+
+Each (subject, T) runs in its own process, so its peak memory is its own:
+the peak resident set size above what the process held before building
+the inputs. Batches hold a constant number of tokens (`--tokens`), so a
+linear-time layer shows a flat time per token.
+
+Subjects:
+  kernel       elita_tf.ops.causal_softmax_mean on [B, H, T] logits, [B, H, T, D] values
+  elementwise  one elementwise pass over the same values tensor (the memory-bound floor)
+  attention2   elita_tf.layers.Attention2 at width d
+  mha          keras.layers.MultiHeadAttention(use_causal_mask=True), same heads and head width
+
+    python benchmarks/layers.py                       # the README table
+    python benchmarks/layers.py --subjects kernel elementwise --seq-lens 16384
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
+
+
+def _rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_one(args):
+    """Runs one (subject, T) in this process and prints one JSON line."""
+    import keras
+    import tensorflow as tf
+
+    from elita_tf.layers import Attention2
+    from elita_tf.ops import causal_softmax_mean
+
+    length, batch = args.seq_len, max(1, args.tokens // args.seq_len)
+    heads, depth, width = args.heads, args.head_dim, args.width
+    base = _rss_mib()
+    if args.subject in ("kernel", "elementwise"):
+        logits = tf.random.normal([batch, heads, length]) * 5.0
+        values = tf.random.normal([batch, heads, length, depth])
+        inputs = [logits, values]
+        if args.subject == "kernel":
+            forward = lambda l, v: causal_softmax_mean(l, v, chunk_size=args.chunk_size)[0]  # noqa: E731
+        else:
+            forward = lambda l, v: v * 2.0  # noqa: E731
+        weights = []
+    else:
+        x = tf.random.normal([batch, length, width])
+        inputs = [x]
+        if args.subject == "attention2":
+            layer = Attention2(heads, depth, position_dim=16, chunk_size=args.chunk_size)
+            forward = layer
+        else:
+            layer = keras.layers.MultiHeadAttention(heads, depth)
+            forward = lambda x: layer(x, x, use_causal_mask=True)  # noqa: E731
+        forward(x[:, :2])  # build
+        weights = layer.trainable_weights
+
+    fwd = tf.function(lambda *a: tf.reduce_sum(forward(*a)), jit_compile=args.xla)
+
+    def loss_and_grads(*a):
+        with tf.GradientTape() as tape:
+            tape.watch(a)
+            loss = tf.reduce_sum(forward(*a))
+        return loss, tape.gradient(loss, list(a) + weights)
+
+    fwd_bwd = tf.function(loss_and_grads, jit_compile=args.xla)
+
+    def timed(fn):
+        start = time.perf_counter()
+        out = fn(*inputs)
+        tf.nest.map_structure(lambda t: None if t is None else t.numpy(), out)  # keep the outputs
+        return time.perf_counter() - start, out
+
+    result = {"subject": args.subject, "T": length, "B": batch, "H": heads, "D": depth, "d": width}
+    for name, fn in [("fwd", fwd), ("fwd_bwd", fwd_bwd)]:
+        compile_s, out = timed(fn)
+        finite = all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tf.nest.flatten(out) if t is not None)
+        times = [timed(fn)[0] for _ in range(args.repeats)]
+        median = statistics.median(times)
+        result.update(
+            {
+                f"{name}_compile_s": compile_s,
+                f"{name}_ms": median * 1e3,
+                f"{name}_tokens_per_s": batch * length / median,
+                f"{name}_finite": finite,
+            }
+        )
+    result["peak_mib"] = _peak_rss_mib() - base
+    print(json.dumps(result))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=SUBJECTS)
+    parser.add_argument("--seq-lens", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
+    parser.add_argument("--tokens", type=int, default=65536, help="tokens per batch: B = tokens // T")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--chunk-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--xla", action="store_true", help="compile with jit_compile=True")
+    parser.add_argument("--mha-max-len", type=int, default=4096, help="longest T for MultiHeadAttention (T^2 memory)")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per measurement")
+    parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument("--subject", help=argparse.SUPPRESS)
+    parser.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.subject:
+        return run_one(args)
+
+    import keras
+    import tensorflow as tf
+
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(f"# tensorflow {tf.__version__}, keras {keras.__version__}, xla={args.xla}")
+    print(f"# tokens/batch={args.tokens} H={args.heads} D={args.head_dim} d={args.width} C={args.chunk_size}")
+    header = "| subject | T | B | fwd ms | fwd+bwd ms | fwd+bwd tokens/s | peak MiB | compile s | finite |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    results = []
+    for length in args.seq_lens:
+        for subject in args.subjects:
+            if subject == "mha" and length > args.mha_max_len:
+                continue
+            cmd = [sys.executable, __file__, "--subject", subject, "--seq-len", str(length)]
+            for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
+                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            cmd += ["--xla"] if args.xla else []
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"| {subject} | {length} | | timed out after {args.timeout} s | | | | | |", flush=True)
+                continue
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            if proc.returncode or not lines:
+                reason = (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
+                print(f"| {subject} | {length} | | {reason} | | | | | |", flush=True)
+                continue
+            r = json.loads(lines[-1])
+            results.append(r)
+            print(
+                f"| {subject} | {r['T']} | {r['B']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
+                f"{r['fwd_bwd_tokens_per_s']:,.0f} | {r['peak_mib']:.0f} | "
+                f"{r['fwd_compile_s'] + r['fwd_bwd_compile_s']:.1f} | {r['fwd_finite'] and r['fwd_bwd_finite']} |",
+                flush=True,
+            )
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+    _print_ratios(results)
+
+
+def _print_ratios(results):
+    """Ratios against baselines measured in the same run."""
+    by = {(r["subject"], r["T"]): r for r in results}
+    per_token = lambda r, k: r[f"{k}_ms"] / (r["B"] * r["T"])  # noqa: E731
+    print()
+    for (subject, length), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if subject == "kernel" and ("elementwise", length) in by:
+            ratio = r["fwd_ms"] / by["elementwise", length]["fwd_ms"]
+            print(f"T={length}: kernel forward = {ratio:.1f}x one elementwise pass")
+        if subject == "attention2" and ("mha", length) in by:
+            mha = by["mha", length]
+            print(
+                f"T={length}: MultiHeadAttention / Attention2 time per token: "
+                f"forward {per_token(mha, 'fwd') / per_token(r, 'fwd'):.1f}x, "
+                f"forward+backward {per_token(mha, 'fwd_bwd') / per_token(r, 'fwd_bwd'):.1f}x"
+            )
+    for subject in ["kernel", "attention2"]:
+        rows = [by[s, t] for s, t in by if s == subject and t >= 1024]
+        if len(rows) > 1:
+            costs = [per_token(r, "fwd_bwd") for r in rows]
+            print(f"{subject}: forward+backward time per token, max/min over T>=1024 = {max(costs) / min(costs):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers import Attention2
+from elita_tf.ops.reference import attention2_reference
+
+WIDTH = 12
+WEIGHTS = ["k1", "k2", "k3", "a1", "a2", "b1", "b2", "c", "value_kernel", "output_kernel"]
+
+
+def _layer(dtype="float32", seed=0, logit_scale=None, **kwargs):
+    kwargs = {"num_heads": 3, "head_dim": 5, "position_dim": 4, "context_length": 64, "chunk_size": 16, **kwargs}
+    layer = Attention2(dtype=dtype, **kwargs)
+    layer.build((None, None, WIDTH))
+    rng = np.random.default_rng(seed)
+    for name in WEIGHTS:
+        var = getattr(layer, name)
+        # Larger than the default init so positions and gates matter.
+        scale = 1.0 if name.startswith(("a", "b", "c")) else 0.5
+        if logit_scale is not None and name in ("k1", "k2", "k3"):
+            scale = logit_scale
+        var.assign(rng.normal(size=var.shape) * scale)
+    return layer
+
+
+def _inputs(length, batch=2, seed=1, dtype=tf.float32):
+    return tf.constant(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)), dtype)
+
+
+def reference(layer, x, start=0):
+    """The layer's output by SPEC §1(a), in float64, from its own weights."""
+    w = {name: tf.cast(tf.convert_to_tensor(getattr(layer, name)), tf.float64) for name in WEIGHTS}
+    x = tf.cast(x, tf.float64)
+    length = x.shape[1]
+    if layer.position_mode == "fixed":
+        u = (start + np.arange(length)) / (layer.context_length - 1)
+    else:
+        u = np.linspace(0.0, layer.time_scale, length)
+    u = tf.constant(u, tf.float64)
+
+    def sinusoids(a, b):
+        return tf.einsum("hp,hpt->ht", w["c"], tf.sin(a[..., None] * u + b[..., None]))[None]
+
+    kappa = tf.einsum("btd,hd->bht", x, w["k1"]) + sinusoids(w["a1"], w["b1"])
+    delta = tf.einsum("btd,hd->bht", x, w["k2"])
+    rho = tf.einsum("btd,hd->bht", x, w["k3"]) + sinusoids(w["a2"], w["b2"])
+    values = tf.einsum("btd,hde->bhte", x, w["value_kernel"])
+    y = attention2_reference(kappa, delta, rho, values, logit_clip=layer.logit_clip)
+    return tf.einsum("bhte,hde->btd", y, w["output_kernel"])
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+def test_forward_matches_reference(length):
+    x = _inputs(length)
+    layer, layer64 = _layer(), _layer("float64")
+    np.testing.assert_allclose(layer(x), reference(layer, x), rtol=1e-4, atol=1e-4)
+    x64 = tf.cast(x, tf.float64)
+    np.testing.assert_allclose(layer64(x64), reference(layer64, x64), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+def test_gradients_match_reference(length):
+    layer = _layer("float64")
+    x = _inputs(length, dtype=tf.float64)
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(fn(x) * cotangent)
+        return tape.gradient(loss, [x] + [getattr(layer, n).value for n in WEIGHTS])
+
+    got, want = grads(layer), grads(lambda x: reference(layer, x))
+    for name, g, w in zip(["inputs"] + WEIGHTS, got, want):
+        assert np.all(np.isfinite(g)), name
+        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-8, err_msg=name)
+
+
+def test_large_logits_exact_and_finite():
+    # Logits reach +-80: the reference's clip at 20 would change the output.
+    layer = _layer(logit_scale=12.0)
+    x = _inputs(257)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_sum(y**2)
+    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    logits = tf.einsum("btd,hd->bht", x, tf.convert_to_tensor(layer.k1))
+    assert np.abs(logits).max() > 60
+    assert all(np.all(np.isfinite(g)) for g in grads)
+    np.testing.assert_allclose(y, reference(layer, x), rtol=1e-3, atol=1e-3)
+
+
+def test_logit_clip_reproduces_reference_clipping():
+    layer = _layer(logit_scale=12.0, logit_clip=20.0)
+    x = _inputs(100)
+    want = reference(layer, x)  # exp(clip(z)) / cumsum, as the original
+    np.testing.assert_allclose(layer(x), want, rtol=1e-4, atol=1e-4)
+    unclipped = reference(_layer(logit_scale=12.0), x)
+    assert np.abs(want - unclipped).max() > 1e-2  # the clip really matters here
+
+
+def test_length_mode_is_the_reference_linspace():
+    layer = _layer(position_mode="length", time_scale=1.5)
+    x = _inputs(50)
+    np.testing.assert_allclose(layer(x), reference(layer, x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="position_mode='fixed'"):
+        layer(x, cache=layer.get_initial_cache(2))
+
+
+def test_fixed_mode_equals_length_mode_at_the_training_length():
+    fixed, length = _layer(context_length=40), _layer(position_mode="length", context_length=40)
+    x = _inputs(40)
+    np.testing.assert_allclose(fixed(x), length(x), rtol=1e-5, atol=1e-6)
+
+
+def test_causality():
+    layer = _layer()
+    x = _inputs(100)
+    t = 41
+    changed = tf.concat([x[:, : t + 1], x[:, t + 1 :] * -3.0 + 1.0], axis=1)
+    np.testing.assert_array_equal(layer(x)[:, : t + 1], layer(changed)[:, : t + 1])
+
+
+def test_prefill_then_decode_equals_parallel():
+    layer = _layer()
+    x = _inputs(90)
+    full = layer(x)
+    cache = layer.get_initial_cache(2)
+    outputs = []
+    for chunk in [x[:, :50], x[:, 50:70]] + [x[:, t : t + 1] for t in range(70, 90)]:
+        y, cache = layer(chunk, cache=cache)
+        outputs.append(y)
+    np.testing.assert_allclose(tf.concat(outputs, 1), full, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cache[2], [90, 90])
+    # Constant-size state whatever the length decoded.
+    assert [tuple(c.shape) for c in cache] == [(2, 3), (2, 3, 5), (2,)]
+
+
+def test_padding_mask_keeps_padded_inputs_out():
+    layer = _layer()
+    x = _inputs(60)
+    mask = np.ones((2, 60), bool)
+    mask[0, 20:30] = False
+    noisy = tf.where(mask[..., None], x, 100.0)
+    y, y_noisy = layer(x, padding_mask=mask), layer(noisy, padding_mask=mask)
+    np.testing.assert_allclose(y.numpy()[mask], y_noisy.numpy()[mask], rtol=1e-5, atol=1e-5)
+    # Row 1 has no padding: exactly the unmasked output.
+    np.testing.assert_allclose(y[1], layer(x)[1], rtol=1e-6, atol=1e-6)
+
+
+def test_keras_mask_is_used_and_propagated():
+    tokens = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Embedding(20, WIDTH, mask_zero=True)(tokens)
+    layer = Attention2(num_heads=2, head_dim=4, position_dim=3)
+    outputs = layer(hidden)
+    assert outputs._keras_mask is not None
+    model = keras.Model(tokens, outputs)
+    ids = np.array([[3, 4, 0, 0, 5], [3, 4, 7, 9, 5]])
+    other = np.array([[3, 4, 0, 0, 5], [3, 4, 1, 1, 5]])
+    y = model(ids)
+    np.testing.assert_allclose(y[0], model(other)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_config_round_trip():
+    layer = Attention2(
+        num_heads=2,
+        head_dim=3,
+        position_dim=5,
+        context_length=128,
+        position_mode="length",
+        time_scale=2.0,
+        logit_clip=20.0,
+        chunk_size=32,
+        logit_initializer=keras.initializers.RandomUniform(-0.1, 0.1),
+        position_initializer="zeros",
+        kernel_initializer="he_normal",
+        name="attn",
+    )
+    config = layer.get_config()
+    restored = Attention2.from_config(config)
+    assert restored.get_config() == config
+    assert (restored.position_mode, restored.logit_clip, restored.chunk_size) == ("length", 20.0, 32)
+
+
+def test_keras_save_and_load(tmp_path):
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, Attention2(num_heads=2, head_dim=4, position_dim=3, name="attn")(inputs))
+    x = _inputs(33)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    np.testing.assert_array_equal(model(x), restored(x))
+    assert isinstance(restored.get_layer("attn"), Attention2)
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_long_input_finite(policy, name):
+    policy(name)
+    layer = Attention2(num_heads=2, head_dim=8, position_dim=4)
+    x = tf.random.stateless_normal([1, 16384, 32], seed=[1, 2]) * 3.0
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_mean(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, layer.trainable_weights)
+    assert y.dtype == layer.compute_dtype != "float32"
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
+    assert all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="num_heads=0"):
+        Attention2(num_heads=0, head_dim=4, position_dim=2)
+    with pytest.raises(ValueError, match="position_mode='relative'"):
+        Attention2(num_heads=1, head_dim=4, position_dim=2, position_mode="relative")
+    layer = Attention2(num_heads=1, head_dim=4, position_dim=2)
+    with pytest.raises(ValueError, match="ndim=3"):
+        layer(tf.zeros([4, 8]))
+    layer(tf.zeros([2, 3, 8]))
+    with pytest.raises(ValueError, match="axis -1"):
+        layer(tf.zeros([2, 3, 9]))
+    with pytest.raises(TypeError, match="float inputs"):
+        Attention2(num_heads=1, head_dim=4, position_dim=2)(tf.zeros([2, 3, 8], tf.int32))
+
+
+def test_empty_sequence():
+    layer = _layer()
+    assert layer(tf.zeros([2, 0, WIDTH])).shape == (2, 0, WIDTH)
+    y, cache = layer(tf.zeros([2, 0, WIDTH]), cache=layer.get_initial_cache(2))
+    assert y.shape == (2, 0, WIDTH)
+    np.testing.assert_array_equal(cache[2], [0, 0])
+
+
+def test_trains_with_fit():
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(16, 32)(tokens)
+    x = x + Attention2(num_heads=4, head_dim=8, position_dim=4, context_length=24)(x)
+    logits = keras.layers.Dense(16)(x)
+    model = keras.Model(tokens, logits)
+    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # Each sequence repeats one token, half of its positions replaced by noise:
+    # the majority so far (a causal mean over the history) gives the target.
+    rng = np.random.default_rng(0)
+    targets = np.repeat(rng.integers(1, 16, size=(256, 1)), 24, axis=1)
+    ids = np.where(rng.random(targets.shape) < 0.5, targets, rng.integers(1, 16, size=targets.shape))
+    history = model.fit(ids, targets, batch_size=32, epochs=8, verbose=0)
+    # Without the attention layer this model plateaus at ~1.9 (measured).
+    assert history.history["loss"][-1] < 1.2

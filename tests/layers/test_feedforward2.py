@@ -1,0 +1,101 @@
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers import FeedForward2
+
+
+def _layer(dtype="float32", **kwargs):
+    layer = FeedForward2(dtype=dtype, **kwargs)
+    layer.build((None, None, 6))
+    rng = np.random.default_rng(0)
+    for var in layer.weights:
+        var.assign(rng.normal(size=var.shape) * 0.5)
+    return layer
+
+
+def reference(layer, x):
+    """SPEC §2(a) literally: einsum('bti,btj,ijw->btw') of the two swish branches."""
+    w = {n: tf.cast(tf.convert_to_tensor(getattr(layer, n)), tf.float64) for n in ["w1", "b1", "w2", "b2", "w3", "b3"]}
+    x = tf.cast(x, tf.float64)
+    swish = lambda z: z * tf.sigmoid(z)  # noqa: E731
+    alpha = swish(tf.einsum("btd,da->bta", x, w["w1"]) + w["b1"])
+    beta = swish(tf.einsum("btd,dk->btk", x, w["w2"]) + w["b2"])
+    return tf.einsum("bti,btj,ijw->btw", alpha, beta, w["w3"]) + w["b3"]
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+def test_forward_and_gradients_match_reference(length):
+    layer = _layer("float64", hidden_dim=5, factor=3)
+    x = tf.constant(np.random.default_rng(1).normal(size=(2, length, 6)))
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+            loss = tf.reduce_sum(y * cotangent)
+        return [y] + tape.gradient(loss, [x] + [v.value for v in layer.weights])
+
+    for got, want in zip(run(layer), run(lambda x: reference(layer, x))):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    layer32 = _layer(hidden_dim=5, factor=3)
+    np.testing.assert_allclose(layer32(tf.cast(x, tf.float32)), reference(layer32, x), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_and_parameter_count():
+    layer = FeedForward2()
+    layer.build((None, None, 16))
+    shapes = {w.path.split("/")[-1]: tuple(w.shape) for w in layer.weights}
+    assert shapes == {"w1": (16, 16), "b1": (16,), "w2": (16, 8), "b2": (8,), "w3": (16, 8, 16), "b3": (16,)}
+    d = 16
+    assert layer.count_params() == 9 * d * d + 10 * d + 8
+    assert np.all(layer.b3.numpy() == 0)
+
+
+def test_position_wise_and_cache_passthrough():
+    layer = _layer()
+    x = tf.random.stateless_normal([2, 9, 6], seed=[0, 1])
+    y = layer(x)
+    y4, cache = layer(x[:, 4:5], cache=layer.get_initial_cache(2))
+    assert cache == ()
+    np.testing.assert_allclose(y4, y[:, 4:5], rtol=1e-6, atol=1e-6)
+    assert layer(tf.zeros([2, 0, 6])).shape == (2, 0, 6)
+
+
+def test_config_round_trip_and_keras_save(tmp_path):
+    layer = FeedForward2(hidden_dim=7, factor=3, kernel_initializer="he_uniform", bias_initializer="ones", name="ff")
+    config = layer.get_config()
+    assert FeedForward2.from_config(config).get_config() == config
+    inputs = keras.Input((None, 6))
+    model = keras.Model(inputs, layer(inputs))
+    path = str(tmp_path / "ff.keras")
+    model.save(path)
+    x = tf.random.stateless_normal([2, 5, 6], seed=[3, 4])
+    np.testing.assert_array_equal(model(x), keras.models.load_model(path)(x))
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(policy, name):
+    policy(name)
+    layer = FeedForward2()
+    y = layer(tf.random.stateless_normal([2, 4096, 16], seed=[5, 6]))
+    assert y.dtype == layer.compute_dtype and all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="factor=0"):
+        FeedForward2(factor=0)
+    with pytest.raises(ValueError, match="hidden_dim=-1"):
+        FeedForward2(hidden_dim=-1)
+    layer = FeedForward2()
+    with pytest.raises(ValueError, match="ndim=3"):
+        layer(tf.zeros([3, 4]))
+    layer(tf.zeros([1, 2, 4]))
+    with pytest.raises(ValueError, match="axis -1"):
+        layer(tf.zeros([1, 2, 5]))
+    with pytest.raises(TypeError, match="float inputs"):
+        FeedForward2()(tf.zeros([1, 2, 4], tf.int32))
