@@ -2,3 +2,4 @@
 
 from elita_tf.layers.attention2 import Attention2
 from elita_tf.layers.feedforward2 import FeedForward2
+from elita_tf.layers.linear_attention import LinearAttention

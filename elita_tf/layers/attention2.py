@@ -1,7 +1,7 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int
+from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
     accumulator_dtype,
@@ -125,9 +125,7 @@ class Attention2(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        width = inputs_shape[-1]
-        if width is None:
-            raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
+        width = input_width(inputs_shape)
         h, p, d = self.num_heads, self.position_dim, self.head_dim
 
         def weight(name, shape, initializer):

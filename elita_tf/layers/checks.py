@@ -24,3 +24,11 @@ def check_float_sequence(layer, inputs):
             f"Layer '{layer.name}' expects float inputs of shape [batch, time, width]; "
             f"embed integer token ids first. Received: inputs.dtype={dtype.name}"
         )
+
+
+def input_width(inputs_shape):
+    """The last axis of a `[B, T, d]` input shape, which must be known to build."""
+    width = inputs_shape[-1]
+    if width is None:
+        raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
+    return width

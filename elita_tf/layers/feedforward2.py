@@ -1,7 +1,7 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int
+from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -65,9 +65,7 @@ class FeedForward2(keras.layers.Layer):
         self.supports_masking = True
 
     def build(self, inputs_shape):
-        width = inputs_shape[-1]
-        if width is None:
-            raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
+        width = input_width(inputs_shape)
         a = self.hidden_dim or width
         b = self.factor
 

@@ -52,3 +52,14 @@ def attention2_reference(kappa, delta, rho, values, logit_clip=None):
     scores = tf.concat([delta[..., None], cross], axis=-1)  # [B, H, T, 1 + T]
     weights = tf.nn.softmax(scores, axis=-1)
     return weights[..., :1] * values + tf.einsum("bhij,bhjd->bhid", weights[..., 1:], values)
+
+
+def causal_linear_attention_reference(query_features, key_features, values, mask=None, epsilon=1e-6):
+    """SPEC §4(a) by its definition: `[T, T]` weights `φ(q_i)·φ(k_j)` for `j <= i`."""
+    length = tf.shape(query_features)[2]
+    visible = window_mask(length)[None, None]
+    if mask is not None:
+        visible &= tf.cast(mask, tf.bool)[:, None, None, :]
+    weights = tf.where(visible, tf.einsum("bhik,bhjk->bhij", query_features, key_features), 0.0)
+    weights = tf.cast(weights, values.dtype)
+    return tf.einsum("bhij,bhjv->bhiv", weights, values) / (tf.reduce_sum(weights, -1, keepdims=True) + epsilon)

@@ -203,3 +203,21 @@ def test_bad_window():
     logits, values = _inputs(4)
     with pytest.raises(ValueError, match="window"):
         causal_softmax_mean(logits, values, window=0)
+
+
+@pytest.mark.parametrize("window", [None, 7, 1000])
+def test_100k_tokens_with_drifting_logits(window):
+    # Logits drift from -80 to +80: any exp() of a raw logit sum would overflow.
+    length = 100_000
+    rng = np.random.default_rng(12)
+    logits = np.linspace(-80.0, 80.0, length) + rng.normal(size=length)
+    values = rng.normal(size=(length, 2))
+    mean, log_z, _ = causal_softmax_mean(
+        tf.constant(logits[None, None], tf.float32), tf.constant(values[None, None], tf.float32), window=window
+    )
+    _assert_finite(mean, log_z)
+    for i in [0, 1, 777, 50_000, length - 1]:
+        lo = 0 if window is None else max(0, i - window + 1)
+        w = np.exp(logits[lo : i + 1] - logits[lo : i + 1].max())
+        want = w @ values[lo : i + 1] / w.sum()
+        np.testing.assert_allclose(mean[0, 0, i], want, rtol=1e-3, atol=1e-4)

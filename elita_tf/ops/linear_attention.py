@@ -1,0 +1,116 @@
+"""Causal linear attention (Katharopoulos et al. 2020, SPEC §4).
+
+With feature maps `φ(q_i), φ(k_j) > 0`:
+
+    S_i = Σ_{j<=i} φ(k_j) v_jᵀ      z_i = Σ_{j<=i} φ(k_j)
+    out_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + ε)
+
+    row 0: x . . .
+    row 1: x x . .      every earlier position, weight φ(q_i)·φ(k_j)
+    row 2: x x x .
+
+The normaliser is the numerator of an all-ones value column, so one pass
+computes both. Forms:
+- `causal_linear_attention`: chunks of `C` positions; inside a chunk
+  `(φQ φKᵀ ⊙ causal) V`, between chunks the state `S` before the chunk (an
+  exclusive cumulative sum of per-chunk `φKᵀV`). O(T * C * D + T * D^2 / C)
+  time, O(T * D^2 / C) memory: no `[T, D, D]` or `[T, T]` tensor.
+- `causal_linear_attention_step`: one decoding step from `(S, z)`.
+All sums are float32 (float64 stays float64) whatever the input dtype:
+`S` and `z` grow linearly with T.
+"""
+
+import tensorflow as tf
+
+from elita_tf.ops.causal_mean import accumulator_dtype
+
+DEFAULT_CHUNK_SIZE = 64
+
+
+def empty_linear_state(batch_size, num_heads, key_dim, value_dim, dtype=tf.float32):
+    """`(S [B, H, Dk, Dv], z [B, H, Dk])` before any position."""
+    dtype = accumulator_dtype(dtype)
+    return (
+        tf.zeros([batch_size, num_heads, key_dim, value_dim], dtype),
+        tf.zeros([batch_size, num_heads, key_dim], dtype),
+    )
+
+
+def _with_ones(values):
+    """`[..., Dv] -> [..., Dv + 1]`: the last column carries the normaliser."""
+    return tf.concat([values, tf.ones_like(values[..., :1])], axis=-1)
+
+
+def _normalise(numerator, epsilon):
+    return numerator[..., :-1] / (numerator[..., -1:] + epsilon)
+
+
+def causal_linear_attention(
+    query_features,
+    key_features,
+    values,
+    mask=None,
+    initial_state=None,
+    epsilon=1e-6,
+    chunk_size=DEFAULT_CHUNK_SIZE,
+):
+    """Causal linear attention over feature-mapped queries and keys, parallel over time.
+
+    Args:
+        query_features: `[B, H, T, Dk]`, `φ(q)`, positive.
+        key_features: `[B, H, T, Dk]`, `φ(k)`, positive.
+        values: `[B, H, T, Dv]`.
+        mask: optional bool `[B, T]`, False at padding: a padded key adds
+            nothing to `S` or `z`.
+        initial_state: optional `(S, z)` of earlier positions.
+        epsilon: float added to the denominator.
+        chunk_size: int `C`.
+
+    Returns:
+        `(outputs [B, H, T, Dv], state)` with `state = (S, z)` after the
+        last position. Outputs are in the accumulator dtype.
+    """
+    dtype = accumulator_dtype(values.dtype)
+    q = tf.cast(query_features, dtype)
+    k = tf.cast(key_features, dtype)
+    v = _with_ones(tf.cast(values, dtype))  # [B, H, T, Dv + 1]
+    if mask is not None:
+        k = k * tf.cast(mask, dtype)[:, None, :, None]
+    b, h, length = tf.shape(q)[0], tf.shape(q)[1], tf.shape(q)[2]
+    dk, dv = tf.shape(q)[3], tf.shape(v)[3]
+    if initial_state is None:
+        initial = tf.zeros([b, h, dk, dv], dtype)
+    else:
+        initial = tf.concat([tf.cast(initial_state[0], dtype), tf.cast(initial_state[1], dtype)[..., None]], -1)
+
+    pad = (-length) % chunk_size
+    paddings = [[0, 0], [0, 0], [0, pad], [0, 0]]
+    q, k, v = (tf.reshape(tf.pad(t, paddings), [b, h, -1, chunk_size, tf.shape(t)[3]]) for t in (q, k, v))
+
+    chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
+    state_before = tf.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
+    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]
+    scores = tf.where(causal, tf.matmul(q, k, transpose_b=True), tf.zeros([], dtype))
+    numerator = tf.matmul(scores, v) + tf.matmul(q, state_before)  # [B, H, N, C, Dv + 1]
+    outputs = _normalise(tf.reshape(numerator, [b, h, -1, dv])[:, :, :length], epsilon)
+
+    final = initial + tf.reduce_sum(chunk_kv, axis=2)
+    return outputs, (final[..., :-1], final[..., -1])
+
+
+def causal_linear_attention_step(state, query_features, key_features, value, mask=None, epsilon=1e-6):
+    """One decoding step: `[B, H, Dk]` features, `[B, H, Dv]` value.
+
+    Returns:
+        `(output [B, H, Dv], new_state)`; a masked step leaves the state unchanged.
+    """
+    dtype = accumulator_dtype(value.dtype)
+    q, k = tf.cast(query_features, dtype), tf.cast(key_features, dtype)
+    if mask is not None:
+        k = k * tf.cast(mask, dtype)[:, None, None]
+    s, z = state
+    s = s + k[..., :, None] * tf.cast(value, dtype)[..., None, :]
+    z = z + k
+    numerator = tf.einsum("bhk,bhkv->bhv", q, s)
+    denominator = tf.einsum("bhk,bhk->bh", q, z)[..., None]
+    return numerator / (denominator + epsilon), (s, z)

@@ -1,0 +1,101 @@
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers import LinearAttention
+from elita_tf.ops.reference import causal_linear_attention_reference
+
+WIDTH = 10
+
+
+def _layer(dtype="float32", **kwargs):
+    layer = LinearAttention(**{"num_heads": 2, "head_dim": 4, "chunk_size": 16, **kwargs}, dtype=dtype)
+    layer.build((None, None, WIDTH))
+    rng = np.random.default_rng(0)
+    for var in layer.weights:
+        var.assign(rng.normal(size=var.shape) * 0.5)
+    return layer
+
+
+def reference(layer, x):
+    """Projections, elu+1 features and the O(T^2) definition, in float64."""
+    w = {v.path.split("/")[-2] + "/" + v.path.split("/")[-1]: tf.cast(tf.convert_to_tensor(v), tf.float64)
+         for v in layer.weights}
+    x = tf.cast(x, tf.float64)
+    proj = lambda n: tf.einsum("btd,dhe->bhte", x, w[f"{n}/kernel"]) + w[f"{n}/bias"][:, None]  # noqa: E731
+    phi = lambda t: tf.nn.elu(t) + 1.0  # noqa: E731
+    y = causal_linear_attention_reference(phi(proj("query")), phi(proj("key")), proj("value"), epsilon=layer.epsilon)
+    return tf.einsum("bhte,hed->btd", y, w["output/kernel"]) + w["output/bias"]
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+def test_outputs_and_gradients_match_reference(length):
+    layer = _layer("float64")
+    x = tf.constant(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+            loss = tf.reduce_sum(y * cotangent)
+        return [y] + tape.gradient(loss, [x] + [v.value for v in layer.weights])
+
+    for got, want in zip(run(layer), run(lambda x: reference(layer, x))):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_causality_and_decoding():
+    layer = _layer()
+    x = tf.random.stateless_normal([2, 60, WIDTH], seed=[1, 2])
+    full = layer(x)
+    changed = tf.concat([x[:, :31], -x[:, 31:]], axis=1)
+    np.testing.assert_array_equal(layer(changed)[:, :31], full[:, :31])
+    cache = layer.get_initial_cache(2)
+    outs = []
+    for chunk in [x[:, :35], x[:, 35:45]] + [x[:, t : t + 1] for t in range(45, 60)]:
+        y, cache = layer(chunk, cache=cache)
+        outs.append(y)
+    np.testing.assert_allclose(tf.concat(outs, 1), full, rtol=1e-4, atol=1e-4)
+    assert [tuple(c.shape) for c in cache] == [(2, 2, 4, 4), (2, 2, 4)]
+
+
+def test_config_and_keras_save(tmp_path):
+    layer = LinearAttention(3, 5, feature_map="relu", epsilon=1e-4, chunk_size=8, bias_initializer="ones", name="lin")
+    config = layer.get_config()
+    assert LinearAttention.from_config(config).get_config() == config
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, layer(inputs))
+    path = str(tmp_path / "lin.keras")
+    model.save(path)
+    x = tf.random.stateless_normal([2, 7, WIDTH], seed=[3, 4])
+    np.testing.assert_array_equal(model(x), keras.models.load_model(path)(x))
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_long_input(policy, name):
+    policy(name)
+    layer = LinearAttention(2, 8)
+    x = tf.random.stateless_normal([1, 16384, 16], seed=[5, 6])
+    with tf.GradientTape() as tape:
+        y = layer(x)
+        loss = tf.reduce_mean(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, layer.trainable_weights)
+    assert y.dtype == layer.compute_dtype and all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(tf.cast(y, tf.float32))) and all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="num_heads=0"):
+        LinearAttention(0, 4)
+    with pytest.raises(ValueError, match="feature_map='softmax'"):
+        LinearAttention(1, 4, feature_map="softmax")
+    with pytest.raises(TypeError, match="float inputs"):
+        LinearAttention(1, 4)(tf.zeros([1, 3, 4], tf.int32))
+    layer = LinearAttention(1, 4)
+    layer(tf.zeros([1, 3, 4]))
+    with pytest.raises(ValueError, match="axis -1"):
+        layer(tf.zeros([1, 3, 5]))
+    assert layer(tf.zeros([1, 0, 4])).shape == (1, 0, 4)
