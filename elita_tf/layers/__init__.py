@@ -3,3 +3,4 @@
 from elita_tf.layers.attention2 import Attention2
 from elita_tf.layers.feedforward2 import FeedForward2
 from elita_tf.layers.linear_attention import LinearAttention
+from elita_tf.layers.transformer_block import TransformerBlock
