@@ -2,6 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.ops.softmax_attention import empty_kv_cache, softmax_attention, update_kv_cache
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -96,34 +97,12 @@ class TransformerBlock(keras.layers.Layer):
 
     def _cached_attention(self, x, padding_mask, cache):
         """Attention of the new positions over the cache, which they are written into."""
-        key_cache, value_cache, valid, index = cache
-        batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        tf.debugging.assert_less_equal(
-            index + length,
-            tf.shape(key_cache)[1],
-            message=f"The decoding cache of '{self.name}' holds max_length={self.max_length} positions",
+        attention = self.attention
+        cache, visible = update_kv_cache(
+            cache, attention.key_dense(x), attention.value_dense(x), padding_mask, name=self.name
         )
-
-        def write(buffer, new):
-            # Fixed shape [B, L, ...]: positions index .. index + T are replaced.
-            new = tf.cast(new, buffer.dtype)
-            return tf.concat([buffer[:, :index], new, buffer[:, index + length :]], axis=1)
-
-        key_cache = write(key_cache, self.attention.key_dense(x))
-        value_cache = write(value_cache, self.attention.value_dense(x))
-        new_valid = tf.ones([batch, length], tf.bool) if padding_mask is None else tf.cast(padding_mask, tf.bool)
-        valid = write(valid, new_valid)
-
-        q = self.attention.query_dense(x)  # [B, T, H, D]
-        query_pos = index + tf.range(length)[:, None]
-        key_pos = tf.range(tf.shape(key_cache)[1])[None, :]
-        visible = (key_pos <= query_pos)[None, None] & valid[:, None, None, :]  # [B, 1, T, L]
-        scale = tf.cast(q.shape[-1], tf.float32) ** -0.5
-        scores = tf.einsum("bthd,blhd->bhtl", tf.cast(q, tf.float32), tf.cast(key_cache, tf.float32)) * scale
-        scores = tf.where(visible, scores, tf.float32.min)
-        weights = tf.cast(tf.nn.softmax(scores, axis=-1), self.compute_dtype)
-        context = tf.einsum("bhtl,blhd->bthd", weights, tf.cast(value_cache, self.compute_dtype))
-        return self.attention.output_dense(context), (key_cache, value_cache, valid, index + length)
+        context = softmax_attention(attention.query_dense(x), cache[0], cache[1], visible)
+        return attention.output_dense(tf.cast(context, self.compute_dtype)), cache
 
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
         check_float_sequence(self, inputs)
@@ -144,10 +123,8 @@ class TransformerBlock(keras.layers.Layer):
         """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, index [])`, `L = max_length`."""
         if not self.built:
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
-        shape = [batch_size, self.max_length] + list(self.attention.key_dense.kernel.shape[-2:])
-        dtype = dtype or self.compute_dtype
-        valid = tf.zeros([batch_size, self.max_length], tf.bool)
-        return tf.zeros(shape, dtype), tf.zeros(shape, dtype), valid, tf.constant(0, tf.int32)
+        heads, head_dim = self.attention.key_dense.kernel.shape[-2:]
+        return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
 
     def compute_mask(self, inputs, mask=None):
         return mask

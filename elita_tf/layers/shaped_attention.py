@@ -1,0 +1,161 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.ops.softmax_attention import causal_visibility, empty_kv_cache, softmax_attention, update_kv_cache
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class ShapedAttention(keras.layers.Layer):
+    """Shaped attention of the Simplified Transformer (He & Hofmann 2023), causal.
+
+    Per head, with identity values `v = x` (no value or output projection):
+
+        A = α I + β softmax(causal(Q Kᵀ / sqrt(D))) − γ C,      y = A v
+
+    `C` is the uniform causal average (row `i` averages positions `<= i`).
+    `α, β, γ` are trainable per head, initialised to 1, and the query kernel
+    is zero-initialised, so the softmax is uniform and `A = I` at
+    initialisation: every block starts as the identity.
+
+        softmax part         C (centring)
+        row 0: x . . .       1 . . .
+        row 1: x x . .       ½ ½ . .
+        row 2: x x x .       ⅓ ⅓ ⅓ .
+
+    With `value_projection=True` (the first layer in the paper) the values
+    are `x (r_v W_V + s_v I)` with `W_V` zero-initialised, `r_v = s_v = 1`.
+    Decoding keeps a fixed-size key/value cache (softmax attention has no
+    constant-size state).
+
+    Args:
+        num_heads: int. Number of heads `H`; the input width must be divisible by it.
+        value_projection: bool. Learn a value projection with gains. Defaults to `False`.
+        max_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        query_initializer: initializer of the query kernel. Defaults to `"zeros"`.
+        key_initializer: initializer of the key kernel. Defaults to
+            `RandomNormal(stddev=0.02)`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]` (already normalised).
+        padding_mask: optional bool `[B, T]`, False at padding: padded positions
+            are neither attended nor averaged. Defaults to the Keras mask.
+        cache: optional `(key, value, valid, index)` from `get_initial_cache`
+            or a previous call.
+        training: ignored.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, new_cache)` when a cache is passed.
+
+    Example:
+    >>> layer = ShapedAttention(num_heads=4)
+    >>> x = tf.random.normal([2, 10, 32])
+    >>> bool(tf.reduce_all(tf.abs(layer(x) - x) < 1e-5))  # A = I at init
+    True
+
+    References:
+        - [He & Hofmann, 2023](https://arxiv.org/abs/2311.01906)
+        - [Noci et al., 2023](https://arxiv.org/abs/2306.17759) (centred attention)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        value_projection=False,
+        max_length=1024,
+        query_initializer="zeros",
+        key_initializer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("max_length", max_length)
+        self.num_heads = num_heads
+        self.value_projection = bool(value_projection)
+        self.max_length = max_length
+        self.query_initializer = keras.initializers.get(query_initializer)
+        self.key_initializer = keras.initializers.get(key_initializer or keras.initializers.RandomNormal(stddev=0.02))
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = input_width(inputs_shape)
+        if width % self.num_heads:
+            raise ValueError(
+                f"The input width must be divisible by num_heads. Received: width={width}, num_heads={self.num_heads}"
+            )
+        h, e = self.num_heads, width // self.num_heads
+
+        def weight(name, shape, initializer):
+            return self.add_weight(name=name, shape=shape, initializer=initializer, dtype=self.variable_dtype)
+
+        self.query_kernel = weight("query_kernel", (width, h, e), self.query_initializer)
+        self.query_bias = weight("query_bias", (h, e), "zeros")
+        self.key_kernel = weight("key_kernel", (width, h, e), self.key_initializer)
+        self.key_bias = weight("key_bias", (h, e), "zeros")
+        self.alpha = weight("alpha", (h,), "ones")
+        self.beta = weight("beta", (h,), "ones")
+        self.gamma = weight("gamma", (h,), "ones")
+        if self.value_projection:
+            self.value_kernel = weight("value_kernel", (width, width), "zeros")
+            self.value_gain = weight("value_gain", (), "ones")
+            self.value_skip_gain = weight("value_skip_gain", (), "ones")
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+        check_float_sequence(self, inputs)
+        if padding_mask is None:
+            padding_mask = mask
+        width, heads = inputs.shape[-1], self.num_heads
+        values = inputs
+        if self.value_projection:
+            values = self.value_gain * tf.matmul(inputs, self.value_kernel) + self.value_skip_gain * inputs
+        split = lambda t: tf.reshape(t, tf.concat([tf.shape(t)[:2], [heads, width // heads]], 0))  # noqa: E731
+        q = tf.einsum("btd,dhe->bthe", inputs, self.query_kernel) + self.query_bias
+        k = tf.einsum("btd,dhe->bthe", inputs, self.key_kernel) + self.key_bias
+        v = split(values)  # [B, T, H, e]
+
+        if cache is None:
+            visible = causal_visibility(tf.shape(inputs)[1], padding_mask)
+            keys, all_values = k, v
+        else:
+            cache, visible = update_kv_cache(cache, k, v, padding_mask, name=self.name)
+            keys, all_values = cache[0], cache[1]
+        attended = softmax_attention(q, keys, all_values, visible)
+        # C v: the uniform average of the visible values, never materialised as C.
+        acc = attended.dtype
+        seen = tf.cast(visible[:, 0], acc)  # [B or 1, T, S]
+        seen = seen / tf.maximum(tf.reduce_sum(seen, axis=-1, keepdims=True), 1.0)
+        seen = tf.broadcast_to(seen, tf.concat([tf.shape(all_values)[:1], tf.shape(seen)[1:]], 0))
+        centre = tf.einsum("bts,bshe->bthe", seen, tf.cast(all_values, acc))
+
+        gain = lambda w: tf.cast(w, acc)[:, None]  # noqa: E731  [H, 1]
+        y = gain(self.alpha) * tf.cast(v, acc) + gain(self.beta) * attended - gain(self.gamma) * centre
+        outputs = tf.reshape(tf.cast(y, self.compute_dtype), tf.shape(inputs))
+        return outputs if cache is None else (outputs, cache)
+
+    def get_initial_cache(self, batch_size, dtype=None):
+        """`(key [B, L, H, e], value [B, L, H, e], valid [B, L] bool, index [])`, `L = max_length`."""
+        if not self.built:
+            raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
+        width, heads, head_dim = self.key_kernel.shape
+        return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "value_projection": self.value_projection,
+                "max_length": self.max_length,
+                "query_initializer": keras.initializers.serialize(self.query_initializer),
+                "key_initializer": keras.initializers.serialize(self.key_initializer),
+            }
+        )
+        return config

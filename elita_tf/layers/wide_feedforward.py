@@ -1,0 +1,104 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class WideFeedForward(keras.layers.Layer):
+    """One Wide FFN (Pires et al. 2023): one feed-forward network shared by every block.
+
+        y = W2 act(W1 x + b1) + b2
+
+    Share it by calling the same instance in every block of a functional
+    model; Keras then holds its weights once, also after `.keras` save/load.
+    The default width `4 * d * num_layers` keeps the parameter count of
+    `num_layers` separate `4d` networks.
+
+    Args:
+        width: int or None. Hidden width. Defaults to `4 * d * num_layers`.
+        num_layers: int. Blocks that share it, for the default width. Defaults to `1`.
+        activation: activation of the hidden layer. Defaults to `"relu"`.
+        kernel_initializer: Defaults to `"glorot_uniform"`.
+        bias_initializer: Defaults to `"zeros"`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: ignored (position-wise).
+        cache: `()` to get `(outputs, ())` back, as the stateful layers do.
+        training: ignored.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, ())` when a cache is passed.
+
+    Example:
+    >>> shared = WideFeedForward(num_layers=6)
+    >>> x = keras.Input((None, 32))
+    >>> for _ in range(6):
+    ...     x = x + shared(x)  # one set of weights, 4 * 32 * 6 hidden units
+
+    References:
+        - [Pires et al., 2023](https://arxiv.org/abs/2309.01826)
+    """
+
+    def __init__(
+        self,
+        width=None,
+        num_layers=1,
+        activation="relu",
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("width", width, allow_none=True)
+        check_positive_int("num_layers", num_layers)
+        self.width = width
+        self.num_layers = num_layers
+        self.activation = keras.activations.get(activation)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.supports_masking = True
+
+    def build(self, inputs_shape):
+        width = input_width(inputs_shape)
+        hidden = self.width or 4 * width * self.num_layers
+        dense = lambda units, name, activation=None: keras.layers.Dense(  # noqa: E731
+            units,
+            activation=activation,
+            kernel_initializer=self.kernel_initializer,
+            bias_initializer=self.bias_initializer,
+            dtype=self.dtype_policy,
+            name=name,
+        )
+        self.inner = dense(hidden, "inner", self.activation)
+        self.inner.build(inputs_shape)
+        self.outer = dense(width, "outer")
+        self.outer.build(tuple(inputs_shape[:-1]) + (hidden,))
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None):
+        check_float_sequence(self, inputs)
+        outputs = self.outer(self.inner(inputs))
+        return outputs if cache is None else (outputs, ())
+
+    def get_initial_cache(self, batch_size, dtype=None):
+        """The empty tuple: a position-wise layer keeps no state."""
+        return ()
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "width": self.width,
+                "num_layers": self.num_layers,
+                "activation": keras.activations.serialize(self.activation),
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,109 @@
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers.shaped_attention import ShapedAttention
+
+WIDTH = 8
+
+
+def _layer(dtype="float32", **kwargs):
+    layer = ShapedAttention(**{"num_heads": 2, "max_length": 300, **kwargs}, dtype=dtype)
+    layer.build((None, None, WIDTH))
+    rng = np.random.default_rng(0)
+    for var in layer.weights:
+        var.assign(rng.normal(size=var.shape) * 0.5 + (1.0 if "gain" in var.path else 0.0))
+    return layer
+
+
+def reference(layer, x, mask=None):
+    """`A = αI + β S − γ C` materialised, `C` the explicit causal averaging matrix, in float64."""
+    w = lambda v: tf.cast(tf.convert_to_tensor(v), tf.float64)  # noqa: E731
+    x = tf.cast(x, tf.float64)
+    b, length, _ = x.shape
+    values = x
+    if layer.value_projection:
+        values = w(layer.value_gain) * x @ w(layer.value_kernel) + w(layer.value_skip_gain) * x
+    v = tf.reshape(values, [b, length, layer.num_heads, -1])
+    q = tf.einsum("btd,dhe->bhte", x, w(layer.query_kernel)) + w(layer.query_bias)[:, None]
+    k = tf.einsum("btd,dhe->bhte", x, w(layer.key_kernel)) + w(layer.key_bias)[:, None]
+    visible = np.tril(np.ones((length, length), bool))[None, None]
+    if mask is not None:
+        visible = visible & np.asarray(mask, bool)[:, None, None, :]
+    scores = tf.einsum("bhte,bhse->bhts", q, k) / np.sqrt(q.shape[-1])
+    s = tf.nn.softmax(tf.where(visible, scores, -1e300), axis=-1)
+    c = visible / np.maximum(visible.sum(-1, keepdims=True), 1)
+    eye = np.eye(length)[None, None]
+    gain = lambda g: w(g)[None, :, None, None]  # noqa: E731
+    a = gain(layer.alpha) * eye + gain(layer.beta) * s - gain(layer.gamma) * c
+    return tf.reshape(tf.einsum("bhts,bshe->bthe", a, v), [b, length, -1])
+
+
+def test_identity_at_initialisation():
+    layer = ShapedAttention(num_heads=2)
+    x = tf.random.stateless_normal([2, 30, WIDTH], seed=[0, 1])
+    np.testing.assert_allclose(layer(x), x, atol=1e-5)
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+@pytest.mark.parametrize("value_projection", [False, True])
+def test_outputs_and_gradients_match_reference(length, value_projection):
+    layer = _layer("float64", value_projection=value_projection)
+    x = tf.constant(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(fn(x) * cotangent)
+        return tape.gradient(loss, [x] + [v.value for v in layer.weights])
+
+    np.testing.assert_allclose(layer(x), reference(layer, x), rtol=1e-10, atol=1e-10)
+    for got, want in zip(run(layer), run(lambda x: reference(layer, x))):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_causality_padding_and_decoding():
+    layer = _layer()
+    x = tf.random.stateless_normal([2, 50, WIDTH], seed=[3, 4])
+    full = layer(x)
+    np.testing.assert_array_equal(layer(tf.concat([x[:, :21], x[:, 21:] * 5], 1))[:, :21], full[:, :21])
+    mask = np.ones((2, 50), bool)
+    mask[1, 4:9] = False
+    masked = layer(x, padding_mask=mask)
+    np.testing.assert_allclose(masked.numpy()[mask], reference(layer, x, mask).numpy()[mask], rtol=1e-4, atol=1e-4)
+    cache = layer.get_initial_cache(2)
+    outs = []
+    for start, stop in [(0, 25), (25, 35)] + [(t, t + 1) for t in range(35, 50)]:
+        y, cache = layer(x[:, start:stop], padding_mask=mask[:, start:stop], cache=cache)
+        outs.append(y)
+    np.testing.assert_allclose(tf.concat(outs, 1).numpy()[mask], masked.numpy()[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_config_save_and_errors(tmp_path):
+    layer = ShapedAttention(4, value_projection=True, max_length=77, query_initializer="ones", name="sa")
+    config = layer.get_config()
+    assert ShapedAttention.from_config(config).get_config() == config
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, layer(inputs))
+    model.save(str(tmp_path / "sa.keras"))
+    x = tf.random.stateless_normal([2, 6, WIDTH], seed=[5, 6])
+    np.testing.assert_array_equal(model(x), keras.models.load_model(str(tmp_path / "sa.keras"))(x))
+    with pytest.raises(ValueError, match="num_heads=0"):
+        ShapedAttention(0)
+    with pytest.raises(ValueError, match="divisible"):
+        ShapedAttention(3)(tf.zeros([1, 2, WIDTH]))
+    with pytest.raises(TypeError, match="float inputs"):
+        ShapedAttention(2)(tf.zeros([1, 2, WIDTH], tf.int32))
+    assert ShapedAttention(2)(tf.zeros([1, 0, WIDTH])).shape == (1, 0, WIDTH)
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(policy, name):
+    policy(name)
+    layer = ShapedAttention(2)
+    y = layer(tf.random.stateless_normal([1, 2048, 16], seed=[7, 8]) * 10)
+    assert y.dtype == layer.compute_dtype and all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
