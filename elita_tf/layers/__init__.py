@@ -1,9 +1,10 @@
 """Keras layers, one public layer per file."""
 
+from elita_tf.layers.additive_attention import AdditiveAttention
 from elita_tf.layers.attention2 import Attention2
 from elita_tf.layers.feedforward2 import FeedForward2
 from elita_tf.layers.linear_attention import LinearAttention
-from elita_tf.layers.transformer_block import TransformerBlock
 from elita_tf.layers.shaped_attention import ShapedAttention
 from elita_tf.layers.simplified_block import SimplifiedBlock
+from elita_tf.layers.transformer_block import TransformerBlock
 from elita_tf.layers.wide_feedforward import WideFeedForward

@@ -2,6 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
     accumulator_dtype,
@@ -129,7 +130,9 @@ class Attention2(keras.layers.Layer):
         h, p, d = self.num_heads, self.position_dim, self.head_dim
 
         def weight(name, shape, initializer):
-            return self.add_weight(name=name, shape=shape, initializer=initializer, dtype=self.variable_dtype)
+            return self.add_weight(
+                name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
+            )
 
         self.k1 = weight("k1", (h, width), self.logit_initializer)
         self.k2 = weight("k2", (h, width), self.logit_initializer)

@@ -2,6 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -70,7 +71,9 @@ class FeedForward2(keras.layers.Layer):
         b = self.factor
 
         def weight(name, shape, initializer):
-            return self.add_weight(name=name, shape=shape, initializer=initializer, dtype=self.variable_dtype)
+            return self.add_weight(
+                name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
+            )
 
         self.w1 = weight("w1", (width, a), self.kernel_initializer)
         self.b1 = weight("b1", (a,), self.bias_initializer)

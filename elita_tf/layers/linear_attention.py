@@ -2,6 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.linear_attention import (
     DEFAULT_CHUNK_SIZE,
     causal_linear_attention,
@@ -96,8 +97,8 @@ class LinearAttention(keras.layers.Layer):
                 equation,
                 output_shape=output_shape,
                 bias_axes=bias_axes,
-                kernel_initializer=self.kernel_initializer,
-                bias_initializer=self.bias_initializer,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
                 dtype=self.dtype_policy,
                 name=name,
             )

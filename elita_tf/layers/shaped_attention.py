@@ -2,6 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.softmax_attention import causal_visibility, empty_kv_cache, softmax_attention, update_kv_cache
 
 
@@ -87,7 +88,9 @@ class ShapedAttention(keras.layers.Layer):
         h, e = self.num_heads, width // self.num_heads
 
         def weight(name, shape, initializer):
-            return self.add_weight(name=name, shape=shape, initializer=initializer, dtype=self.variable_dtype)
+            return self.add_weight(
+                name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
+            )
 
         self.query_kernel = weight("query_kernel", (width, h, e), self.query_initializer)
         self.query_bias = weight("query_bias", (h, e), "zeros")

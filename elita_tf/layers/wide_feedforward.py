@@ -2,6 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -67,8 +68,8 @@ class WideFeedForward(keras.layers.Layer):
         dense = lambda units, name, activation=None: keras.layers.Dense(  # noqa: E731
             units,
             activation=activation,
-            kernel_initializer=self.kernel_initializer,
-            bias_initializer=self.bias_initializer,
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
             name=name,
         )

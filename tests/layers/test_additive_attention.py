@@ -1,0 +1,289 @@
+import numpy as np
+import keras
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers.additive_attention import AdditiveAttention
+from elita_tf.ops.reference import causal_softmax_mean_reference
+
+WIDTH = 12
+HEADS = 3
+# Windows: global, inside one kernel chunk (banded), beyond it (blockwise).
+WINDOWS = [None, 4, 40]
+
+
+def _weights(layer):
+    return {
+        "query": layer.query_dense.kernel,
+        "key": layer.key_dense.kernel,
+        "value": layer.value_dense.kernel,
+        "output": layer.output_dense.kernel,
+        "gamma": layer.mid_norm.gamma,
+        "beta": layer.mid_norm.beta,
+        "query_pooling": layer.query_pooling,
+        "key_pooling": layer.key_pooling,
+    }
+
+
+def _layer(dtype="float32", seed=0, pooling_scale=1.0, **kwargs):
+    layer = AdditiveAttention(**{"num_heads": HEADS, **kwargs}, dtype=dtype)
+    layer.build((None, None, WIDTH))
+    rng = np.random.default_rng(seed)
+    # Far from the init (zero pooling vectors, 0.02 kernels) so every logit matters.
+    scales = {"gamma": 0.3, "beta": 0.3, "query_pooling": pooling_scale, "key_pooling": pooling_scale}
+    for name, var in _weights(layer).items():
+        value = rng.normal(size=var.shape) * scales.get(name, 0.5)
+        var.assign(value + 1.0 if name == "gamma" else value)
+    return layer
+
+
+def _inputs(length, batch=2, seed=1, dtype=tf.float32):
+    return tf.constant(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)), dtype)
+
+
+def reference(layer, x, mask=None, logits=None):
+    """The layer's output by SPEC §6(a) (update only), in float64, from its own weights.
+
+    With a list `logits`, the two poolings' logits `[B, H, T]` are appended to it.
+    """
+    w = {name: tf.cast(tf.convert_to_tensor(v), tf.float64) for name, v in _weights(layer).items()}
+    x = tf.cast(x, tf.float64)
+    batch, length = x.shape[0], x.shape[1]
+    heads, head_dim = layer.num_heads, WIDTH // layer.num_heads
+
+    def pool(z, vector):
+        z = tf.transpose(tf.reshape(z, [batch, length, heads, head_dim]), [0, 2, 1, 3])
+        scores = tf.einsum("bhte,he->bht", z, tf.reshape(vector, [heads, head_dim])) / np.sqrt(head_dim)
+        if logits is not None:
+            logits.append(scores)
+        mean, _ = causal_softmax_mean_reference(scores, z, window=layer.window, mask=mask)
+        return tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, WIDTH])
+
+    q, kappa, v = (tf.einsum("btd,de->bte", x, w[n]) for n in ("query", "key", "value"))
+    mixed = tf.einsum("btd,de->bte", pool(q, w["query_pooling"]), w["output"]) * kappa
+    r = x + mixed
+    mu = tf.reduce_mean(r, axis=-1, keepdims=True)
+    var = tf.reduce_mean((r - mu) ** 2, axis=-1, keepdims=True)
+    m = (r - mu) / tf.sqrt(var + layer.layer_norm_epsilon) * w["gamma"] + w["beta"]
+    return mixed + pool(m, w["key_pooling"]) * v
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+def test_outputs_and_gradients_match_reference(length, window):
+    layer = _layer("float64", window=window)
+    x = _inputs(length, dtype=tf.float64)
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
+    variables = list(_weights(layer).values())
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+            loss = tf.reduce_sum(y * cotangent)
+        return [y] + tape.gradient(loss, [x] + [v.value for v in variables])
+
+    names = ["outputs", "inputs"] + list(_weights(layer))
+    for name, got, want in zip(names, run(layer), run(lambda x: reference(layer, x))):
+        assert np.all(np.isfinite(got)), name
+        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-8, err_msg=name)
+
+    layer32 = _layer(window=window)
+    x32 = tf.cast(x, tf.float32)
+    np.testing.assert_allclose(layer32(x32), reference(layer32, x32), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_large_logits_exact_and_finite(window):
+    layer = _layer(window=window)
+    x = _inputs(257)
+    # Scale w_q, then w_k (whose input depends on w_q), to logits of exactly +-80 at most.
+    for index, var in enumerate([layer.query_pooling, layer.key_pooling]):
+        logits = []
+        reference(layer, x, logits=logits)
+        var.assign(var * (80.0 / np.abs(logits[index]).max()))
+    logits = []
+    reference(layer, x, logits=logits)
+    np.testing.assert_allclose([np.abs(s).max() for s in logits], [80.0, 80.0], rtol=1e-5)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_sum(y**2)
+    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    assert np.all(np.isfinite(y)) and all(np.all(np.isfinite(g)) for g in grads)
+    np.testing.assert_allclose(y, reference(layer, x), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_causality(window):
+    layer = _layer(window=window)
+    x = _inputs(100)
+    t = 41
+    changed = tf.concat([x[:, : t + 1], x[:, t + 1 :] * -3.0 + 1.0], axis=1)
+    np.testing.assert_array_equal(layer(x)[:, : t + 1], layer(changed)[:, : t + 1])
+
+
+@pytest.mark.parametrize("window", [None, 5, 40])
+def test_prefill_then_decode_equals_parallel(window):
+    layer = _layer(window=window)
+    x = _inputs(70)
+    full = layer(x)
+    cache = layer.get_initial_cache(2)
+    shapes = [tuple(c.shape) for c in cache]
+    outputs = []
+    chunks = [x[:, :45], x[:, 45:55], x[:, 55:58]] + [x[:, t : t + 1] for t in range(58, 70)]
+    for chunk in chunks:
+        y, cache = layer(chunk, cache=cache)
+        outputs.append(y)
+    np.testing.assert_allclose(tf.concat(outputs, 1), full, rtol=1e-5, atol=1e-5)
+    # Both poolings' states, fixed-shape whatever the length decoded.
+    assert [tuple(c.shape) for c in cache] == shapes
+    assert all(c.dtype == tf.float32 for c in cache)
+    if window is None:
+        assert shapes == [(2, HEADS), (2, HEADS, 4)] * 2
+    else:
+        assert shapes == [(2, HEADS, window), (2, HEADS, window, 4)] * 2
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_padding_mask_keeps_padded_inputs_out(window):
+    layer = _layer(window=window)
+    x = _inputs(60)
+    mask = np.ones((2, 60), bool)
+    mask[0, 20:30] = False
+    mask[1, :3] = False
+    noisy = tf.where(mask[..., None], x, 100.0)
+    y, y_noisy = layer(x, padding_mask=mask), layer(noisy, padding_mask=mask)
+    np.testing.assert_allclose(y.numpy()[mask], y_noisy.numpy()[mask], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.numpy()[mask], reference(layer, x, mask).numpy()[mask], rtol=1e-4, atol=1e-4)
+    assert np.all(np.isfinite(y))
+    # Decoding with the mask gives the same outputs at real positions.
+    cache = layer.get_initial_cache(2)
+    outputs = []
+    for start, stop in [(0, 25)] + [(t, t + 1) for t in range(25, 35)] + [(35, 60)]:
+        out, cache = layer(noisy[:, start:stop], padding_mask=mask[:, start:stop], cache=cache)
+        outputs.append(out)
+    decoded = tf.concat(outputs, 1).numpy()
+    np.testing.assert_allclose(decoded[mask], y.numpy()[mask], rtol=1e-5, atol=1e-5)
+
+
+def test_keras_mask_is_used_and_propagated():
+    tokens = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Embedding(20, WIDTH, mask_zero=True)(tokens)
+    outputs = AdditiveAttention(num_heads=2, window=3)(hidden)
+    assert outputs._keras_mask is not None
+    model = keras.Model(tokens, outputs)
+    for var in model.get_layer(index=2).weights:
+        var.assign(np.random.default_rng(0).normal(size=var.shape))
+    ids = np.array([[3, 4, 0, 0, 5, 6], [3, 4, 7, 9, 5, 6]])
+    other = np.array([[3, 4, 0, 0, 5, 6], [3, 4, 1, 1, 5, 6]])
+    np.testing.assert_allclose(model(ids)[0], model(other)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_initialization():
+    layer = AdditiveAttention(num_heads=2)
+    layer.build((None, None, 64))
+    np.testing.assert_array_equal(layer.query_pooling, np.zeros(64))
+    np.testing.assert_array_equal(layer.key_pooling, np.zeros(64))
+    kernels = [layer.query_dense.kernel, layer.key_dense.kernel, layer.value_dense.kernel, layer.output_dense.kernel]
+    for kernel in kernels:
+        assert 0.015 < np.std(kernel) < 0.025
+    # Each projection gets its own draw of the shared initializer.
+    assert len({kernel.numpy().tobytes() for kernel in kernels}) == 4
+
+
+def test_dropout_only_in_training():
+    layer = _layer(dropout=0.5)
+    x = _inputs(20)
+    np.testing.assert_array_equal(layer(x), layer(x, training=False))
+    assert np.abs(layer(x, training=True) - layer(x)).max() > 1e-3
+
+
+def test_config_round_trip():
+    layer = AdditiveAttention(
+        num_heads=3,
+        window=7,
+        dropout=0.1,
+        layer_norm_epsilon=1e-3,
+        chunk_size=16,
+        kernel_initializer="he_normal",
+        name="additive",
+    )
+    config = layer.get_config()
+    restored = AdditiveAttention.from_config(config)
+    assert restored.get_config() == config
+    assert (restored.window, restored.dropout, restored.layer_norm_epsilon, restored.chunk_size) == (7, 0.1, 1e-3, 16)
+    default = AdditiveAttention(num_heads=2).get_config()
+    assert AdditiveAttention.from_config(default).get_config() == default
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_keras_save_and_load(tmp_path, window):
+    inputs = keras.Input((None, WIDTH))
+    layer = AdditiveAttention(num_heads=HEADS, window=window, name="additive")
+    model = keras.Model(inputs, layer(inputs))
+    rng = np.random.default_rng(0)
+    for var in layer.weights:
+        var.assign(rng.normal(size=var.shape) * 0.5)
+    x = _inputs(33)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    np.testing.assert_array_equal(model(x), restored(x))
+    assert isinstance(restored.get_layer("additive"), AdditiveAttention)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_long_input_finite(policy, name, window):
+    policy(name)
+    layer = AdditiveAttention(num_heads=2, window=window)
+    layer.build((None, None, 16))
+    rng = np.random.default_rng(0)
+    for var in (layer.query_pooling, layer.key_pooling):
+        var.assign(rng.normal(size=var.shape) * 4.0)
+    x = tf.random.stateless_normal([1, 8192, 16], seed=[1, 2]) * 3.0
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_mean(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, layer.trainable_weights)
+    assert y.dtype == layer.compute_dtype != "float32"
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert all(c.dtype == tf.float32 for c in layer.get_initial_cache(1))
+    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
+    assert all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="num_heads=0"):
+        AdditiveAttention(num_heads=0)
+    with pytest.raises(ValueError, match="window=0"):
+        AdditiveAttention(num_heads=2, window=0)
+    with pytest.raises(ValueError, match="window=2.5"):
+        AdditiveAttention(num_heads=2, window=2.5)
+    with pytest.raises(ValueError, match="dropout=1.0"):
+        AdditiveAttention(num_heads=2, dropout=1.0)
+    with pytest.raises(ValueError, match="width=10, num_heads=3"):
+        AdditiveAttention(num_heads=3)(tf.zeros([2, 3, 10]))
+    with pytest.raises(TypeError, match="float inputs"):
+        AdditiveAttention(num_heads=2)(tf.zeros([2, 3, 8], tf.int32))
+    with pytest.raises(ValueError, match="must be built"):
+        AdditiveAttention(num_heads=2).get_initial_cache(2)
+    layer = AdditiveAttention(num_heads=2)
+    with pytest.raises(ValueError, match="ndim=3"):
+        layer(tf.zeros([4, 8]))
+    layer(tf.zeros([2, 3, 8]))
+    with pytest.raises(ValueError, match="axis -1"):
+        layer(tf.zeros([2, 3, 10]))
+
+
+@pytest.mark.parametrize("window", [None, 4, 40])
+def test_empty_sequence(window):
+    layer = _layer(window=window)
+    assert layer(tf.zeros([2, 0, WIDTH])).shape == (2, 0, WIDTH)
+    initial = layer.get_initial_cache(2)
+    y, cache = layer(tf.zeros([2, 0, WIDTH]), cache=initial)
+    assert y.shape == (2, 0, WIDTH)
+    for got, want in zip(cache, initial):
+        np.testing.assert_array_equal(got, want)

@@ -1,0 +1,38 @@
+import itertools
+
+import numpy as np
+import pytest
+
+from elita_tf.layers import (
+    AdditiveAttention,
+    Attention2,
+    FeedForward2,
+    LinearAttention,
+    ShapedAttention,
+    SimplifiedBlock,
+    TransformerBlock,
+    WideFeedForward,
+)
+
+LAYERS = [
+    lambda: AdditiveAttention(num_heads=2),
+    lambda: Attention2(num_heads=2, head_dim=8, position_dim=4),
+    lambda: FeedForward2(factor=8),
+    lambda: LinearAttention(num_heads=2, head_dim=8),
+    lambda: ShapedAttention(num_heads=2, key_initializer="glorot_uniform", query_initializer="glorot_uniform"),
+    lambda: SimplifiedBlock(num_heads=2),
+    lambda: TransformerBlock(num_heads=2),
+    lambda: WideFeedForward(width=8),
+]
+
+
+@pytest.mark.parametrize("make", LAYERS)
+def test_random_weights_are_drawn_independently(make):
+    # A shared unseeded initializer would give k1 == k2 == k3 (Keras draws the same values per instance).
+    layer = make()
+    layer.build((None, None, 8))
+    random = [w.numpy() for w in layer.weights if np.unique(w.numpy()).size > 1]
+    assert random, "no random weight"
+    for a, b in itertools.combinations(random, 2):
+        if a.shape == b.shape:
+            assert not np.allclose(a, b)
