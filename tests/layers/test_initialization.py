@@ -11,6 +11,7 @@ from elita_tf.layers import (
     ShapedAttention,
     SimplifiedBlock,
     TransformerBlock,
+    TriLinearAttention,
     WideFeedForward,
 )
 
@@ -23,6 +24,7 @@ LAYERS = [
     lambda: SimplifiedBlock(num_heads=2),
     lambda: TransformerBlock(num_heads=2),
     lambda: WideFeedForward(width=8),
+    lambda: TriLinearAttention(query_dim=8, lowrank_dim=16, combiner_initializer="glorot_uniform"),
 ]
 
 

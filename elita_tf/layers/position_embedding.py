@@ -1,0 +1,65 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class PositionEmbedding(keras.layers.Layer):
+    """Learned absolute position embeddings for positions `0 .. max_length - 1`.
+
+    Returns the embeddings of the input's positions (to be added to it):
+    `[1, T, d]`, or `[B, T, d]` when decoding from per-sequence `start_index`.
+
+    Args:
+        max_length: int. Longest sequence it has positions for.
+        initializer: Defaults to `RandomNormal(stddev=0.02)`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: tensor `[B, T, d]`; only its shape is used.
+        start_index: optional int or int `[B]`: the position of the first
+            input (decoding). Defaults to 0.
+
+    Example:
+    >>> x = tf.zeros([2, 10, 16])
+    >>> (x + PositionEmbedding(max_length=256)(x)).shape
+    TensorShape([2, 10, 16])
+    """
+
+    def __init__(self, max_length, initializer=None, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("max_length", max_length)
+        self.max_length = max_length
+        self.initializer = keras.initializers.get(initializer or keras.initializers.RandomNormal(stddev=0.02))
+
+    def build(self, inputs_shape):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.max_length, input_width(inputs_shape)),
+            initializer=clone_initializer(self.initializer),
+            dtype=self.variable_dtype,
+        )
+
+    def call(self, inputs, start_index=None):
+        length = tf.shape(inputs)[1]
+        positions = tf.range(length)[None, :]
+        if start_index is not None:
+            positions = positions + tf.reshape(tf.cast(start_index, tf.int32), [-1, 1])
+        tf.debugging.assert_less(
+            tf.reduce_max(tf.concat([[-1], tf.reshape(positions, [-1])], 0)),
+            self.max_length,
+            message=f"'{self.name}' has learned positions for sequences of at most max_length={self.max_length}",
+        )
+        return tf.cast(tf.gather(self.embeddings, positions), self.compute_dtype)
+
+    def compute_output_shape(self, inputs_shape):
+        return (1,) + tuple(inputs_shape[1:])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "max_length": self.max_length,
+            "initializer": keras.initializers.serialize(self.initializer),
+        }

@@ -1,0 +1,58 @@
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class TokenEmbedding(keras.layers.Embedding):
+    """Token embeddings that can also produce the output logits (tied weights).
+
+    `call(ids)` embeds integer token ids `[B, T]` to `[B, T, d]`;
+    `call(x, reverse=True)` maps `[B, T, d]` to float32 logits `x Eᵀ`
+    `[B, T, vocab_size]` with the same matrix.
+
+    Args:
+        vocab_size: int. Number of tokens.
+        width: int. Embedding width `d`.
+        tie_weights: bool. Whether `reverse=True` may be used. Defaults to `True`.
+        embeddings_initializer: Defaults to `RandomNormal(stddev=0.02)`.
+        **kwargs: other `keras.layers.Embedding` arguments.
+
+    Example:
+    >>> embed = TokenEmbedding(100, 16)
+    >>> logits = embed(embed(tf.constant([[1, 2, 3]])), reverse=True)
+    >>> logits.shape
+    TensorShape([1, 3, 100])
+    """
+
+    def __init__(self, vocab_size, width, tie_weights=True, embeddings_initializer=None, **kwargs):
+        super().__init__(
+            vocab_size,
+            width,
+            embeddings_initializer=embeddings_initializer or keras.initializers.RandomNormal(stddev=0.02),
+            **kwargs,
+        )
+        self.tie_weights = bool(tie_weights)
+
+    def call(self, inputs, reverse=False):
+        if reverse:
+            if not self.tie_weights:
+                raise ValueError(f"Layer '{self.name}' was built with tie_weights=False: it has no reverse mode.")
+            return tf.matmul(tf.cast(inputs, tf.float32), tf.cast(self.embeddings, tf.float32), transpose_b=True)
+        if not tf.as_dtype(inputs.dtype).is_integer:
+            raise TypeError(
+                f"Layer '{self.name}' expects integer token ids of shape [batch, time]. "
+                f"Received: inputs.dtype={tf.as_dtype(inputs.dtype).name}"
+            )
+        return super().call(inputs)
+
+    def compute_output_shape(self, inputs_shape, reverse=False):
+        if reverse:
+            return tuple(inputs_shape[:-1]) + (self.input_dim,)
+        return super().compute_output_shape(inputs_shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config["width"] = config.pop("output_dim")
+        config["vocab_size"] = config.pop("input_dim")
+        config["tie_weights"] = self.tie_weights
+        return config

@@ -1,0 +1,294 @@
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.initializers import clone_initializer
+from elita_tf.ops.banded_attention import (
+    DEFAULT_CHUNK_SIZE,
+    banded_attention,
+    banded_attention_step,
+    empty_banded_state,
+)
+from elita_tf.ops.causal_mean import accumulator_dtype
+
+# Products of the Combiner: kv[b * tt + k] = k_t[k xor b] * att_t[k], b < 16.
+COMBINER_REP = 16
+# Floor of the mean square in Norm: a zero vector stays zero, with a finite gradient.
+_NORM_FLOOR = 1e-30
+_LN2 = math.log(2.0)
+
+
+def alibi_v1(layer_index):
+    """3Lin's "Alibi V1" position terms of attention `layer_index` (period 6).
+
+    `k` even: `hyper = 20 * ((k / 2) mod 3 + 1) / 3` (6.67, 13.3, 20 bits·token);
+    `k` odd: `slope = 0.5 * ((k // 2) mod 3) / 2` (0, 0.25, 0.5 bits per
+    token); a layer with neither is wide (layers 1, 7, 13, ...).
+
+    Returns:
+        `(slope, hyper, wide)`, the `TriLinearAttention` arguments.
+    """
+    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
+        raise ValueError(f"`layer_index` must be a non-negative integer. Received: layer_index={layer_index!r}")
+    slope, hyper = 0.0, 0.0
+    if layer_index % 2 == 0:
+        hyper = 20.0 * ((layer_index // 2) % 3 + 1) / 3.0
+    else:
+        slope = 0.5 * ((layer_index // 2) % 3) / 2.0
+    return slope, hyper, slope == 0.0 and hyper == 0.0
+
+
+def _norm(x):
+    """`Norm_D(x) = x * sqrt(D) / |x|` over the last axis (RMS 1, no gain); zero stays zero."""
+    mean_square = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
+    return x * tf.math.rsqrt(tf.maximum(mean_square, tf.constant(_NORM_FLOOR, x.dtype)))
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class TriLinearAttention(keras.layers.Layer):
+    """The 3Lin layer (Andrey Gulin): bilinear attention and an xor-sparse trilinear Combiner.
+
+    From the residual state `s_t` it computes the update that the model adds
+    (`s <- s + layer(s)`), with `Norm_D(v) = v sqrt(D) / |v|`:
+
+        x_t  = Norm_dim(s_t)
+        qk_t = Norm_qdim(W_QK x_t)    qv_t = W_QV x_t    (qv not normalised: a learned logit scale)
+        k_t  = Norm_tt(W_K x_t)       v_t  = Norm_tt(W_V x_t)
+        l_tj = (qk_t·qv_j) / (sqrt(qdim) ln 2) - slope (t - j) + hyper / (t - j)      (bits)
+        att_t = Σ_{j∈Span(t)} 2^{l_tj} v_j / (1 + Σ_{j∈Span(t)} 2^{l_tj})
+        kv_t[b tt + k] = k_t[k xor b] att_t[k],   b = 0 .. 15
+        y_t  = W_C kv_t
+
+    The current position is not attended (it enters through `k_t`); the "1"
+    is a null slot of logit 0 and value 0; position 0 (the start token) is
+    always seen. A narrow layer sees the `window - 1` previous positions, a
+    wide one all of them:
+
+        window = 3, s = start position, x = window
+        row 0: . . . . .      (att = 0)
+        row 1: s . . . .
+        row 2: s x . . .
+        row 3: s x x . .
+        row 4: s . x x .
+
+    Narrow layers run as chunked banded attention, O(T * window) time and
+    memory; wide layers as plain masked attention, O(T^2) (bilinear logits
+    have no linear-time form). Logits are computed in nats (`l ln 2`), with a
+    running maximum that includes the null slot, in float32 whatever the
+    compute dtype.
+
+    Decoding keeps `(qv, v)` of the positions still in reach: for a narrow
+    layer the start position and the last `window - 1` (a ring buffer), for a
+    wide layer a buffer of `max_length` positions.
+
+    The reference's channel dropout (`chP`, a mask on the state before every
+    Norm) is not part of the layer: apply it to the inputs if wanted.
+
+    Args:
+        query_dim: int. Width `qdim` of the query projections. Defaults to `128`.
+        lowrank_dim: int. Width `tt` of keys and values, a multiple of 16.
+            Defaults to `64`.
+        window: int >= 2. Positions a narrow layer spans, itself included:
+            it attends the `window - 1` before it (and the start position).
+            Defaults to `64`.
+        slope: float. Distance penalty in bits per position. Defaults to `0.0`.
+        hyper: float. Bonus `hyper / distance`, in bits. Defaults to `0.0`.
+        wide: bool. Attend every earlier position (`window` is unused).
+            Defaults to `False`.
+        max_length: int. Positions the decoding cache of a wide layer holds.
+            Defaults to `1024`.
+        chunk_size: int. Queries per chunk of the banded kernel. Defaults to `32`.
+        kernel_initializer: initializer of `W_QK`, `W_QV`, `W_K`, `W_V`.
+            Defaults to N(0, 1/dim) (`VarianceScaling`, fan-in, untruncated normal).
+        combiner_initializer: initializer of `W_C`. Defaults to `"zeros"`, as
+            the reference: the layer starts as the identity of the residual stream.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, dim]`, the residual state.
+        padding_mask: optional bool `[B, T]`, False at padding: a padded
+            position is seen by no row. Defaults to the Keras mask.
+        cache: optional tuple from `get_initial_cache` or a previous call:
+            the inputs continue the sequence the cache holds.
+        training: ignored.
+
+    Returns:
+        `updates [B, T, dim]`, or `(updates, new_cache)` when a cache is passed.
+
+    Example:
+    >>> layer = TriLinearAttention(query_dim=32, lowrank_dim=16, window=8)
+    >>> s = tf.random.normal([2, 100, 64])
+    >>> s = s + layer(s)
+    >>> y, cache = layer(s[:, :99], cache=layer.get_initial_cache(2))
+    >>> y_last, cache = layer(s[:, 99:], cache=cache)  # one decoding step
+
+    References:
+        - [3Lin, A. Gulin](https://github.com/F0reseer/3Lin), `doc/model.md`,
+          `code/gpt/model/gpt_cpu.cpp`.
+    """
+
+    def __init__(
+        self,
+        query_dim=128,
+        lowrank_dim=64,
+        window=64,
+        slope=0.0,
+        hyper=0.0,
+        wide=False,
+        max_length=1024,
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        kernel_initializer=None,
+        combiner_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        check_positive_int("query_dim", query_dim)
+        check_positive_int("lowrank_dim", lowrank_dim)
+        if lowrank_dim % COMBINER_REP:
+            raise ValueError(
+                f"`lowrank_dim` must be a multiple of {COMBINER_REP} (the Combiner pairs channel k with "
+                f"k xor b for b < {COMBINER_REP}). Received: lowrank_dim={lowrank_dim}"
+            )
+        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+            raise ValueError(
+                "`window` must be an integer >= 2: a layer attends the window - 1 positions before the "
+                f"current one. Received: window={window!r}"
+            )
+        check_positive_int("max_length", max_length)
+        check_positive_int("chunk_size", chunk_size)
+        for name, value in (("slope", slope), ("hyper", hyper)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"`{name}` must be a finite number. Received: {name}={value!r}")
+        if kernel_initializer is None:
+            kernel_initializer = keras.initializers.VarianceScaling(
+                scale=1.0, mode="fan_in", distribution="untruncated_normal"
+            )
+        self.query_dim = query_dim
+        self.lowrank_dim = lowrank_dim
+        self.window = window
+        self.slope = float(slope)
+        self.hyper = float(hyper)
+        self.wide = bool(wide)
+        self.max_length = max_length
+        self.chunk_size = chunk_size
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.combiner_initializer = keras.initializers.get(combiner_initializer)
+        self.supports_masking = True
+
+    @property
+    def _attention_window(self):
+        return None if self.wide else self.window
+
+    def build(self, inputs_shape):
+        width = input_width(inputs_shape)
+
+        def weight(name, shape, initializer):
+            return self.add_weight(
+                name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
+            )
+
+        self.query_key_kernel = weight("query_key_kernel", (width, self.query_dim), self.kernel_initializer)
+        self.query_value_kernel = weight("query_value_kernel", (width, self.query_dim), self.kernel_initializer)
+        self.key_kernel = weight("key_kernel", (width, self.lowrank_dim), self.kernel_initializer)
+        self.value_kernel = weight("value_kernel", (width, self.lowrank_dim), self.kernel_initializer)
+        self.combiner_kernel = weight(
+            "combiner_kernel", (COMBINER_REP * self.lowrank_dim, width), self.combiner_initializer
+        )
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    def _project(self, x, kernel):
+        """`x [B, T, dim] @ kernel` in the compute dtype, returned in the accumulator dtype."""
+        acc = x.dtype
+        y = tf.matmul(tf.cast(x, self.compute_dtype), tf.cast(kernel, self.compute_dtype))
+        return tf.cast(y, acc)
+
+    def _attend_args(self):
+        return {
+            "window": self._attention_window,
+            "slope": self.slope * _LN2,
+            "hyper": self.hyper * _LN2,
+            "scale": 1.0 / math.sqrt(self.query_dim),
+        }
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+        check_float_sequence(self, inputs)
+        if padding_mask is None:
+            padding_mask = mask
+        acc = accumulator_dtype(self.compute_dtype)
+        x = _norm(tf.cast(inputs, acc))
+        qk = _norm(self._project(x, self.query_key_kernel))[:, None]  # [B, 1, T, qdim]
+        qv = self._project(x, self.query_value_kernel)[:, None]
+        k = _norm(self._project(x, self.key_kernel))  # [B, T, tt]
+        v = _norm(self._project(x, self.value_kernel))[:, None]
+
+        if cache is not None and inputs.shape[1] == 1:
+            step_mask = None if padding_mask is None else padding_mask[:, 0]
+            att, state = banded_attention_step(
+                cache, qk[:, :, 0], qv[:, :, 0], v[:, :, 0], mask=step_mask, **self._attend_args()
+            )
+            att = att[:, :, None]
+        else:
+            att, state = banded_attention(
+                qk,
+                qv,
+                v,
+                mask=padding_mask,
+                initial_state=cache,
+                chunk_size=self.chunk_size,
+                **self._attend_args(),
+            )
+        att = att[:, 0]  # [B, T, tt]
+
+        # kv[b, k] = k[k xor b] * att[k]: 16 xor-permuted copies of the key.
+        xor = np.bitwise_xor(np.arange(COMBINER_REP)[:, None], np.arange(self.lowrank_dim)[None, :])
+        kv = tf.gather(k, tf.constant(xor), axis=-1) * att[..., None, :]  # [B, T, 16, tt]
+        shape = tf.shape(kv)
+        kv = tf.reshape(kv, [shape[0], shape[1], COMBINER_REP * self.lowrank_dim])
+        outputs = tf.matmul(tf.cast(kv, self.compute_dtype), tf.cast(self.combiner_kernel, self.compute_dtype))
+        return outputs if cache is None else (outputs, state)
+
+    def get_initial_cache(self, batch_size, dtype=None):
+        """The cache before any position.
+
+        Returns:
+            `(qv [B, 1, S, qdim], v [B, 1, S, tt], valid [B, S] bool, index [] int32)`,
+            float32 (float64 for a float64 layer). Narrow: `S = window`, slot
+            0 the start position, then the last `window - 1` positions. Wide:
+            `S = max_length`, slot `n` position `n`.
+        """
+        return empty_banded_state(
+            batch_size,
+            1,
+            self.query_dim,
+            self.lowrank_dim,
+            window=self._attention_window,
+            max_length=self.max_length,
+            dtype=dtype or self.compute_dtype,
+        )
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "query_dim": self.query_dim,
+                "lowrank_dim": self.lowrank_dim,
+                "window": self.window,
+                "slope": self.slope,
+                "hyper": self.hyper,
+                "wide": self.wide,
+                "max_length": self.max_length,
+                "chunk_size": self.chunk_size,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "combiner_initializer": keras.initializers.serialize(self.combiner_initializer),
+            }
+        )
+        return config

@@ -1,0 +1,410 @@
+"""Causal banded softmax attention without the diagonal, with a null slot (SPEC §5(a)-(c)).
+
+The attention of the 3Lin layer. Row `t` attends the earlier positions
+`j < t` of its window, the start position `0` (always, however far), and a
+null slot of logit 0 and value 0:
+
+    l_tj  = scale * q_t·k_j + bias(t - j),   bias(Δ) = -slope * Δ + hyper / Δ
+    out_t = Σ_{j∈Span(t)} exp(l_tj) v_j / (1 + Σ_{j∈Span(t)} exp(l_tj))
+    Span(t) = {j : t - window < j < t} ∪ {0 if t >= 1}     (all j < t if window is None)
+
+    window = 3, s = start position, x = window, . = unseen (the diagonal too)
+    row 0: . . . . . .      only the null slot: out_0 = 0
+    row 1: s . . . . .
+    row 2: s x . . . .
+    row 3: s x x . . .
+    row 4: s . x x . .
+    row 5: s . . x x .
+
+`slope` and `hyper` are in nats here; the 3Lin layer passes its bits times
+ln 2. Every exponent taken is `l - m <= 0` with `m` the row's maximum over its
+visible logits and the null slot's 0, so nothing overflows; all arithmetic is
+float32 (float64 stays float64) whatever the input dtype.
+
+Forms (every tensor `[B, H, T, ...]`; fold 3Lin's single head as `H = 1`):
+- `banded_attention`: the parallel training form. With a `window`, queries
+  are cut into chunks of `C` positions and each chunk is scored against the
+  `C + window - 2` keys its band can reach: O(T * (C + window) * D) time and
+  memory, no `[T, T]` tensor. With `window=None` (3Lin's "wide" layers) it is
+  plain masked attention, O(T^2): bilinear logits `q_t·k_j` have no O(T)
+  form.
+- `banded_attention_step`: one decoding step from the state.
+- `banded_attention_reference`: the naive O(T^2) definition, for tests.
+
+State (functional, fixed shape): `(keys [B, H, S, Dk], values [B, H, S, Dv],
+valid [B, S] bool, index [] int32)`. With a window, `S = window`: slot 0 holds
+the start position, slots `1 .. window - 1` the last `window - 1` positions
+(oldest first). Without, `S = max_length`: slot `n` holds position `n`.
+`index` is the number of positions seen.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from elita_tf.ops.causal_mean import NEG_INF, accumulator_dtype
+
+DEFAULT_CHUNK_SIZE = 32
+
+
+def _check_window(window):
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
+        raise ValueError(
+            "`window` must be None or an integer >= 2 (the current position is never attended, "
+            f"so window 1 would see nothing but the start position). Received: window={window!r}"
+        )
+
+
+def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, max_length=None, dtype=tf.float32):
+    """The state before any position, for `banded_attention(_step)`.
+
+    Args:
+        batch_size: int `B`.
+        num_heads: int `H`.
+        key_dim: int `Dk`, the width of queries and keys.
+        value_dim: int `Dv`.
+        window: None or int >= 2, as in `banded_attention`.
+        max_length: int, the positions a state without a window can hold.
+        dtype: the input dtype; the state is float32 (float64 for float64).
+
+    Returns:
+        `(keys [B, H, S, Dk], values [B, H, S, Dv], valid [B, S], index [])`,
+        zeros, all slots invalid, `S = window` or `max_length`.
+    """
+    _check_window(window)
+    if window is None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(
+            f"A state without a window needs `max_length`, a positive integer. Received: max_length={max_length!r}"
+        )
+    dtype = accumulator_dtype(dtype)
+    slots = window if window is not None else max_length
+    return (
+        tf.zeros([batch_size, num_heads, slots, key_dim], dtype),
+        tf.zeros([batch_size, num_heads, slots, value_dim], dtype),
+        tf.zeros([batch_size, slots], tf.bool),
+        tf.constant(0, tf.int32),
+    )
+
+
+def distance_bias(distance, slope, hyper):
+    """`-slope * Δ + hyper / Δ` (0 where `Δ < 1`), for a numpy or tf `Δ`."""
+    if isinstance(distance, np.ndarray):
+        d = np.maximum(distance, 1).astype(np.float64)
+        return np.where(distance >= 1, -slope * d + hyper / d, 0.0)
+    d = tf.maximum(distance, tf.ones([], distance.dtype))
+    return tf.where(distance >= 1, -slope * d + hyper / d, tf.zeros([], distance.dtype))
+
+
+def _null_softmax(scores, values_fn, extra=None):
+    """`Σ exp(s) v / (1 + Σ exp(s))` over the last axis, stably.
+
+    `scores [..., S]` hold `NEG_INF` where unseen; `extra` is an optional
+    `(logit [...], weighted_value_fn)` for one more slot. `values_fn(weights)`
+    returns `Σ_S weights * v`.
+    """
+    row_max = tf.reduce_max(scores, axis=-1)
+    if extra is not None:
+        row_max = tf.maximum(row_max, extra[0])
+    # The null slot's logit 0 is in the max: exp(-m) <= 1 and every weight <= 1.
+    row_max = tf.stop_gradient(tf.maximum(row_max, tf.zeros([], scores.dtype)))
+    weights = tf.exp(scores - row_max[..., None])
+    denominator = tf.exp(-row_max) + tf.reduce_sum(weights, axis=-1)
+    numerator = values_fn(weights)
+    if extra is not None:
+        extra_weight = tf.exp(extra[0] - row_max)
+        denominator += extra_weight
+        numerator += extra[1](extra_weight)
+    return numerator / denominator[..., None]
+
+
+def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale):
+    """Masked attention of `[B, H, T, Dk]` queries at `query_pos [T]` over `[B, H, S, *]` keys at `key_pos [S]`.
+
+    O(T * S): the form without a window, and one decoding step.
+    """
+    dtype = queries.dtype
+    delta = query_pos[:, None] - key_pos[None, :]  # [T, S]
+    visible = delta >= 1
+    if window is not None:
+        visible &= (delta <= window - 1) | (key_pos == 0)[None, :]
+    visible = visible[None, None] & key_valid[:, None, None, :]  # [B, 1, T, S]
+    bias = distance_bias(tf.cast(delta, dtype), slope, hyper)
+    scores = tf.einsum("bhtq,bhsq->bhts", queries, keys) * scale + bias
+    scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))
+    return _null_softmax(scores, lambda w: tf.einsum("bhts,bhsd->bhtd", w, values))
+
+
+def _pad_axis(x, axis, pad, value=0):
+    paddings = [[0, 0]] * x.shape.rank
+    paddings[axis] = [0, pad]
+    return tf.pad(x, paddings, constant_values=value)
+
+
+def _banded(queries, keys, values, key_valid, start, index, window, slope, hyper, scale, chunk_size):
+    """The windowed form in chunks of `C` queries.
+
+    `keys [B, H, W - 1 + T, Dk]` are the `W - 1` positions before the queries
+    (from the state) and the queries' own; `key_valid [B, W - 1 + T]` already
+    excludes position 0, which is the separate `start = (key, value, valid)`.
+    The query at offset `i` of chunk `c` sits at key index `cC + i + W - 1`
+    and sees key slots `m ∈ [i, i + W - 2]` of the chunk's frame of
+    `C + W - 2` keys starting at `cC`:
+
+        C = 3, W = 3: frame slots 0 1 2 3 4
+        query 0:                 x x . . .
+        query 1:                 . x x . .
+        query 2:                 . . x x .
+    """
+    dtype = queries.dtype
+    batch, heads, length = tf.shape(queries)[0], tf.shape(queries)[1], tf.shape(queries)[2]
+    key_dim, value_dim = tf.shape(keys)[-1], tf.shape(values)[-1]
+    size, span = chunk_size, chunk_size + window - 2
+    chunks = (length + size - 1) // size
+    pad = chunks * size - length
+    q = tf.reshape(_pad_axis(queries, 2, pad), [batch, heads, chunks, size, key_dim])
+    frames = tf.range(chunks)[:, None] * size + tf.range(span)[None, :]  # [K, span]
+    k = tf.gather(_pad_axis(keys, 2, pad), frames, axis=2)  # [B, H, K, span, Dk]
+    v = tf.gather(_pad_axis(values, 2, pad), frames, axis=2)
+    ok = tf.gather(_pad_axis(key_valid, 1, pad, False), frames, axis=1)  # [B, K, span]
+
+    offset = np.arange(size)[:, None] + window - 1 - np.arange(span)[None, :]  # Δ, [C, span]
+    band = tf.constant((offset >= 1) & (offset <= window - 1))
+    bias = tf.constant(distance_bias(offset, slope, hyper), dtype)
+    scores = tf.einsum("bhkiq,bhkmq->bhkim", q, k) * scale + bias
+    visible = band[None, None, None] & ok[:, None, :, None, :]
+    scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))  # [B, H, K, C, span]
+
+    # The start position: one more slot per row, at distance index + t.
+    start_key, start_value, start_valid = start
+    position = index + tf.range(length)
+    start_logit = tf.einsum("bhtq,bhq->bht", queries, start_key) * scale
+    start_logit += distance_bias(tf.cast(position, dtype), slope, hyper)
+    start_visible = start_valid[:, None, None] & (position >= 1)[None, None]
+    start_logit = tf.where(start_visible, start_logit, tf.constant(NEG_INF, dtype))
+    start_logit = tf.reshape(_pad_axis(start_logit, 2, pad, NEG_INF), [batch, heads, chunks, size])
+    start_value = start_value[:, :, None, None, :]
+
+    out = _null_softmax(
+        scores,
+        lambda w: tf.einsum("bhkim,bhkmd->bhkid", w, v),
+        extra=(start_logit, lambda w: w[..., None] * start_value),
+    )
+    return tf.reshape(out, [batch, heads, chunks * size, value_dim])[:, :, :length]
+
+
+def _prepare(queries, keys, values, mask, scale):
+    dtype = accumulator_dtype(values.dtype)
+    queries, keys, values = (tf.cast(x, dtype) for x in (queries, keys, values))
+    if scale is None:
+        scale = 1.0 / math.sqrt(queries.shape[-1])
+    if mask is None:
+        valid = tf.ones(tf.stack([tf.shape(keys)[0], tf.shape(keys)[2]]), tf.bool)  # [B, T]
+    else:
+        valid = tf.cast(mask, tf.bool)
+    return queries, keys, values, valid, scale
+
+
+def _write(buffer, new, index, axis):
+    """`buffer` with positions `index .. index + T` along `axis` replaced by `new`.
+
+    A gather and a select, so every shape is static (XLA compiles a decoding
+    loop around it).
+    """
+    new = tf.cast(new, buffer.dtype)
+    length = tf.shape(new)[axis]
+    # One spare entry, so that T = 0 gathers from a non-empty tensor.
+    new = _pad_axis(new, axis, 1, tf.zeros([], new.dtype))
+    slot = tf.range(tf.shape(buffer)[axis]) - index
+    written = (slot >= 0) & (slot < length)
+    gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis)
+    shape = [1] * buffer.shape.rank
+    shape[axis] = -1
+    return tf.where(tf.reshape(written, shape), gathered, buffer)
+
+
+def banded_attention(
+    queries,
+    keys,
+    values,
+    window=None,
+    slope=0.0,
+    hyper=0.0,
+    scale=None,
+    mask=None,
+    initial_state=None,
+    chunk_size=DEFAULT_CHUNK_SIZE,
+):
+    """Causal banded attention without the diagonal, plus start and null slots, parallel over time.
+
+    Args:
+        queries: float tensor `[B, H, T, Dk]`.
+        keys: float tensor `[B, H, T, Dk]`.
+        values: float tensor `[B, H, T, Dv]`.
+        window: None (every earlier position) or an int >= 2: row `t` sees
+            positions `t - window < j < t`, i.e. `window - 1` of them, and
+            the start position 0.
+        slope: float. Penalty per position of distance, in nats. Defaults to `0.0`.
+        hyper: float. Bonus `hyper / Δ`, in nats. Defaults to `0.0`.
+        scale: float or None. Multiplies `q·k`. Defaults to `1 / sqrt(Dk)`.
+        mask: optional bool `[B, T]`, False at padding: a padded position is
+            no key of any row (its own row is computed as usual).
+        initial_state: optional state of the positions before these, from
+            `empty_banded_state()` or a previous call (prefill, then continue).
+            Needed to continue a sequence without a window (its size is the
+            `max_length` it can hold).
+        chunk_size: int `C`, queries per chunk of the windowed form.
+
+    Returns:
+        `(out, state)`: `out [B, H, T, Dv]` in the accumulator dtype (float32
+        unless the values are float64) and the state after the last position.
+        Without a window and without `initial_state`, the state's buffer holds
+        exactly these `T` positions.
+    """
+    _check_window(window)
+    queries, keys, values, valid, scale = _prepare(queries, keys, values, mask, scale)
+    batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
+    length = tf.shape(keys)[2]
+
+    if window is None:
+        if initial_state is None:
+            buffer_keys, buffer_values, buffer_valid, index = keys, values, valid, tf.constant(0, tf.int32)
+            slots = length
+        else:
+            buffer_keys, buffer_values, buffer_valid, index = initial_state
+            slots = tf.shape(buffer_keys)[2]
+            tf.debugging.assert_less_equal(
+                index + length, slots, message="The state holds fewer positions than the sequence needs"
+            )
+            buffer_keys = _write(buffer_keys, keys, index, axis=2)
+            buffer_values = _write(buffer_values, values, index, axis=2)
+            buffer_valid = _write(buffer_valid, valid, index, axis=1)
+        out = _dense(
+            queries,
+            buffer_keys,
+            buffer_values,
+            buffer_valid,
+            index + tf.range(length),
+            tf.range(slots),
+            None,
+            slope,
+            hyper,
+            scale,
+        )
+        return out, (buffer_keys, buffer_values, buffer_valid, index + length)
+
+    if initial_state is None:
+        initial_state = empty_banded_state(
+            batch, heads, tf.shape(keys)[3], tf.shape(values)[3], window=window, dtype=values.dtype
+        )
+    state_keys, state_values, state_valid, index = initial_state
+    state_keys, state_values = tf.cast(state_keys, keys.dtype), tf.cast(state_values, values.dtype)
+    # The start position is the state's, or the first input when nothing came before.
+    fresh = tf.equal(index, 0)
+
+    def start_of(state_part, new_part, axis):
+        first = tf.gather(tf.concat([new_part, state_part], axis=axis), 0, axis=axis)
+        own = tf.gather(state_part, 0, axis=axis)
+        return tf.where(fresh, first, own)
+
+    start_key = start_of(state_keys[:, :, :1], keys[:, :, :1], axis=2)
+    start_value = start_of(state_values[:, :, :1], values[:, :, :1], axis=2)
+    start_valid = start_of(state_valid[:, :1], valid[:, :1], axis=1)
+
+    all_keys = tf.concat([state_keys[:, :, 1:], keys], axis=2)  # [B, H, W - 1 + T, Dk]
+    all_values = tf.concat([state_values[:, :, 1:], values], axis=2)
+    all_valid = tf.concat([state_valid[:, 1:], valid], axis=1)
+    position = index - (window - 1) + tf.range(window - 1 + length)
+    key_valid = all_valid & (position >= 1)[None, :]
+    out = _banded(
+        queries,
+        all_keys,
+        all_values,
+        key_valid,
+        (start_key, start_value, start_valid),
+        index,
+        window,
+        slope,
+        hyper,
+        scale,
+        chunk_size,
+    )
+    state = (
+        tf.concat([start_key[:, :, None], all_keys[:, :, -(window - 1) :]], axis=2),
+        tf.concat([start_value[:, :, None], all_values[:, :, -(window - 1) :]], axis=2),
+        tf.concat([start_valid[:, None], all_valid[:, -(window - 1) :]], axis=1),
+        index + length,
+    )
+    return out, state
+
+
+def banded_attention_step(state, query, key, value, window=None, slope=0.0, hyper=0.0, scale=None, mask=None):
+    """One decoding step of `banded_attention`.
+
+    Args:
+        state: from `empty_banded_state()`, `banded_attention` or a previous step.
+        query: float `[B, H, Dk]`, the new position's query.
+        key: float `[B, H, Dk]`.
+        value: float `[B, H, Dv]`.
+        window, slope, hyper, scale: as in `banded_attention`; must match the state.
+        mask: optional bool `[B]`; False makes the new position no key of later rows.
+
+    Returns:
+        `(out [B, H, Dv], new_state)`, equal to the last row of
+        `banded_attention` over all positions so far. Costs O(window) with a
+        window, O(max_length) without.
+    """
+    _check_window(window)
+    query, key, value, valid, scale = _prepare(
+        query[:, :, None], key[:, :, None], value[:, :, None], None if mask is None else mask[:, None], scale
+    )
+    keys, values, slot_valid, index = state
+    keys, values = tf.cast(keys, key.dtype), tf.cast(values, value.dtype)
+    if window is None:
+        tf.debugging.assert_less(index, tf.shape(keys)[2], message="The state holds fewer positions than needed")
+        keys = _write(keys, key, index, axis=2)
+        values = _write(values, value, index, axis=2)
+        slot_valid = _write(slot_valid, valid, index, axis=1)
+        key_pos = tf.range(tf.shape(keys)[2])
+        out = _dense(query, keys, values, slot_valid, index[None], key_pos, None, slope, hyper, scale)
+        return out[:, :, 0], (keys, values, slot_valid, index + 1)
+
+    # Slot 0 is position 0; slot s >= 1 is position index - window + s. Ring
+    # slots at positions <= 0 are empty or repeat the start position.
+    key_pos = tf.concat([[0], index - window + tf.range(1, window)], axis=0)
+    key_valid = slot_valid & ((key_pos >= 1) | (tf.range(window) == 0))[None, :]
+    out = _dense(query, keys, values, key_valid, index[None], key_pos, window, slope, hyper, scale)
+    fresh = tf.equal(index, 0)
+    new_state = (
+        tf.concat([tf.where(fresh, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
+        tf.concat([tf.where(fresh, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
+        tf.concat([tf.where(fresh, valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
+        index + 1,
+    )
+    return out[:, :, 0], new_state
+
+
+def banded_attention_reference(queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None):
+    """`out [B, H, T, Dv]` of `banded_attention` by its definition, for tests only.
+
+    Builds the `[T, 1 + T]` logits of every row (the null slot first) and
+    takes a softmax over them, in the dtype it is given (tests use float64).
+    """
+    length = tf.shape(queries)[2]
+    dtype = queries.dtype
+    if scale is None:
+        scale = 1.0 / math.sqrt(queries.shape[-1])
+    i = tf.range(length)[:, None]
+    j = tf.range(length)[None, :]
+    span = j < i
+    if window is not None:
+        span &= (j > i - window) | (j == 0)
+    span = span[None, None]
+    if mask is not None:
+        span &= tf.cast(mask, tf.bool)[:, None, None, :]
+    distance = tf.cast(tf.maximum(i - j, 1), dtype)
+    logits = scale * tf.einsum("bhiq,bhjq->bhij", queries, keys) - slope * distance + hyper / distance
+    logits = tf.where(span, logits, dtype.min)
+    null = tf.zeros_like(logits[..., :1])
+    weights = tf.nn.softmax(tf.concat([null, logits], axis=-1), axis=-1)[..., 1:]
+    return tf.einsum("bhij,bhjd->bhid", weights, values)

@@ -1,0 +1,320 @@
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers.trilinear import TriLinearAttention, alibi_v1
+
+WIDTH = 12
+WEIGHTS = ["query_key_kernel", "query_value_kernel", "key_kernel", "value_kernel", "combiner_kernel"]
+NARROW = {"window": 5, "slope": 0.25, "hyper": 6.0}
+
+
+def _layer(dtype="float32", seed=0, **kwargs):
+    kwargs = {"query_dim": 8, "lowrank_dim": 16, "chunk_size": 16, "max_length": 128, **kwargs}
+    layer = TriLinearAttention(dtype=dtype, **kwargs)
+    layer.build((None, None, WIDTH))
+    rng = np.random.default_rng(seed)
+    for name in WEIGHTS:
+        var = getattr(layer, name)
+        # N(0, 1/dim) as the default, but a non-zero Combiner and a larger
+        # query scale so that the logits span several nats.
+        scale = {"query_value_kernel": 3.0, "combiner_kernel": 4.0}.get(name, 1.0) / math.sqrt(WIDTH)
+        var.assign(rng.normal(size=var.shape) * scale)
+    return layer
+
+
+def _inputs(length, batch=2, seed=1, dtype=tf.float32):
+    return tf.constant(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)) * 2.0, dtype)
+
+
+def reference(layer, s, mask=None):
+    """The layer's update by SPEC §5(a) (base-2 logits, dense Combiner), float64, from its own weights."""
+    w = {name: tf.cast(tf.convert_to_tensor(getattr(layer, name)), tf.float64) for name in WEIGHTS}
+    s = tf.cast(s, tf.float64)
+
+    def norm(x):
+        length = tf.norm(x, axis=-1, keepdims=True)
+        return tf.where(length > 0, x * math.sqrt(x.shape[-1]) / length, 0.0)
+
+    x = norm(s)
+    qk, qv = norm(x @ w["query_key_kernel"]), x @ w["query_value_kernel"]
+    k, v = norm(x @ w["key_kernel"]), norm(x @ w["value_kernel"])
+    length = s.shape[1]
+    t, j = np.arange(length)[:, None], np.arange(length)[None, :]
+    if layer.wide:
+        span = j <= t - 1
+    else:
+        # Span(t) = {j : max(0, t - w + 1) <= j <= t - 1} ∪ {0 if t - w + 1 > 0}
+        span = (j >= np.maximum(0, t - layer.window + 1)) & (j <= t - 1) | ((j == 0) & (t - layer.window + 1 > 0))
+    span = np.broadcast_to(span, (s.shape[0], length, length))
+    if mask is not None:
+        span = span & np.asarray(mask)[:, None, :]
+    distance = np.maximum(t - j, 1)
+    bits = tf.einsum("btq,bjq->btj", qk, qv) / (math.sqrt(layer.query_dim) * math.log(2))
+    bits += -layer.slope * distance + layer.hyper / distance
+    p = tf.where(span, tf.pow(tf.constant(2.0, tf.float64), tf.where(span, bits, 0.0)), 0.0)
+    att = tf.einsum("btj,bjk->btk", p, v) / (1.0 + tf.reduce_sum(p, -1, keepdims=True))
+    # Dense trilinear tensor: T3[a, c, z] = W_C[b tt + a, z] with c = a xor b.
+    tt = layer.lowrank_dim
+    index = np.array([[a, a ^ b, b * tt + a] for b in range(16) for a in range(tt)])
+    rows = tf.gather(w["combiner_kernel"], index[:, 2])
+    dense = tf.scatter_nd(index[:, :2], rows, [tt, tt, s.shape[-1]])
+    return tf.einsum("bta,btc,acz->btz", att, k, dense)
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+@pytest.mark.parametrize("kind", [NARROW, {"window": 40, "hyper": 13.3}, {"wide": True}])
+def test_forward_matches_reference(length, kind):
+    x = _inputs(length)
+    layer, layer64 = _layer(**kind), _layer("float64", **kind)
+    want = reference(layer, x)
+    assert np.abs(want).max() > 0.5 or length == 1  # row 0 sees only the null slot
+    np.testing.assert_allclose(layer(x), want, rtol=1e-4, atol=1e-4)
+    x64 = tf.cast(x, tf.float64)
+    np.testing.assert_allclose(layer64(x64), reference(layer64, x64), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+@pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
+def test_gradients_match_reference(length, kind):
+    layer = _layer("float64", **kind)
+    x = _inputs(length, dtype=tf.float64)
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(fn(x) * cotangent)
+        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, [x] + [getattr(layer, n).value for n in WEIGHTS])]
+
+    got, want = grads(layer), grads(lambda x: reference(layer, x))
+    for name, g, w in zip(["inputs"] + WEIGHTS, got, want):
+        assert np.all(np.isfinite(g)), name
+        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-9, err_msg=name)
+
+
+def test_alibi_v1_matches_the_spec_table():
+    table = {  # k mod 6: (slope, hyper, wide), SPEC §5(a)
+        0: (0.0, 20 / 3, False),
+        1: (0.0, 0.0, True),
+        2: (0.0, 40 / 3, False),
+        3: (0.25, 0.0, False),
+        4: (0.0, 20.0, False),
+        5: (0.5, 0.0, False),
+    }
+    for k in range(18):
+        np.testing.assert_allclose(alibi_v1(k), table[k % 6], rtol=1e-12)
+    assert [k for k in range(14) if alibi_v1(k)[2]] == [1, 7, 13]
+    with pytest.raises(ValueError, match="layer_index=-1"):
+        alibi_v1(-1)
+
+
+def test_default_init():
+    layer = TriLinearAttention(query_dim=32, lowrank_dim=32)
+    x = _inputs(10, seed=3)
+    x = tf.concat([x] * 20, axis=-1)  # dim = 240
+    np.testing.assert_array_equal(layer(x), 0.0)  # zero Combiner: the identity of the residual stream
+    for name in WEIGHTS[:4]:
+        std = np.std(getattr(layer, name).numpy())
+        assert abs(std * math.sqrt(240) - 1.0) < 0.1, (name, std)
+
+
+def test_zero_state_stays_finite():
+    layer = _layer(**NARROW)
+    x = tf.concat([tf.zeros([2, 3, WIDTH]), _inputs(5)], axis=1)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+    grad = tape.gradient(y, x)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(grad))
+    np.testing.assert_allclose(y, reference(layer, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
+def test_causality(kind):
+    layer = _layer(**kind)
+    x = _inputs(100)
+    t = 41
+    changed = tf.concat([x[:, : t + 1], x[:, t + 1 :] * -3.0 + 1.0], axis=1)
+    np.testing.assert_array_equal(layer(x)[:, : t + 1], layer(changed)[:, : t + 1])
+
+
+@pytest.mark.parametrize("kind", [NARROW, {"window": 40}, {"wide": True}])
+def test_prefill_then_decode_equals_parallel(kind):
+    layer = _layer(**kind)
+    x = _inputs(90)
+    mask = np.ones((2, 90), bool)
+    mask[1, 55] = False
+    full = layer(x, padding_mask=mask)
+    cache = layer.get_initial_cache(2)
+    outputs = []
+    for lo, hi in [(0, 50), (50, 70)] + [(t, t + 1) for t in range(70, 90)]:
+        y, cache = layer(x[:, lo:hi], padding_mask=mask[:, lo:hi], cache=cache)
+        outputs.append(y)
+    np.testing.assert_allclose(tf.concat(outputs, 1), full, rtol=1e-5, atol=1e-5)
+    slots = 128 if kind.get("wide") else kind["window"]
+    assert [tuple(c.shape) for c in cache] == [(2, 1, slots, 8), (2, 1, slots, 16), (2, slots), ()]
+    assert int(cache[3]) == 90
+
+
+def test_decode_from_the_first_token():
+    layer = _layer(**NARROW)
+    x = _inputs(12)
+    full = layer(x)
+    cache = layer.get_initial_cache(2)
+    for t in range(12):
+        y, cache = layer(x[:, t : t + 1], cache=cache)
+        np.testing.assert_allclose(y[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+
+
+def test_wide_cache_overflow_is_an_error():
+    layer = _layer(wide=True, max_length=8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="fewer positions"):
+        layer(_inputs(9), cache=layer.get_initial_cache(2))
+
+
+@pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
+def test_padding_mask_keeps_padded_inputs_out(kind):
+    layer = _layer(**kind)
+    x = _inputs(60)
+    mask = np.ones((2, 60), bool)
+    mask[0, 20:30] = False
+    mask[1, 0] = False  # the start position is padding
+    noisy = tf.where(mask[..., None], x, 100.0)
+    y, y_noisy = layer(x, padding_mask=mask), layer(noisy, padding_mask=mask)
+    np.testing.assert_allclose(y.numpy()[mask], y_noisy.numpy()[mask], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, reference(layer, x, mask), rtol=1e-4, atol=1e-4)
+
+
+def test_keras_mask_is_used_and_propagated():
+    tokens = keras.Input((None,), dtype="int32")
+    hidden = keras.layers.Embedding(20, WIDTH, mask_zero=True)(tokens)
+    layer = TriLinearAttention(query_dim=8, lowrank_dim=16, window=4, combiner_initializer="random_normal")
+    outputs = layer(hidden)
+    assert outputs._keras_mask is not None
+    model = keras.Model(tokens, outputs)
+    ids = np.array([[3, 4, 0, 0, 5], [3, 4, 7, 9, 5]])
+    other = np.array([[3, 4, 0, 0, 5], [3, 4, 1, 1, 5]])
+    np.testing.assert_allclose(model(ids)[0], model(other)[0], rtol=1e-6, atol=1e-6)
+    assert not np.allclose(model(ids)[1], model(other)[1])
+
+
+def test_config_round_trip():
+    layer = TriLinearAttention(
+        query_dim=16,
+        lowrank_dim=32,
+        window=9,
+        slope=0.25,
+        hyper=13.3,
+        wide=True,
+        max_length=77,
+        chunk_size=8,
+        kernel_initializer="he_normal",
+        combiner_initializer=keras.initializers.RandomNormal(stddev=0.25),
+        name="tri",
+    )
+    config = layer.get_config()
+    restored = TriLinearAttention.from_config(config)
+    assert restored.get_config() == config
+    assert (restored.window, restored.slope, restored.hyper, restored.wide, restored.max_length) == (
+        9, 0.25, 13.3, True, 77
+    )
+
+
+def test_keras_save_and_load(tmp_path):
+    inputs = keras.Input((None, WIDTH))
+    layer = TriLinearAttention(
+        query_dim=8, lowrank_dim=16, window=6, slope=0.5, combiner_initializer="random_normal", name="tri"
+    )
+    model = keras.Model(inputs, inputs + layer(inputs))
+    x = _inputs(33)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    np.testing.assert_array_equal(model(x), restored(x))
+    assert isinstance(restored.get_layer("tri"), TriLinearAttention)
+    assert restored.get_layer("tri").slope == 0.5
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_mixed_precision_long_input_finite(policy, name, wide):
+    policy(name)
+    layer = TriLinearAttention(
+        query_dim=16, lowrank_dim=16, window=64, hyper=20.0, wide=wide, combiner_initializer="random_normal"
+    )
+    length = 1024 if wide else 4096
+    x = tf.random.stateless_normal([1, length, 32], seed=[1, 2]) * 30.0
+    layer.build(x.shape)
+    layer.query_value_kernel.assign(layer.query_value_kernel * 20.0)  # logits beyond 100 nats
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_mean(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, layer.trainable_weights)
+    assert y.dtype == layer.compute_dtype != "float32"
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
+    assert all(np.all(np.isfinite(g)) for g in grads)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="multiple of 16.*Received: lowrank_dim=20"):
+        TriLinearAttention(lowrank_dim=20)
+    with pytest.raises(ValueError, match="Received: window=1"):
+        TriLinearAttention(window=1)
+    with pytest.raises(ValueError, match="Received: query_dim=0"):
+        TriLinearAttention(query_dim=0)
+    with pytest.raises(ValueError, match="Received: slope=nan"):
+        TriLinearAttention(slope=float("nan"))
+    layer = TriLinearAttention(query_dim=4, lowrank_dim=16, window=4)
+    with pytest.raises(ValueError, match="ndim=3"):
+        layer(tf.zeros([4, 8]))
+    layer(tf.zeros([2, 3, 8]))
+    with pytest.raises(ValueError, match="axis -1"):
+        layer(tf.zeros([2, 3, 9]))
+    with pytest.raises(TypeError, match="float inputs"):
+        TriLinearAttention(query_dim=4, lowrank_dim=16)(tf.zeros([2, 3, 8], tf.int32))
+
+
+@pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
+def test_empty_sequence(kind):
+    layer = _layer(**kind)
+    assert layer(tf.zeros([2, 0, WIDTH])).shape == (2, 0, WIDTH)
+    y, cache = layer(tf.zeros([2, 0, WIDTH]), cache=layer.get_initial_cache(2))
+    assert y.shape == (2, 0, WIDTH)
+    assert int(cache[3]) == 0
+
+
+def test_trains_with_fit():
+    # Target: the previous token. Only the distance bias tells positions apart
+    # (hyper / Δ: +20 bits at Δ = 1); without attention the best loss is
+    # log(8) ≈ 2.08, and row 0 alone keeps it above 2.08 / 16 ≈ 0.13.
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((None,), dtype="int32")
+    s = keras.layers.Embedding(8, 32)(tokens)
+    s = s + TriLinearAttention(query_dim=16, lowrank_dim=16, window=4, hyper=20.0)(s)  # zero Combiner
+    model = keras.Model(tokens, keras.layers.Dense(8)(s))
+    model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ids = np.random.default_rng(0).integers(0, 8, size=(256, 17))
+    history = model.fit(ids[:, 1:], ids[:, :-1], batch_size=32, epochs=3, verbose=0)
+    assert history.history["loss"][-1] < 0.2
+
+
+@pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
+def test_xla_forward_and_decoding_step(kind):
+    layer = _layer(**kind)
+    x = _inputs(40)
+    forward = tf.function(lambda x: layer(x), jit_compile=True)
+    # XLA fuses and orders float32 sums differently: compare at reference tolerance.
+    np.testing.assert_allclose(forward(x), layer(x), rtol=1e-4, atol=1e-4)
+    step = tf.function(lambda x, cache: layer(x, cache=cache), jit_compile=True)
+    y, cache = layer(x[:, :30], cache=layer.get_initial_cache(2))
+    outputs = [y]
+    for t in range(30, 40):
+        y, cache = step(x[:, t : t + 1], cache)
+        outputs.append(y)
+    np.testing.assert_allclose(tf.concat(outputs, 1), layer(x), rtol=1e-4, atol=1e-4)
