@@ -1,0 +1,62 @@
+"""SentencePiece: trained on the train split, applied inside the tf.data graph by tensorflow-text."""
+
+import io
+import re
+
+import sentencepiece
+import tensorflow as tf
+import tensorflow_text
+
+
+def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
+    """Trains a SentencePiece model on an iterable of text lines.
+
+    Args:
+        lines: iterable of `str` (or `bytes`), e.g. the train split.
+        vocab_size: int. Pieces in the vocabulary. Defaults to `5000`.
+        model_type: `"unigram"` or `"bpe"`. Defaults to `"unigram"`.
+        seed: int. Fixes SentencePiece's sampling, for reproducible vocabularies.
+
+    Returns:
+        The serialized model proto (`bytes`): save it with the run, pass it to
+        `make_tokenizer`.
+
+    Raises:
+        ValueError: the corpus is empty, or too small for `vocab_size` (with
+            the largest size it allows).
+    """
+    text = [line.decode("utf-8") if isinstance(line, bytes) else line for line in lines]
+    text = [line for line in text if line.strip()]
+    if not text:
+        raise ValueError("Cannot train a SentencePiece model: the corpus is empty.")
+    model = io.BytesIO()
+    sentencepiece.set_random_generator_seed(seed)
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=iter(text),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=1.0,
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        allowed = re.search(r"<= (\d+)", str(error))
+        if "Vocabulary size is too large" in str(error):
+            limit = f" at most {allowed.group(1)}" if allowed else " smaller"
+            raise ValueError(
+                f"The corpus is too small for a vocabulary of {vocab_size} pieces: use{limit}. "
+                f"Received: vocab_size={vocab_size}"
+            ) from None
+        raise
+    return model.getvalue()
+
+
+def make_tokenizer(model_proto, add_eos=True):
+    """A `tensorflow_text.SentencepieceTokenizer` (int32 ids), usable inside `tf.data.Dataset.map`.
+
+    With `add_eos` every line ends with the end-of-sentence id, as WikiText's
+    `<eos>` per line.
+    """
+    return tensorflow_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32, add_eos=add_eos)

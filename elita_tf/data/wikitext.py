@@ -1,0 +1,134 @@
+"""WikiText (Merity et al. 2016) as a tensorflow-datasets builder, online or from a local directory.
+
+    import tensorflow_datasets as tfds
+    import elita_tf.data  # registers the builder "wikitext"
+
+    # With internet: downloads the dataset's official archive.
+    splits = tfds.load("wikitext/wikitext-2-v1")
+    # Offline: a directory holding wiki.{train,valid,test}.tokens (or .raw).
+    splits = load_wikitext("wikitext-2-v1", local_dir="../shared/data/wikitext-2")
+
+Each example is one non-empty line of the split file: `{"text": tf.string}`.
+"""
+
+import os
+
+import tensorflow_datasets as tfds
+
+SPLITS = {"train": "train", "validation": "valid", "test": "test"}
+_ARCHIVE = "https://s3.amazonaws.com/research.metamind.io/wikitext/{}.zip"
+
+
+class WikitextConfig(tfds.core.BuilderConfig):
+    """One WikiText variant: its archive, the folder inside it and the files' suffix."""
+
+    def __init__(self, *, folder, suffix, **kwargs):
+        super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
+        self.folder = folder
+        self.suffix = suffix
+        self.url = _ARCHIVE.format(kwargs["name"])
+
+
+CONFIGS = [
+    WikitextConfig(name="wikitext-2-raw-v1", folder="wikitext-2-raw", suffix="raw", description="WikiText-2, raw text"),
+    WikitextConfig(name="wikitext-2-v1", folder="wikitext-2", suffix="tokens", description="WikiText-2, <unk> tokens"),
+    WikitextConfig(
+        name="wikitext-103-raw-v1", folder="wikitext-103-raw", suffix="raw", description="WikiText-103, raw text"
+    ),
+    WikitextConfig(
+        name="wikitext-103-v1", folder="wikitext-103", suffix="tokens", description="WikiText-103, <unk> tokens"
+    ),
+]
+CONFIG_NAMES = [c.name for c in CONFIGS]
+
+
+def split_files(directory, config):
+    """`{split: path}` of the three split files in `directory` (or its `config.folder`).
+
+    Raises:
+        FileNotFoundError: naming the files expected, when any is missing.
+    """
+    if isinstance(config, str):
+        config = _config(config)
+    names = {split: f"wiki.{stem}.{config.suffix}" for split, stem in SPLITS.items()}
+    for root in [directory, os.path.join(directory, config.folder)]:
+        paths = {split: os.path.join(root, name) for split, name in names.items()}
+        if all(os.path.isfile(p) for p in paths.values()):
+            return paths
+    raise FileNotFoundError(
+        f"WikiText data directory {directory!r} must hold {', '.join(names.values())} "
+        f"(the {config.name} files, optionally inside {config.folder}/)."
+    )
+
+
+def _config(name):
+    for config in CONFIGS:
+        if config.name == name:
+            return config
+    raise ValueError(f"Unknown WikiText config. Expected one of {CONFIG_NAMES}. Received: {name!r}")
+
+
+class Wikitext(tfds.core.GeneratorBasedBuilder):
+    """WikiText language modelling datasets: Wikipedia Good and Featured articles."""
+
+    BUILDER_CONFIGS = CONFIGS
+    # Keep the file's line order: a language model reads articles front to back.
+    disable_shuffling = True
+    MANUAL_DOWNLOAD_INSTRUCTIONS = (
+        "Offline: put wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens "
+        "(.raw for the raw configs) in the manual directory."
+    )
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="WikiText (Merity, Xiong, Bradbury and Socher 2016), CC BY-SA 3.0. One example per line.",
+            features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+            homepage="https://arxiv.org/abs/1609.07843",
+        )
+
+    def _split_generators(self, dl_manager):
+        try:
+            root = os.fspath(dl_manager.manual_dir)
+        except (AssertionError, ValueError):  # no manual directory given: download
+            root = os.fspath(dl_manager.download_and_extract(self.builder_config.url))
+        paths = split_files(root, self.builder_config)
+        return {split: self._generate_examples(path) for split, path in paths.items()}
+
+    def _generate_examples(self, path):
+        with open(path, encoding="utf-8") as f:
+            for index, line in enumerate(f):
+                if line.strip():
+                    yield index, {"text": line.strip()}
+
+
+def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None):
+    """The three splits as `tf.data.Dataset`s of lines (`tf.string`).
+
+    Args:
+        config_name: one of `CONFIG_NAMES`.
+        local_dir: optional directory with the split files (offline); without
+            it the official archive is downloaded.
+        tfds_dir: where tensorflow-datasets keeps the prepared dataset.
+            Defaults to its own default (`~/tensorflow_datasets`).
+
+    Returns:
+        `{"train": ds, "validation": ds, "test": ds}`.
+
+    Raises:
+        FileNotFoundError: when `local_dir` lacks a split file.
+        ValueError: when a split holds no text.
+    """
+    config = _config(config_name)
+    download_config = None
+    if local_dir is not None:
+        local_dir = os.path.abspath(local_dir)
+        split_files(local_dir, config)  # fail early, with the file names
+        download_config = tfds.download.DownloadConfig(manual_dir=local_dir)
+    builder = Wikitext(config=config_name, data_dir=tfds_dir)
+    builder.download_and_prepare(download_config=download_config)
+    for split in SPLITS:
+        if builder.info.splits[split].num_examples == 0:
+            raise ValueError(f"The WikiText {split} split is empty: there is no text to train or evaluate on.")
+    datasets = builder.as_dataset(shuffle_files=False)
+    return {split: datasets[split].map(lambda example: example["text"]) for split in SPLITS}

@@ -1,0 +1,126 @@
+"""`DecoderConfig`: everything that defines a decoder language model, and the named presets."""
+
+import dataclasses
+import json
+
+BLOCK_TYPES = ("elita", "transformer", "simplified", "linear", "3lin", "additive")
+FFN_TYPES = ("feedforward2", "mlp", "wide", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """A decoder language model: token ids `[B, T]` -> logits `[B, T, V]`.
+
+    Attributes:
+        vocab_size: int. Size of the token vocabulary `V`.
+        width: int. Model width `d`.
+        num_layers: int. Number of blocks.
+        num_heads: int. Heads per attention layer.
+        head_dim: int. Width per head (ELiTA values, linear attention, Transformer).
+        context_length: int. Training sequence length; also the learned
+            position table's size and the decoding caches' length.
+        blocks: tuple of str, one block type per layer, each one of
+            `BLOCK_TYPES`. A single str is repeated over the layers.
+        ffn: str. Feed-forward network after the attention of `"elita"`,
+            `"linear"` and `"additive"` blocks and instead of the own MLP of
+            `"simplified"` blocks when `"wide"`: `"feedforward2"` (ELiTA),
+            `"mlp"` (4d GELU), `"wide"` (one shared One Wide FFN of width
+            `4 * d * num_layers`) or `"none"`. `"transformer"` blocks keep their
+            own 4d FFN; `"3lin"` blocks have none.
+        ffn_factor: int. `FeedForward2`'s second branch width. Defaults to 8.
+        position_dim: int. Sinusoid components of ELiTA's position terms.
+        position_embedding: bool. Add learned absolute position embeddings.
+        windows: tuple of (int or None) per layer, the windows of `"additive"`
+            blocks (and `"3lin"` narrow layers). `None` picks the references'
+            defaults: `4 * 2**l` with the last layer global for additive, 64
+            for 3Lin.
+        dropout: float. Residual dropout.
+        tied_embeddings: bool. Output logits use the token embedding matrix.
+    """
+
+    vocab_size: int
+    width: int = 64
+    num_layers: int = 6
+    num_heads: int = 4
+    head_dim: int = 16
+    context_length: int = 256
+    blocks: tuple = ("elita",)
+    ffn: str = "feedforward2"
+    ffn_factor: int = 8
+    position_dim: int = 16
+    position_embedding: bool = False
+    windows: tuple = None
+    dropout: float = 0.0
+    tied_embeddings: bool = False
+
+    def __post_init__(self):
+        for name in ["vocab_size", "width", "num_layers", "num_heads", "head_dim", "ffn_factor", "position_dim"]:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        if not isinstance(self.context_length, int) or self.context_length < 2:
+            raise ValueError(f"`context_length` must be an integer >= 2. Received: context_length={self.context_length!r}")
+        blocks = (self.blocks,) * self.num_layers if isinstance(self.blocks, str) else tuple(self.blocks)
+        if len(blocks) == 1:
+            blocks = blocks * self.num_layers
+        if len(blocks) != self.num_layers:
+            raise ValueError(
+                f"`blocks` needs one block type per layer ({self.num_layers}). Received: blocks={self.blocks!r}"
+            )
+        for block in blocks:
+            if block not in BLOCK_TYPES:
+                raise ValueError(f"Unknown block type. Expected one of {BLOCK_TYPES}. Received: blocks={self.blocks!r}")
+        object.__setattr__(self, "blocks", blocks)
+        if self.ffn not in FFN_TYPES:
+            raise ValueError(f"`ffn` must be one of {FFN_TYPES}. Received: ffn={self.ffn!r}")
+        if self.windows is not None:
+            windows = tuple(self.windows)
+            if len(windows) != self.num_layers:
+                raise ValueError(f"`windows` needs one entry per layer. Received: windows={self.windows!r}")
+            object.__setattr__(self, "windows", windows)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={self.dropout!r}")
+
+    def get_config(self):
+        config = dataclasses.asdict(self)
+        config["blocks"] = list(self.blocks)
+        config["windows"] = None if self.windows is None else list(self.windows)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def to_json(self):
+        return json.dumps(self.get_config(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        return cls.from_config(json.loads(text))
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+# Every preset keeps width, layers and heads equal, so comparisons are like for like.
+PRESETS = {
+    "elita": {"blocks": "elita", "ffn": "feedforward2"},
+    "transformer": {"blocks": "transformer", "ffn": "mlp", "position_embedding": True},
+    "simplified": {"blocks": "simplified", "ffn": "mlp", "position_embedding": True},
+    "simplified-wide": {"blocks": "simplified", "ffn": "wide", "position_embedding": True},
+    "linear": {"blocks": "linear", "ffn": "mlp", "position_embedding": True},
+    "3lin": {"blocks": "3lin", "ffn": "none"},
+    "additive": {"blocks": "additive", "ffn": "mlp", "position_embedding": True},
+}
+
+
+def preset(name, vocab_size, **overrides):
+    """The `DecoderConfig` of a named preset (see `PRESETS`), with overrides.
+
+    Example:
+    >>> preset("elita", vocab_size=5000, num_layers=4).blocks
+    ('elita', 'elita', 'elita', 'elita')
+    """
+    if name not in PRESETS:
+        raise ValueError(f"Unknown preset. Expected one of {sorted(PRESETS)}. Received: name={name!r}")
+    return DecoderConfig(vocab_size=vocab_size, **{**PRESETS[name], **overrides})

@@ -1,0 +1,245 @@
+"""`elita-train`: train a decoder language model on WikiText with Keras `fit`.
+
+    elita-train --preset elita --data-dir ../shared/data/wikitext-2 --output-dir runs/elita --epochs 3
+
+Writes to `--output-dir`: `sentencepiece.model`, `config.json`, `steps.csv` (loss, learning
+rate and wall time of every step), `tensorboard/`, `checkpoint.keras` (model and optimizer,
+every `--checkpoint-every` steps and at each epoch end) and `results.json` (validation and test
+loss and perplexity, step time, tokens/s, peak memory). Run the same command again after an
+interruption and it resumes exactly where the last checkpoint left off: same step, same data
+position, same result as an uninterrupted run.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+import keras
+import tensorflow as tf
+
+from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, steps_per_epoch, token_windows, train_sentencepiece
+from elita_tf.data.wikitext import CONFIG_NAMES, split_files
+from elita_tf.models import PRESETS, build_decoder, preset
+from elita_tf.schedules import elita_adam
+
+STRATEGIES = ("default", "mirrored", "multiworker")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="elita", help=f"one of {sorted(PRESETS)}")
+    parser.add_argument("--data-dir", help="local WikiText directory (wiki.*.tokens or .raw); omit to download")
+    parser.add_argument("--dataset", default="wikitext-2-v1", choices=CONFIG_NAMES)
+    parser.add_argument("--tfds-dir", help="where tensorflow-datasets keeps prepared data")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--vocab-size", type=int, default=5000)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps in all (a token budget)")
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=16)
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    parser.add_argument("--eval-batches", type=int, help="cap on validation/test batches (default: all)")
+    parser.add_argument("--strategy", default="default", choices=STRATEGIES)
+    parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bar)")
+    args = parser.parse_args(argv)
+    if args.preset not in PRESETS:
+        parser.error(f"unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")
+    if args.seq_len < 2:
+        parser.error(f"--seq-len must be at least 2, got {args.seq_len}")
+    for name in ["vocab_size", "batch_size", "epochs", "checkpoint_every"]:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.data_dir is not None:
+        try:
+            split_files(args.data_dir, args.dataset)
+        except FileNotFoundError as error:
+            parser.error(str(error))
+    return args
+
+
+def _strategy(name):
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if name == "multiworker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def prepare_data(args):
+    """Tokenizer (trained once, saved with the run) and the windows of the three splits."""
+    splits = load_wikitext(args.dataset, local_dir=args.data_dir, tfds_dir=args.tfds_dir)
+    model_path = os.path.join(args.output_dir, "sentencepiece.model")
+    if not os.path.exists(model_path):
+        lines = (line.decode("utf-8") for line in splits["train"].as_numpy_iterator())
+        proto = train_sentencepiece(lines, vocab_size=args.vocab_size, seed=args.seed)
+        with open(model_path, "wb") as f:
+            f.write(proto)
+    with open(model_path, "rb") as f:
+        tokenizer = make_tokenizer(f.read())
+    return {split: token_windows(lines, tokenizer, args.seq_len) for split, lines in splits.items()}
+
+
+class StepLog(keras.callbacks.Callback):
+    """One CSV row per step: global step, loss, learning rate, wall time; keeps step times."""
+
+    def __init__(self, path, start_time):
+        super().__init__()
+        self.path = path
+        self.step_times = []  # this process's steps, the first of each fit (tracing) left out
+        # A resumed run's wall clock continues from where the log stopped.
+        elapsed = 0.0
+        if os.path.exists(path):
+            with open(path) as f:
+                rows = list(csv.DictReader(f))
+            elapsed = float(rows[-1]["wall_time_s"]) if rows else 0.0
+        self.start_time = start_time - elapsed
+
+    def on_train_begin(self, logs=None):
+        new = not os.path.exists(self.path)
+        self.file = open(self.path, "a", newline="")
+        self.writer = csv.writer(self.file)
+        if new:
+            self.writer.writerow(["step", "loss", "learning_rate", "wall_time_s", "step_time_s"])
+        self.last = time.perf_counter()
+        self.first = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.perf_counter()
+        optimizer = self.model.optimizer
+        step = int(optimizer.iterations.numpy())
+        lr = float(optimizer.learning_rate)
+        self.writer.writerow(
+            [step, f"{logs['loss']:.6f}", f"{lr:.6g}", f"{now - self.start_time:.3f}", f"{now - self.last:.4f}"]
+        )
+        self.file.flush()
+        if not self.first:
+            self.step_times.append(now - self.last)
+        self.first = False
+        self.last = now
+
+    def on_train_end(self, logs=None):
+        self.file.close()
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Saves model and optimizer every `every` steps and at epoch ends, atomically."""
+
+    def __init__(self, path, every):
+        super().__init__()
+        self.path = path
+        self.every = every
+
+    def save(self):
+        tmp = self.path + ".tmp.keras"
+        self.model.save(tmp)
+        os.replace(tmp, self.path)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) % self.every == 0:
+            self.save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.save()
+
+
+def run(args, callbacks=()):
+    """Trains (or resumes) as `args` says; returns the results dict. `callbacks` are added to fit."""
+    os.makedirs(args.output_dir, exist_ok=True)
+    keras.utils.set_random_seed(args.seed)
+    windows = prepare_data(args)
+    per_epoch = steps_per_epoch(windows["train"], args.batch_size)
+    total = args.epochs * per_epoch if args.max_steps is None else min(args.max_steps, args.epochs * per_epoch)
+
+    config = preset(
+        args.preset,
+        vocab_size=args.vocab_size,
+        width=args.width,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        head_dim=args.head_dim,
+        context_length=args.seq_len,
+        dropout=args.dropout,
+    )
+    with open(os.path.join(args.output_dir, "config.json"), "w") as f:
+        f.write(config.to_json())
+
+    checkpoint = os.path.join(args.output_dir, "checkpoint.keras")
+    strategy = _strategy(args.strategy)
+    with strategy.scope():
+        if os.path.exists(checkpoint):
+            model = keras.models.load_model(checkpoint)
+        else:
+            model = build_decoder(config, name=args.preset)
+            model.compile(
+                optimizer=elita_adam(),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=[],
+            )
+    start = int(model.optimizer.iterations.numpy())
+    if start:
+        print(f"Resuming {args.preset} from step {start} ({checkpoint})", flush=True)
+
+    def evaluation(split):
+        data = lm_dataset(windows[split], args.batch_size, shuffle=False)
+        if args.eval_batches:
+            data = data.take(args.eval_batches)
+        return data
+
+    step_log = StepLog(os.path.join(args.output_dir, "steps.csv"), time.perf_counter())
+    fit_callbacks = [
+        step_log,
+        Checkpoint(checkpoint, args.checkpoint_every),
+        keras.callbacks.TensorBoard(os.path.join(args.output_dir, "tensorboard"), update_freq=args.checkpoint_every),
+        *callbacks,
+    ]
+    step = start
+    while step < total:
+        epoch = step // per_epoch
+        # A resumed epoch first runs its remaining steps, then epochs are whole again.
+        steps = min(per_epoch - step % per_epoch, total - step)
+        model.fit(
+            lm_dataset(windows["train"], args.batch_size, seed=args.seed, epochs=None, start_step=step),
+            initial_epoch=epoch,
+            epochs=epoch + 1,
+            steps_per_epoch=steps,
+            validation_data=evaluation("validation"),
+            callbacks=fit_callbacks,
+            shuffle=False,  # the stream is shuffled by its seed
+            verbose=args.verbose,
+        )
+        step += steps
+
+    results = {"preset": args.preset, "steps": total, "params": model.count_params()}
+    for split in ["validation", "test"]:
+        loss = float(model.evaluate(evaluation(split), verbose=0))
+        results[f"{split}_loss"] = loss
+        results[f"{split}_perplexity"] = math.exp(loss)
+    if step_log.step_times:
+        results["step_time_s"] = sum(step_log.step_times) / len(step_log.step_times)
+        results["tokens_per_s"] = args.batch_size * args.seq_len / results["step_time_s"]
+    results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with open(os.path.join(args.output_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    print(json.dumps(results, indent=2), flush=True)
+    return results
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
