@@ -12,3 +12,27 @@ def policy():
     previous = keras.config.dtype_policy()
     yield keras.config.set_dtype_policy
     keras.config.set_dtype_policy(previous)
+
+
+def write_tiny_wikitext(directory, lines_per_split=(400, 60, 60), seed=0):
+    """A small corpus in WikiText's layout: headings, blank lines, sentences with structure to learn."""
+    import random
+
+    rng = random.Random(seed)
+    subjects = ["the cat", "a dog", "the old king", "my friend", "the river", "a small bird"]
+    verbs = ["sees", "likes", "follows", "finds", "remembers", "crosses"]
+    objects = ["the garden", "a red house", "the long road", "an apple", "the quiet town", "the bridge"]
+    os.makedirs(directory, exist_ok=True)
+    for stem, count in zip(["train", "valid", "test"], lines_per_split):
+        with open(os.path.join(directory, f"wiki.{stem}.tokens"), "w", encoding="utf-8") as f:
+            for i in range(count):
+                if i % 20 == 0:
+                    f.write(f" \n = Heading {i // 20} = \n \n")
+                words = [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} ." for _ in range(3)]
+                f.write(" " + " ".join(words) + " \n")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_wikitext(tmp_path_factory):
+    return write_tiny_wikitext(str(tmp_path_factory.mktemp("wikitext")))

@@ -91,26 +91,31 @@ def prepare_data(args):
 
 
 class StepLog(keras.callbacks.Callback):
-    """One CSV row per step: global step, loss, learning rate, wall time; keeps step times."""
+    """One CSV row per step: global step, loss, learning rate, wall time; keeps step times.
 
-    def __init__(self, path, start_time):
+    On resuming from step `start_step`, rows logged after it (steps redone
+    since the checkpoint) are dropped and the wall clock continues.
+    """
+
+    FIELDS = ["step", "loss", "learning_rate", "wall_time_s", "step_time_s"]
+
+    def __init__(self, path, start_time, start_step=0):
         super().__init__()
         self.path = path
         self.step_times = []  # this process's steps, the first of each fit (tracing) left out
-        # A resumed run's wall clock continues from where the log stopped.
-        elapsed = 0.0
+        rows = []
         if os.path.exists(path):
             with open(path) as f:
-                rows = list(csv.DictReader(f))
-            elapsed = float(rows[-1]["wall_time_s"]) if rows else 0.0
-        self.start_time = start_time - elapsed
+                rows = [row for row in csv.DictReader(f) if int(row["step"]) <= start_step]
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, self.FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.start_time = start_time - (float(rows[-1]["wall_time_s"]) if rows else 0.0)
 
     def on_train_begin(self, logs=None):
-        new = not os.path.exists(self.path)
         self.file = open(self.path, "a", newline="")
         self.writer = csv.writer(self.file)
-        if new:
-            self.writer.writerow(["step", "loss", "learning_rate", "wall_time_s", "step_time_s"])
         self.last = time.perf_counter()
         self.first = True
 
@@ -196,7 +201,7 @@ def run(args, callbacks=()):
             data = data.take(args.eval_batches)
         return data
 
-    step_log = StepLog(os.path.join(args.output_dir, "steps.csv"), time.perf_counter())
+    step_log = StepLog(os.path.join(args.output_dir, "steps.csv"), time.perf_counter(), start)
     fit_callbacks = [
         step_log,
         Checkpoint(checkpoint, args.checkpoint_every),
@@ -220,7 +225,12 @@ def run(args, callbacks=()):
         )
         step += steps
 
-    results = {"preset": args.preset, "steps": total, "params": model.count_params()}
+    results = {
+        "preset": args.preset,
+        "steps": total,
+        "params": model.count_params(),
+        "replicas": strategy.num_replicas_in_sync,
+    }
     for split in ["validation", "test"]:
         loss = float(model.evaluate(evaluation(split), verbose=0))
         results[f"{split}_loss"] = loss

@@ -43,7 +43,7 @@ def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
         )
     except RuntimeError as error:
         allowed = re.search(r"<= (\d+)", str(error))
-        if "Vocabulary size is too large" in str(error):
+        if "Vocabulary size" in str(error):
             limit = f" at most {allowed.group(1)}" if allowed else " smaller"
             raise ValueError(
                 f"The corpus is too small for a vocabulary of {vocab_size} pieces: use{limit}. "

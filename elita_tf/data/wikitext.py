@@ -72,8 +72,6 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
     """WikiText language modelling datasets: Wikipedia Good and Featured articles."""
 
     BUILDER_CONFIGS = CONFIGS
-    # Keep the file's line order: a language model reads articles front to back.
-    disable_shuffling = True
     MANUAL_DOWNLOAD_INSTRUCTIONS = (
         "Offline: put wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens "
         "(.raw for the raw configs) in the manual directory."
@@ -85,6 +83,8 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
             description="WikiText (Merity, Xiong, Bradbury and Socher 2016), CC BY-SA 3.0. One example per line.",
             features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
             homepage="https://arxiv.org/abs/1609.07843",
+            # Keep the file's line order: a language model reads articles front to back.
+            disable_shuffling=True,
         )
 
     def _split_generators(self, dl_manager):
@@ -117,18 +117,18 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None):
 
     Raises:
         FileNotFoundError: when `local_dir` lacks a split file.
-        ValueError: when a split holds no text.
+        ValueError: when a local split holds no text.
     """
     config = _config(config_name)
     download_config = None
     if local_dir is not None:
         local_dir = os.path.abspath(local_dir)
-        split_files(local_dir, config)  # fail early, with the file names
+        for split, path in split_files(local_dir, config).items():  # fail early, with the file names
+            with open(path, encoding="utf-8") as f:
+                if not any(line.strip() for line in f):
+                    raise ValueError(f"The WikiText {split} split is empty ({path}): there is no text to use.")
         download_config = tfds.download.DownloadConfig(manual_dir=local_dir)
     builder = Wikitext(config=config_name, data_dir=tfds_dir)
     builder.download_and_prepare(download_config=download_config)
-    for split in SPLITS:
-        if builder.info.splits[split].num_examples == 0:
-            raise ValueError(f"The WikiText {split} split is empty: there is no text to train or evaluate on.")
     datasets = builder.as_dataset(shuffle_files=False)
     return {split: datasets[split].map(lambda example: example["text"]) for split in SPLITS}

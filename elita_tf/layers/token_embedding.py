@@ -45,10 +45,10 @@ class TokenEmbedding(keras.layers.Embedding):
             )
         return super().call(inputs)
 
-    def compute_output_shape(self, inputs_shape, reverse=False):
+    def compute_output_spec(self, inputs, reverse=False):
         if reverse:
-            return tuple(inputs_shape[:-1]) + (self.input_dim,)
-        return super().compute_output_shape(inputs_shape)
+            return keras.KerasTensor(tuple(inputs.shape[:-1]) + (self.input_dim,), dtype="float32")
+        return keras.KerasTensor(tuple(inputs.shape) + (self.output_dim,), dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

@@ -1,0 +1,84 @@
+import collections
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, split_files, token_windows, train_sentencepiece
+from tests.conftest import write_tiny_wikitext
+
+
+@pytest.fixture(scope="module")
+def splits(tiny_wikitext, tmp_path_factory):
+    return load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path_factory.mktemp("tfds")))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(splits):
+    lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
+    return make_tokenizer(train_sentencepiece(lines, vocab_size=60))
+
+
+def test_builder_reads_local_files_in_order(splits, tiny_wikitext):
+    with open(os.path.join(tiny_wikitext, "wiki.train.tokens"), encoding="utf-8") as f:
+        want = [line.strip() for line in f if line.strip()]
+    got = [line.decode() for line in splits["train"].as_numpy_iterator()]
+    assert got == want  # every non-empty line, file order kept
+    assert set(splits) == {"train", "validation", "test"}
+
+
+def test_missing_or_empty_data_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="wiki.train.tokens"):
+        split_files(str(tmp_path), "wikitext-2-v1")
+    empty = write_tiny_wikitext(str(tmp_path / "empty"), lines_per_split=(0, 5, 5))
+    open(os.path.join(empty, "wiki.train.tokens"), "w").close()
+    with pytest.raises(ValueError, match="train split is empty"):
+        load_wikitext("wikitext-2-v1", local_dir=empty, tfds_dir=str(tmp_path / "tfds"))
+    with pytest.raises(ValueError, match="Unknown WikiText config"):
+        split_files(str(tmp_path), "wikitext-5")
+
+
+def test_tokenizer_round_trip_in_graph(tokenizer):
+    text = tf.constant(["the cat sees the bridge .", "a dog likes an apple ."])
+    ids = tf.function(tokenizer.tokenize)(text)
+    assert ids.dtype == tf.int32
+    assert np.all(ids.flat_values.numpy() < 60)
+    assert [s.decode() for s in tokenizer.detokenize(ids).numpy()] == [s.decode() for s in text.numpy()]
+
+
+def test_vocabulary_too_large_and_empty_corpus():
+    with pytest.raises(ValueError, match="too small for a vocabulary of 100000 pieces: use at most"):
+        train_sentencepiece(["the cat sees the dog ."] * 50, vocab_size=100000)
+    with pytest.raises(ValueError, match="empty"):
+        train_sentencepiece(["", "  "], vocab_size=10)
+
+
+def test_windows_and_batches(splits, tokenizer):
+    windows = token_windows(splits["train"], tokenizer, seq_len=16)
+    assert windows.shape[1] == 17 and windows.dtype == np.int32
+    ids = np.concatenate([tokenizer.tokenize(tf.constant([line])).flat_values.numpy()
+                          for line in splits["train"].take(3).as_numpy_iterator()])
+    np.testing.assert_array_equal(windows[0], ids[:17])  # concatenated in order, eos per line
+    x, y = next(iter(lm_dataset(windows, batch_size=4, seed=0)))
+    assert x.shape == (4, 16) and y.shape == (4, 16)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="seq_len=1"):
+        token_windows(splits["train"], tokenizer, seq_len=1)
+
+
+def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
+    windows = token_windows(splits["train"], tokenizer, seq_len=16)
+    stream = lambda **kw: [x.numpy() for x, _ in lm_dataset(windows, 4, epochs=3, **kw)]  # noqa: E731
+    a, b, other = stream(seed=1), stream(seed=1), stream(seed=2)
+    assert all(np.array_equal(p, q) for p, q in zip(a, b))
+    assert not all(np.array_equal(p, q) for p, q in zip(a, other))
+    resumed = stream(seed=1, start_step=7)
+    assert len(resumed) == len(a) - 7 and all(np.array_equal(p, q) for p, q in zip(a[7:], resumed))
+    per_epoch = len(windows) // 4
+    first, second = a[:per_epoch], a[per_epoch : 2 * per_epoch]
+    assert not all(np.array_equal(p, q) for p, q in zip(first, second))  # reshuffled each epoch
+    available = collections.Counter(bytes(row) for row in windows[:, :-1])
+    for epoch in (first, second):  # each window at most once an epoch
+        used = collections.Counter(bytes(row) for row in np.concatenate(epoch))
+        assert sum(used.values()) == per_epoch * 4 and not used - available

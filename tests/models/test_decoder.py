@@ -1,0 +1,89 @@
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.models import PRESETS, DecoderConfig, build_decoder, preset
+from elita_tf.schedules import InverseSqrtSchedule, elita_adam
+
+SMALL = {"width": 32, "num_layers": 2, "num_heads": 2, "head_dim": 8, "context_length": 32}
+
+
+def _rule_batches(vocab=24, length=32, batch=8, steps=20, seed=0):
+    """Sequences of `next = (5 * token + 1) mod V` from random starts: learnable in a few steps."""
+    tokens = np.random.default_rng(seed).integers(0, vocab, size=(steps, batch, 1))
+    columns = [tokens]
+    for _ in range(length):
+        columns.append((5 * columns[-1] + 1) % vocab)
+    seqs = np.concatenate(columns, axis=-1)
+    return [(s[:, :-1], s[:, 1:]) for s in seqs]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_trains_20_steps(name):
+    keras.utils.set_random_seed(0)
+    model = build_decoder(preset(name, vocab_size=24, **SMALL))
+    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    losses = [float(model.train_on_batch(x, y)) for x, y in _rule_batches()]
+    assert all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < losses[0] - 0.3, losses
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_is_causal_and_round_trips_keras(name, tmp_path):
+    model = build_decoder(preset(name, vocab_size=24, **SMALL))
+    ids = np.random.default_rng(1).integers(0, 24, size=(2, 20))
+    logits = model(ids)
+    assert logits.shape == (2, 20, 24) and logits.dtype == tf.float32
+    changed = ids.copy()
+    changed[:, 12:] = (changed[:, 12:] + 1) % 24
+    np.testing.assert_allclose(model(changed)[:, :12], logits[:, :12], rtol=1e-5, atol=1e-5)
+    path = str(tmp_path / f"{name}.keras")
+    model.save(path)
+    np.testing.assert_allclose(keras.models.load_model(path)(ids), logits, rtol=1e-6, atol=1e-6)
+
+
+def test_mixed_blocks_and_wide_ffn_is_shared():
+    config = DecoderConfig(vocab_size=24, blocks=("elita", "transformer", "additive", "simplified"), ffn="wide", **{
+        k: v for k, v in SMALL.items() if k != "num_layers"}, num_layers=4)
+    model = build_decoder(config)
+    wide = [layer for layer in model.layers if layer.name == "wide_ffn"]
+    assert len(wide) == 1 and wide[0].inner.kernel.shape == (32, 4 * 32 * 4)
+    assert model(np.zeros((1, 5), int)).shape == (1, 5, 24)
+
+
+def test_config_round_trip_and_errors():
+    config = preset("additive", vocab_size=100, windows=(2, 4, None), num_layers=3, dropout=0.1, tied_embeddings=True)
+    assert DecoderConfig.from_json(config.to_json()) == config
+    assert json.loads(config.to_json())["blocks"] == ["additive"] * 3
+    with pytest.raises(ValueError, match="Unknown preset"):
+        preset("gpt5", vocab_size=10)
+    with pytest.raises(ValueError, match="context_length"):
+        DecoderConfig(vocab_size=10, context_length=1)
+    with pytest.raises(ValueError, match="one block type per layer"):
+        DecoderConfig(vocab_size=10, num_layers=3, blocks=("elita", "linear"))
+    with pytest.raises(ValueError, match="Unknown block type"):
+        DecoderConfig(vocab_size=10, blocks="lstm")
+
+
+def test_tied_embeddings_share_the_matrix():
+    model = build_decoder(preset("elita", vocab_size=24, tied_embeddings=True, **SMALL))
+    assert not any(layer.name == "logits" for layer in model.layers)
+    assert model(np.zeros((1, 3), int)).shape == (1, 3, 24)
+
+
+def test_token_ids_must_be_integers_and_positions_bounded():
+    model = build_decoder(preset("transformer", vocab_size=24, **SMALL))
+    with pytest.raises(Exception, match="max_length=32"):
+        model(np.zeros((1, 40), int))
+
+
+def test_inverse_sqrt_schedule():
+    schedule = InverseSqrtSchedule()
+    lr = [float(schedule(step)) for step in [0, 99, 100, 399, 9999]]
+    np.testing.assert_allclose(lr, [1e-3, 1e-3, 1e-2 / np.sqrt(101), 5e-4, 1e-4], rtol=1e-6)
+    assert InverseSqrtSchedule.from_config(schedule.get_config()).get_config() == {"peak": 1e-3, "scale": 1e-2}
+    optimizer = elita_adam()
+    assert (optimizer.beta_1, optimizer.beta_2) == (0.9, 0.99)

@@ -1,0 +1,122 @@
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from training import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _args(data_dir, out, *extra):
+    return [
+        "--data-dir", data_dir, "--output-dir", str(out), "--tfds-dir", str(out) + "_tfds",
+        "--vocab-size", "60", "--seq-len", "16", "--batch-size", "64", "--width", "16", "--layers", "1",
+        "--heads", "2", "--head-dim", "8", "--epochs", "3", "--max-steps", "12", "--checkpoint-every", "5",
+        "--eval-batches", "2", "--verbose", "0", *extra,
+    ]
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Kills training (an exception out of fit) after `step` updates."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            raise KeyboardInterrupt("killed")
+
+
+def _steps(out):
+    with open(os.path.join(out, "steps.csv")) as f:
+        return [int(row["step"]) for row in csv.DictReader(f)]
+
+
+def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
+    whole = tmp_path / "whole"
+    results = train.run(train.parse_args(_args(tiny_wikitext, whole)))
+    assert results["steps"] == 12 and np.isfinite(results["test_loss"])
+    assert results["test_perplexity"] == pytest.approx(np.exp(results["test_loss"]))
+    for name in ["sentencepiece.model", "config.json", "checkpoint.keras", "results.json", "tensorboard"]:
+        assert os.path.exists(whole / name), name
+    assert _steps(whole) == list(range(1, 13))
+
+    # Killed at step 7 (an epoch holds fewer steps: the run crosses an epoch boundary),
+    # resumed from the checkpoint at step 5, finished: the same model as without interruption.
+    split = tmp_path / "split"
+    with pytest.raises(KeyboardInterrupt):
+        train.run(train.parse_args(_args(tiny_wikitext, split)), callbacks=[Interrupt(7)])
+    resumed = train.run(train.parse_args(_args(tiny_wikitext, split)))
+    assert _steps(split) == list(range(1, 13))
+    a = keras.models.load_model(whole / "checkpoint.keras")
+    b = keras.models.load_model(split / "checkpoint.keras")
+    for wa, wb in zip(a.weights + a.optimizer.variables, b.weights + b.optimizer.variables):
+        np.testing.assert_allclose(wa.numpy(), wb.numpy(), rtol=1e-6, atol=1e-7, err_msg=wa.path)
+    assert resumed["test_loss"] == pytest.approx(results["test_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--preset", "gpt"], "unknown preset"),
+        (["--seq-len", "1"], "--seq-len must be at least 2"),
+        (["--batch-size", "0"], "--batch-size must be positive"),
+    ],
+)
+def test_bad_arguments_stop_before_training(tiny_wikitext, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit):
+        train.parse_args(_args(tiny_wikitext, tmp_path / "run", *extra))
+    assert message in capsys.readouterr().err
+
+
+def test_bad_data_stops_before_training(tmp_path, capsys, tiny_wikitext):
+    with pytest.raises(SystemExit):
+        train.parse_args(_args(str(tmp_path / "nowhere"), tmp_path / "run"))
+    assert "wiki.train.tokens" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="too small for a vocabulary"):
+        train.run(train.parse_args(_args(tiny_wikitext, tmp_path / "big", "--vocab-size", "50000")))
+    assert not os.path.exists(tmp_path / "big" / "checkpoint.keras")
+
+
+MIRRORED = """
+import sys, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from training import train
+results = train.run(train.parse_args(sys.argv[1:]))
+import json; print("RESULT", json.dumps(results))
+"""
+
+
+def test_mirrored_strategy_over_two_cpu_devices(tiny_wikitext, tmp_path):
+    args = _args(tiny_wikitext, tmp_path / "mirrored", "--strategy", "mirrored", "--max-steps", "4")
+    proc = subprocess.run(
+        [sys.executable, "-c", MIRRORED, *args], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert results["replicas"] == 2
+    assert results["steps"] == 4 and np.isfinite(results["test_loss"])
+
+
+def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
+    out = tmp_path / "compare"
+    args = _args(tiny_wikitext, out)
+    args = [a for a in args if a not in ("--output-dir", str(out))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.compare", "--presets", "elita", "transformer", "--output-dir", str(out),
+         *args, "--max-steps", "3"],
+        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert os.path.getsize(out / "ELiTA.png") > 10_000
+    table = (out / "results.md").read_text()
+    assert "| elita |" in table and "| transformer |" in table
