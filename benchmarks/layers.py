@@ -6,10 +6,14 @@ the inputs. Batches hold a constant number of tokens (`--tokens`), so a
 linear-time layer shows a flat time per token.
 
 Subjects:
-  kernel       elita_tf.ops.causal_softmax_mean on [B, H, T] logits, [B, H, T, D] values
-  elementwise  one elementwise pass over the same values tensor (the memory-bound floor)
-  attention2   elita_tf.layers.Attention2 at width d
-  mha          keras.layers.MultiHeadAttention(use_causal_mask=True), same heads and head width
+  kernel          elita_tf.ops.causal_softmax_mean on [B, H, T] logits, [B, H, T, D] values
+  elementwise     one elementwise pass over the same values tensor (the memory-bound floor)
+  attention2      Attention2 at width d
+  linear          LinearAttention
+  additive        AdditiveAttention, global; additive-w4 / additive-w1024 windowed
+  trilinear       TriLinearAttention, narrow (window 64; qdim d/2, tt d/4)
+  shaped          ShapedAttention (softmax attention, quadratic)
+  mha             keras.layers.MultiHeadAttention(use_causal_mask=True), same heads and head width
 
     python benchmarks/layers.py                       # the README table
     python benchmarks/layers.py --subjects kernel elementwise --seq-lens 16384
@@ -26,6 +30,30 @@ import sys
 import time
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
+LAYERS = ["attention2", "linear", "additive", "additive-w4", "additive-w1024", "trilinear", "shaped", "mha"]
+QUADRATIC = ["mha", "shaped"]
+
+
+def make_layer(subject, args):
+    """The layer a subject names, at the benchmark's heads, head width and width."""
+    import keras
+
+    from elita_tf import layers
+
+    h, d, c = args.heads, args.head_dim, args.chunk_size
+    if subject == "attention2":
+        return layers.Attention2(h, d, position_dim=16, chunk_size=c)
+    if subject == "linear":
+        return layers.LinearAttention(h, d)
+    if subject.startswith("additive"):
+        window = int(subject.split("-w")[1]) if "-w" in subject else None
+        return layers.AdditiveAttention(h, window=window, chunk_size=c)
+    if subject == "trilinear":
+        return layers.TriLinearAttention(query_dim=args.width // 2, lowrank_dim=args.width // 4, window=64)
+    if subject == "shaped":
+        return layers.ShapedAttention(h, max_length=1)
+    mha = keras.layers.MultiHeadAttention(h, d)
+    return mha
 
 
 def _rss_mib():
@@ -39,10 +67,8 @@ def _peak_rss_mib():
 
 def run_one(args):
     """Runs one (subject, T) in this process and prints one JSON line."""
-    import keras
     import tensorflow as tf
 
-    from elita_tf.layers import Attention2
     from elita_tf.ops import causal_softmax_mean
 
     length, batch = args.seq_len, max(1, args.tokens // args.seq_len)
@@ -60,11 +86,9 @@ def run_one(args):
     else:
         x = tf.random.normal([batch, length, width])
         inputs = [x]
-        if args.subject == "attention2":
-            layer = Attention2(heads, depth, position_dim=16, chunk_size=args.chunk_size)
-            forward = layer
-        else:
-            layer = keras.layers.MultiHeadAttention(heads, depth)
+        layer = make_layer(args.subject, args)
+        forward = layer
+        if args.subject == "mha":
             forward = lambda x: layer(x, x, use_causal_mask=True)  # noqa: E731
         forward(x[:, :2])  # build
         weights = layer.trainable_weights
@@ -105,7 +129,7 @@ def run_one(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=SUBJECTS)
+    parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=["kernel", "elementwise"] + LAYERS)
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="tokens per batch: B = tokens // T")
     parser.add_argument("--heads", type=int, default=4)
@@ -114,7 +138,9 @@ def main():
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--xla", action="store_true", help="compile with jit_compile=True")
-    parser.add_argument("--mha-max-len", type=int, default=4096, help="longest T for MultiHeadAttention (T^2 memory)")
+    parser.add_argument(
+        "--quadratic-max-len", type=int, default=4096, help="longest T for the softmax layers (T^2 memory)"
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per measurement")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     parser.add_argument("--subject", help=argparse.SUPPRESS)
@@ -135,7 +161,7 @@ def main():
     results = []
     for length in args.seq_lens:
         for subject in args.subjects:
-            if subject == "mha" and length > args.mha_max_len:
+            if subject in QUADRATIC and length > args.quadratic_max_len:
                 continue
             cmd = [sys.executable, __file__, "--subject", subject, "--seq-len", str(length)]
             for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
@@ -174,14 +200,14 @@ def _print_ratios(results):
         if subject == "kernel" and ("elementwise", length) in by:
             ratio = r["fwd_ms"] / by["elementwise", length]["fwd_ms"]
             print(f"T={length}: kernel forward = {ratio:.1f}x one elementwise pass")
-        if subject == "attention2" and ("mha", length) in by:
+        if subject in LAYERS and subject != "mha" and ("mha", length) in by:
             mha = by["mha", length]
             print(
-                f"T={length}: MultiHeadAttention / Attention2 time per token: "
+                f"T={length}: MultiHeadAttention / {subject} time per token: "
                 f"forward {per_token(mha, 'fwd') / per_token(r, 'fwd'):.1f}x, "
                 f"forward+backward {per_token(mha, 'fwd_bwd') / per_token(r, 'fwd_bwd'):.1f}x"
             )
-    for subject in ["kernel", "attention2"]:
+    for subject in ["kernel"] + LAYERS:
         rows = [by[s, t] for s, t in by if s == subject and t >= 1024]
         if len(rows) > 1:
             costs = [per_token(r, "fwd_bwd") for r in rows]
