@@ -53,12 +53,12 @@ def plot_comparison(runs, path, title="WikiText-2"):
     ax.set_xlabel("Training time (s)")
     ax.set_ylabel("Loss (nats/token)")
     ax.set_title(f"{title}: train loss against wall-clock time, test loss dashed")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
 
     labels = list(summary)
-    for position, (index, name, unit) in zip([0.38, 0.62], [(0, "Avg step time", "s"), (1, "Peak RAM", "GB")]):
-        inset = ax.inset_axes([position, 0.5, 0.17, 0.3])
+    for position, (index, name, unit) in zip([0.56, 0.8], [(0, "Avg step time", "s"), (1, "Peak RAM", "GB")]):
+        inset = ax.inset_axes([position, 0.58, 0.17, 0.3])
         values = [summary[k][index] for k in labels]
         inset.bar(range(len(labels)), values, color=[summary[k][2] for k in labels])
         inset.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)

@@ -119,13 +119,19 @@ class StepLog(keras.callbacks.Callback):
         self.last = time.perf_counter()
         self.first = True
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.running_mean = 0.0
+
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
         optimizer = self.model.optimizer
         step = int(optimizer.iterations.numpy())
         lr = float(optimizer.learning_rate)
+        # Keras reports the epoch's running mean; this batch's own loss is the difference.
+        loss = (batch + 1) * logs["loss"] - batch * self.running_mean
+        self.running_mean = logs["loss"]
         self.writer.writerow(
-            [step, f"{logs['loss']:.6f}", f"{lr:.6g}", f"{now - self.start_time:.3f}", f"{now - self.last:.4f}"]
+            [step, f"{loss:.6f}", f"{lr:.6g}", f"{now - self.start_time:.3f}", f"{now - self.last:.4f}"]
         )
         self.file.flush()
         if not self.first:

@@ -62,6 +62,21 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     assert resumed["test_loss"] == pytest.approx(results["test_loss"], abs=1e-6)
 
 
+def test_step_log_writes_each_batch_loss(tmp_path):
+    # Keras hands callbacks the epoch's running mean; the log holds each batch's own loss.
+    log = train.StepLog(str(tmp_path / "steps.csv"), start_time=0.0)
+    log.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
+    log.model.compile("sgd", "mse")
+    log.on_train_begin()
+    log.on_epoch_begin(0)
+    for batch, running_mean in enumerate([2.0, 1.5, 1.0]):
+        log.on_train_batch_end(batch, {"loss": running_mean})
+    log.on_train_end()
+    with open(tmp_path / "steps.csv") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f)]
+    np.testing.assert_allclose(losses, [2.0, 1.0, 0.0])
+
+
 @pytest.mark.parametrize(
     "extra, message",
     [
