@@ -86,3 +86,19 @@ def test_config_round_trips_and_errors():
         WideFeedForward(num_layers=0)
     with pytest.raises(TypeError, match="float inputs"):
         WideFeedForward()(tf.zeros([1, 2, 3], tf.int32))
+
+
+def test_shared_wide_feedforward_stays_shared_in_a_saved_model(tmp_path):
+    shared = WideFeedForward(num_layers=2, name="wide")
+    inputs = keras.Input((None, WIDTH))
+    x = inputs
+    for i in range(2):
+        x = SimplifiedBlock(2, feedforward=False, name=f"block_{i}")(x) + shared(x)
+    model = keras.Model(inputs, x)
+    path = str(tmp_path / "saved")
+    model.export(path)
+    loaded = tf.saved_model.load(path)
+    wide = [v for v in loaded.variables if "wide" in v.name]
+    assert len(wide) == 4  # one kernel and bias per dense layer, not one set per block
+    xs = tf.random.stateless_normal([2, 5, WIDTH], seed=[7, 8])
+    np.testing.assert_allclose(loaded.serve(xs), model(xs), rtol=1e-5, atol=1e-5)
