@@ -20,7 +20,8 @@ class PositionEmbedding(keras.layers.Layer):
     Call arguments:
         inputs: tensor `[B, T, d]`; only its shape is used.
         start_index: optional int or int `[B]`: the position of the first
-            input (decoding). Defaults to 0.
+            input (decoding). Defaults to 0. Negative positions (left padding
+            before a prompt) get the embedding of position 0.
 
     Example:
     >>> x = tf.zeros([2, 10, 16])
@@ -52,7 +53,7 @@ class PositionEmbedding(keras.layers.Layer):
             self.max_length,
             message=f"'{self.name}' has learned positions for sequences of at most max_length={self.max_length}",
         )
-        return tf.cast(tf.gather(self.embeddings, positions), self.compute_dtype)
+        return tf.cast(tf.gather(self.embeddings, tf.maximum(positions, 0)), self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):
         return (1,) + tuple(inputs_shape[1:])

@@ -1,0 +1,90 @@
+"""SavedModel export for serving: token ids -> logits, and text -> generated text.
+
+    elita-export --run-dir runs/compare/elita --output exported/elita
+
+Signatures (dynamic batch and length):
+- `serving_default(token_ids int32 [B, T]) -> {"logits": float32 [B, T, V]}`
+- `generate(prompts string [B], max_new_tokens int32 []) -> {"text": string [B], "token_ids": int32 [B, N]}`:
+  SentencePiece tokenisation, greedy cached generation and detokenisation, all in the graph.
+
+Loading the SavedModel needs the tensorflow-text ops registered (`import tensorflow_text` first);
+TensorFlow's `saved_model_cli show` needs nothing, and `saved_model_cli run` runs with them:
+
+    python -c "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; \
+        sys.exit(saved_model_cli.main())" run --dir exported/elita --tag_set serve \
+        --signature_def generate --inputs "prompts=prompts.npy;max_new_tokens=n.npy"
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import keras
+import tensorflow as tf
+
+from elita_tf.data.tokenizer import make_tokenizer
+from elita_tf.generation import Generator
+from elita_tf.models.config import DecoderConfig
+
+
+def _left_padded(ragged):
+    """A ragged `[B, (P)]` batch as right-aligned ids `[B, P]` and its mask."""
+    left_aligned = ragged.to_tensor(default_value=0)
+    lengths = tf.cast(ragged.row_lengths(), tf.int32)
+    width = tf.shape(left_aligned)[1]
+    source = tf.range(width)[None, :] - (width - lengths)[:, None]  # [B, P]
+    real = source >= 0
+    ids = tf.gather(left_aligned, tf.maximum(source, 0), batch_dims=1)
+    return tf.where(real, ids, 0), real
+
+
+def export_saved_model(model, config, tokenizer_proto, path):
+    """Writes the SavedModel (through `keras.export.ExportArchive`); returns `path`."""
+    if isinstance(config, dict):
+        config = DecoderConfig.from_config(config)
+    tokenizer = make_tokenizer(tokenizer_proto, add_eos=False)
+    generator = Generator(model, config)
+
+    def serve(token_ids):
+        return {"logits": model(token_ids, training=False)}
+
+    def generate(prompts, max_new_tokens):
+        ids, mask = _left_padded(tokenizer.tokenize(prompts))
+        tokens = generator._generate(ids, mask, max_new_tokens, tf.constant([0, 0]))
+        return {"text": tokenizer.detokenize(tokens), "token_ids": tokens}
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.track(tokenizer)
+    archive.add_endpoint("serving_default", serve, [tf.TensorSpec([None, None], tf.int32, name="token_ids")])
+    archive.add_endpoint(
+        "generate",
+        generate,
+        [tf.TensorSpec([None], tf.string, name="prompts"), tf.TensorSpec([], tf.int32, name="max_new_tokens")],
+    )
+    archive.write_out(path, verbose=False)
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="elita-export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
+    parser.add_argument("--output", required=True, help="SavedModel directory to write")
+    args = parser.parse_args(argv)
+    files = {name: os.path.join(args.run_dir, name) for name in ["checkpoint.keras", "config.json", "sentencepiece.model"]}
+    missing = [path for path in files.values() if not os.path.exists(path)]
+    if missing:
+        parser.error(f"the run directory lacks {', '.join(missing)}")
+    model = keras.models.load_model(files["checkpoint.keras"], compile=False)
+    with open(files["config.json"]) as f:
+        config = DecoderConfig.from_config(json.load(f))
+    with open(files["sentencepiece.model"], "rb") as f:
+        proto = f.read()
+    export_saved_model(model, config, proto, args.output)
+    print(f"SavedModel written to {args.output} (signatures: serving_default, generate)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

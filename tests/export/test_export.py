@@ -1,0 +1,95 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.data import make_tokenizer, train_sentencepiece
+from elita_tf.export import export_saved_model, main as export_main
+from elita_tf.generation import Generator
+from elita_tf.models import build_decoder, preset
+
+BIN = os.path.dirname(sys.executable)
+PROMPTS = ["the cat", "a dog sees the"]
+
+
+@pytest.fixture(scope="module", params=["elita", "transformer"])
+def exported(request, tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    lines = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
+    proto = train_sentencepiece(lines, vocab_size=40)
+    config = preset(request.param, vocab_size=40, width=16, num_layers=2, num_heads=2, head_dim=8, context_length=64)
+    model = build_decoder(config)
+    path = str(tmp_path_factory.mktemp("saved") / request.param)
+    export_saved_model(model, config, proto, path)
+    tokenizer = make_tokenizer(proto, add_eos=False)
+    ids = tokenizer.tokenize(tf.constant(PROMPTS)).to_list()
+    tokens = Generator(model, config)(ids, 6)
+    text = [t.decode() for t in tokenizer.detokenize(tokens).numpy()]
+    return path, model, text
+
+
+LOAD = """
+import json, sys, numpy as np, tensorflow as tf, tensorflow_text  # tensorflow_text registers the tokenizer ops
+loaded = tf.saved_model.load(sys.argv[1])
+logits = loaded.signatures["serving_default"](token_ids=tf.constant([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], tf.int32))
+out = loaded.signatures["generate"](prompts=tf.constant(json.loads(sys.argv[2])), max_new_tokens=tf.constant(6))
+print(json.dumps({"logits": logits["logits"].numpy().tolist(), "text": [t.decode() for t in out["text"].numpy()]}))
+"""
+
+
+def test_fresh_process_gives_the_keras_logits_and_text(exported):
+    path, model, text = exported
+    proc = subprocess.run([sys.executable, "-c", LOAD, path, json.dumps(PROMPTS)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = model(np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]))
+    np.testing.assert_allclose(got["logits"], want, rtol=1e-5, atol=1e-5)
+    assert got["text"] == text
+
+
+def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
+    path, model, _ = exported
+    np.save(tmp_path / "ids.npy", np.array([[1, 2, 3]], np.int32))
+    np.save(tmp_path / "prompts.npy", np.array([b"the cat"], dtype=object), allow_pickle=True)
+    np.save(tmp_path / "n.npy", np.int32(4))
+    show = subprocess.run([os.path.join(BIN, "saved_model_cli"), "show", "--dir", path, "--all"],
+                          capture_output=True, text=True)
+    assert show.returncode == 0, show.stderr[-2000:]
+    assert "signature_def['serving_default']" in show.stdout and "signature_def['generate']" in show.stdout
+    # Running loads the whole graph, tokenizer included: TensorFlow's saved_model_cli, with the
+    # tensorflow-text ops registered first.
+    cli = "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; sys.exit(saved_model_cli.main())"
+    run = subprocess.run(
+        [sys.executable, "-c", cli, "run", "--dir", path, "--tag_set", "serve",
+         "--signature_def", "serving_default", "--inputs", f"token_ids={tmp_path / 'ids.npy'}"],
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "logits" in run.stdout
+    gen = subprocess.run(
+        [sys.executable, "-c", cli, "run", "--dir", path, "--tag_set", "serve", "--signature_def", "generate",
+         "--inputs", f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}"],
+        capture_output=True, text=True,
+    )
+    assert gen.returncode == 0, gen.stderr[-2000:]
+    assert "text" in gen.stdout
+
+
+def test_export_cli_from_a_run_directory(tmp_path, capsys):
+    config = preset("elita", vocab_size=40, width=16, num_layers=1, num_heads=2, head_dim=8, context_length=32)
+    run = tmp_path / "run"
+    run.mkdir()
+    build_decoder(config).save(str(run / "checkpoint.keras"))
+    (run / "config.json").write_text(config.to_json())
+    with pytest.raises(SystemExit):
+        export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")])
+    assert "sentencepiece.model" in capsys.readouterr().err
+    lines = [f"the cat {i} sees a dog ." for i in range(200)]
+    (run / "sentencepiece.model").write_bytes(train_sentencepiece(lines, vocab_size=40))
+    assert export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")]) == 0
+    assert os.path.exists(tmp_path / "out" / "saved_model.pb")
