@@ -1,0 +1,32 @@
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from tests.conftest import write_tiny_wikitext
+
+NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "colab", "ELiTA_wikitext.ipynb")
+
+
+def test_committed_notebook_has_no_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    assert all(not cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
+    assert any("parameters" in cell.metadata.get("tags", []) for cell in notebook.cells)
+
+
+def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkeypatch):
+    data = write_tiny_wikitext(str(tmp_path / "wikitext"))
+    monkeypatch.setenv("ELITA_SMOKE", "1")
+    monkeypatch.setenv("ELITA_DATA_DIR", data)
+    monkeypatch.setenv("ELITA_OUTPUT_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    # A failing cell raises CellExecutionError here.
+    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
+    assert any("image/png" in out.get("data", {}) for out in outputs)  # the plot, inline
+    assert any("| elita |" in out.get("data", {}).get("text/markdown", "") for out in outputs)  # the table
+    assert os.path.exists(tmp_path / "runs" / "elita_saved_model" / "saved_model.pb")
+    text = "".join(out.get("text", "") for out in outputs if out.get("output_type") == "stream")
+    assert "The game was released ->" in text
