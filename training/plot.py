@@ -61,7 +61,7 @@ def plot_comparison(runs, path, title="WikiText-2"):
         inset = ax.inset_axes([position, 0.58, 0.17, 0.3])
         values = [summary[k][index] for k in labels]
         inset.bar(range(len(labels)), values, color=[summary[k][2] for k in labels])
-        inset.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+        inset.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=6)
         inset.set_title(f"{name} ({unit})", fontsize=8)
         inset.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
