@@ -41,7 +41,10 @@ def main():
     for context in args.contexts:
         for name in args.presets:
             config = preset(
-                name, vocab_size=args.vocab_size, width=args.width, num_layers=args.layers,
+                name,
+                vocab_size=args.vocab_size,
+                width=args.width,
+                num_layers=args.layers,
                 context_length=context + 2 * args.steps,
             )
             generator = Generator(build_decoder(config), config)

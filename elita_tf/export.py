@@ -72,7 +72,9 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
     parser.add_argument("--output", required=True, help="SavedModel directory to write")
     args = parser.parse_args(argv)
-    files = {name: os.path.join(args.run_dir, name) for name in ["checkpoint.keras", "config.json", "sentencepiece.model"]}
+    files = {
+        name: os.path.join(args.run_dir, name) for name in ["checkpoint.keras", "config.json", "sentencepiece.model"]
+    }
     missing = [path for path in files.values() if not os.path.exists(path)]
     if missing:
         parser.error(f"the run directory lacks {', '.join(missing)}")

@@ -138,7 +138,9 @@ class Generator:
                 mask = tf.ones(tf.shape(ids), tf.bool)
         else:
             ids = prompts
-        return self.run(tf.cast(ids, tf.int32), tf.cast(mask, tf.bool), tf.constant(max_new_tokens), tf.constant([seed, 0]))
+        return self.run(
+            tf.cast(ids, tf.int32), tf.cast(mask, tf.bool), tf.constant(max_new_tokens), tf.constant([seed, 0])
+        )
 
 
 def generate(model, config, prompts, max_new_tokens, sampler="greedy", temperature=1.0, top_k=40, top_p=0.9, seed=0):

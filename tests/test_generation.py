@@ -24,7 +24,7 @@ def _greedy_by_recomputing(model, prompt, steps):
     seq = list(prompt)
     for _ in range(steps):
         seq.append(int(np.argmax(model(np.array([seq]))[0, -1])))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -1,7 +1,6 @@
 import os
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 from tests.conftest import write_tiny_wikitext
@@ -23,7 +22,9 @@ def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkey
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # A failing cell raises CellExecutionError here.
-    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.get("outputs", [])]
     assert any("image/png" in out.get("data", {}) for out in outputs)  # the plot, inline
     assert any("| elita |" in out.get("data", {}).get("text/markdown", "") for out in outputs)  # the table

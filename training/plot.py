@@ -48,7 +48,13 @@ def plot_comparison(runs, path, title="WikiText-2"):
             times.append(total)
         losses = _smooth([r["loss"] for r in rows], max(1, len(rows) // 50))
         ax.plot(times, losses, color=colour, label=f"{label} (train)")
-        ax.axhline(results["test_loss"], color=colour, linestyle="--", linewidth=1, label=f"{label} test {results['test_loss']:.3f}")
+        ax.axhline(
+            results["test_loss"],
+            color=colour,
+            linestyle="--",
+            linewidth=1,
+            label=f"{label} test {results['test_loss']:.3f}",
+        )
         summary[label] = (results.get("step_time_s", float("nan")), results["peak_memory_mib"] / 1024, colour)
     ax.set_xlabel("Training time (s)")
     ax.set_ylabel("Loss (nats/token)")

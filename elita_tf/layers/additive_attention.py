@@ -126,8 +126,7 @@ class AdditiveAttention(keras.layers.Layer):
         width = input_width(inputs_shape)
         if width % self.num_heads:
             raise ValueError(
-                "The input width must be divisible by `num_heads`. "
-                f"Received: width={width}, num_heads={self.num_heads}"
+                f"The input width must be divisible by `num_heads`. Received: width={width}, num_heads={self.num_heads}"
             )
         sub = {"dtype": self.dtype_policy}
 

@@ -136,9 +136,7 @@ class LinearAttention(keras.layers.Layer):
 
     def get_initial_cache(self, batch_size, dtype=None):
         """`(S [B, H, D, D], z [B, H, D])`, zeros (float32, or float64 for a float64 layer)."""
-        return empty_linear_state(
-            batch_size, self.num_heads, self.head_dim, self.head_dim, dtype or self.compute_dtype
-        )
+        return empty_linear_state(batch_size, self.num_heads, self.head_dim, self.head_dim, dtype or self.compute_dtype)
 
     def compute_mask(self, inputs, mask=None):
         return mask

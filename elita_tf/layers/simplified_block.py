@@ -1,5 +1,4 @@
 import keras
-import tensorflow as tf
 
 from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
@@ -109,10 +108,17 @@ class SimplifiedBlock(keras.layers.Layer):
             hidden = self.intermediate_dim or 4 * width
             init = keras.initializers.RandomNormal(stddev=0.02)
             self.ffn_inner = keras.layers.Dense(
-                hidden, activation="relu", use_bias=False, kernel_initializer=clone_initializer(init), name="ffn_inner", **sub
+                hidden,
+                activation="relu",
+                use_bias=False,
+                kernel_initializer=clone_initializer(init),
+                name="ffn_inner",
+                **sub,
             )
             self.ffn_inner.build(inputs_shape)
-            self.ffn_output = keras.layers.Dense(width, use_bias=False, kernel_initializer=clone_initializer(init), name="ffn_output", **sub)
+            self.ffn_output = keras.layers.Dense(
+                width, use_bias=False, kernel_initializer=clone_initializer(init), name="ffn_output", **sub
+            )
             self.ffn_output.build(tuple(inputs_shape[:-1]) + (hidden,))
             self.ffn_scale = self.add_weight(
                 name="feedforward_gain",

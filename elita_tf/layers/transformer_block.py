@@ -81,12 +81,16 @@ class TransformerBlock(keras.layers.Layer):
         width = input_width(inputs_shape)
         head_dim = self.head_dim or max(1, width // self.num_heads)
         sub = {"dtype": self.dtype_policy}
-        self.attention_norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="attention_norm", **sub)
+        self.attention_norm = keras.layers.LayerNormalization(
+            epsilon=self.layer_norm_epsilon, name="attention_norm", **sub
+        )
         self.attention = keras.layers.MultiHeadAttention(
             self.num_heads, head_dim, dropout=self.dropout, name="attention", **sub
         )
         self.ffn_norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, name="ffn_norm", **sub)
-        self.ffn_inner = keras.layers.Dense(self.intermediate_dim or 4 * width, activation="gelu", name="ffn_inner", **sub)
+        self.ffn_inner = keras.layers.Dense(
+            self.intermediate_dim or 4 * width, activation="gelu", name="ffn_inner", **sub
+        )
         self.ffn_output = keras.layers.Dense(width, name="ffn_output", **sub)
         self.residual_dropout = keras.layers.Dropout(self.dropout, **sub)
         for layer in (self.attention_norm, self.ffn_norm, self.ffn_inner):

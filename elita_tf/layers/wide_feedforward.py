@@ -1,5 +1,4 @@
 import keras
-import tensorflow as tf
 
 from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer

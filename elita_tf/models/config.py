@@ -59,7 +59,9 @@ class DecoderConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
         if not isinstance(self.context_length, int) or self.context_length < 2:
-            raise ValueError(f"`context_length` must be an integer >= 2. Received: context_length={self.context_length!r}")
+            raise ValueError(
+                f"`context_length` must be an integer >= 2. Received: context_length={self.context_length!r}"
+            )
         blocks = (self.blocks,) * self.num_layers if isinstance(self.blocks, str) else tuple(self.blocks)
         if len(blocks) == 1:
             blocks = blocks * self.num_layers

@@ -227,10 +227,7 @@ def _blockwise(logits, values, window, chunk_size):
     pre_mean = tf.reshape(pre_mean, [b, h, blocks, window, depth])
 
     log_z = logaddexp(pre_lz, suf_lz)
-    mean = (
-        tf.exp(pre_lz - log_z)[..., None] * pre_mean
-        + tf.exp(suf_lz - log_z)[..., None] * suf_mean
-    )
+    mean = tf.exp(pre_lz - log_z)[..., None] * pre_mean + tf.exp(suf_lz - log_z)[..., None] * suf_mean
     mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
     return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
 
@@ -322,9 +319,7 @@ def causal_softmax_mean_step(state, logit, value, window=None, mask=None):
         `causal_softmax_mean` over all positions so far.
     """
     _check_window(window)
-    logit, value = _prepare(
-        logit[..., None], value[:, :, None, :], None if mask is None else mask[:, None]
-    )
+    logit, value = _prepare(logit[..., None], value[:, :, None, :], None if mask is None else mask[:, None])
     logit, value = logit[..., 0], value[:, :, 0]
     if window is None:
         log_z, mean = state

@@ -57,8 +57,12 @@ def test_vocabulary_too_large_and_empty_corpus():
 def test_windows_and_batches(splits, tokenizer):
     windows = token_windows(splits["train"], tokenizer, seq_len=16)
     assert windows.shape[1] == 17 and windows.dtype == np.int32
-    ids = np.concatenate([tokenizer.tokenize(tf.constant([line])).flat_values.numpy()
-                          for line in splits["train"].take(3).as_numpy_iterator()])
+    ids = np.concatenate(
+        [
+            tokenizer.tokenize(tf.constant([line])).flat_values.numpy()
+            for line in splits["train"].take(3).as_numpy_iterator()
+        ]
+    )
     np.testing.assert_array_equal(windows[0], ids[:17])  # concatenated in order, eos per line
     x, y = next(iter(lm_dataset(windows, batch_size=4, seed=0)))
     assert x.shape == (4, 16) and y.shape == (4, 16)

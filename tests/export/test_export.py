@@ -57,24 +57,51 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
     np.save(tmp_path / "ids.npy", np.array([[1, 2, 3]], np.int32))
     np.save(tmp_path / "prompts.npy", np.array([b"the cat"], dtype=object), allow_pickle=True)
     np.save(tmp_path / "n.npy", np.int32(4))
-    show = subprocess.run([os.path.join(BIN, "saved_model_cli"), "show", "--dir", path, "--all"],
-                          capture_output=True, text=True)
+    show = subprocess.run(
+        [os.path.join(BIN, "saved_model_cli"), "show", "--dir", path, "--all"], capture_output=True, text=True
+    )
     assert show.returncode == 0, show.stderr[-2000:]
     assert "signature_def['serving_default']" in show.stdout and "signature_def['generate']" in show.stdout
     # Running loads the whole graph, tokenizer included: TensorFlow's saved_model_cli, with the
     # tensorflow-text ops registered first.
     cli = "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; sys.exit(saved_model_cli.main())"
     run = subprocess.run(
-        [sys.executable, "-c", cli, "run", "--dir", path, "--tag_set", "serve",
-         "--signature_def", "serving_default", "--inputs", f"token_ids={tmp_path / 'ids.npy'}"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            cli,
+            "run",
+            "--dir",
+            path,
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "serving_default",
+            "--inputs",
+            f"token_ids={tmp_path / 'ids.npy'}",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "logits" in run.stdout
     gen = subprocess.run(
-        [sys.executable, "-c", cli, "run", "--dir", path, "--tag_set", "serve", "--signature_def", "generate",
-         "--inputs", f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            cli,
+            "run",
+            "--dir",
+            path,
+            "--tag_set",
+            "serve",
+            "--signature_def",
+            "generate",
+            "--inputs",
+            f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert gen.returncode == 0, gen.stderr[-2000:]
     assert "text" in gen.stdout

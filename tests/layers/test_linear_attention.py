@@ -20,8 +20,10 @@ def _layer(dtype="float32", **kwargs):
 
 def reference(layer, x):
     """Projections, elu+1 features and the O(T^2) definition, in float64."""
-    w = {v.path.split("/")[-2] + "/" + v.path.split("/")[-1]: tf.cast(tf.convert_to_tensor(v), tf.float64)
-         for v in layer.weights}
+    w = {
+        v.path.split("/")[-2] + "/" + v.path.split("/")[-1]: tf.cast(tf.convert_to_tensor(v), tf.float64)
+        for v in layer.weights
+    }
     x = tf.cast(x, tf.float64)
     proj = lambda n: tf.einsum("btd,dhe->bhte", x, w[f"{n}/kernel"]) + w[f"{n}/bias"][:, None]  # noqa: E731
     phi = lambda t: tf.nn.elu(t) + 1.0  # noqa: E731

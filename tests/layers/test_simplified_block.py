@@ -60,7 +60,9 @@ def test_shared_wide_feedforward_stays_shared_after_save(tmp_path):
     wide_params = shared.count_params()
     assert wide_params == 2 * 4 * width * width * layers + 4 * width * layers + width
     # Counted once in the model.
-    others = sum(l.count_params() for l in model.layers if l is not shared and not isinstance(l, keras.layers.InputLayer))
+    others = sum(
+        l.count_params() for l in model.layers if l is not shared and not isinstance(l, keras.layers.InputLayer)
+    )
     assert model.count_params() == wide_params + others
     path = str(tmp_path / "wide.keras")
     model.save(path)
@@ -74,8 +76,15 @@ def test_shared_wide_feedforward_stays_shared_after_save(tmp_path):
 
 def test_config_round_trips_and_errors():
     block = SimplifiedBlock(
-        4, variant="sequential", intermediate_dim=5, feedforward=False, value_projection=True,
-        attention_gain=0.5, feedforward_gain=0.2, layer_norm_epsilon=1e-3, max_length=9,
+        4,
+        variant="sequential",
+        intermediate_dim=5,
+        feedforward=False,
+        value_projection=True,
+        attention_gain=0.5,
+        feedforward_gain=0.2,
+        layer_norm_epsilon=1e-3,
+        max_length=9,
     )
     assert SimplifiedBlock.from_config(block.get_config()).get_config() == block.get_config()
     wide = WideFeedForward(width=33, num_layers=2, activation="gelu", kernel_initializer="he_normal")

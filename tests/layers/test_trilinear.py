@@ -220,7 +220,11 @@ def test_config_round_trip():
     restored = TriLinearAttention.from_config(config)
     assert restored.get_config() == config
     assert (restored.window, restored.slope, restored.hyper, restored.wide, restored.max_length) == (
-        9, 0.25, 13.3, True, 77
+        9,
+        0.25,
+        13.3,
+        True,
+        77,
     )
 
 

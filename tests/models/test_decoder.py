@@ -46,8 +46,13 @@ def test_every_preset_is_causal_and_round_trips_keras(name, tmp_path):
 
 
 def test_mixed_blocks_and_wide_ffn_is_shared():
-    config = DecoderConfig(vocab_size=24, blocks=("elita", "transformer", "additive", "simplified"), ffn="wide", **{
-        k: v for k, v in SMALL.items() if k != "num_layers"}, num_layers=4)
+    config = DecoderConfig(
+        vocab_size=24,
+        blocks=("elita", "transformer", "additive", "simplified"),
+        ffn="wide",
+        **{k: v for k, v in SMALL.items() if k != "num_layers"},
+        num_layers=4,
+    )
     model = build_decoder(config)
     wide = [layer for layer in model.layers if layer.name == "wide_ffn"]
     assert len(wide) == 1 and wide[0].inner.kernel.shape == (32, 4 * 32 * 4)

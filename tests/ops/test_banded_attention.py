@@ -127,8 +127,14 @@ def test_prefill_then_chunk_then_steps_equal_parallel(window):
     outs = []
     for lo, hi in [(0, 50), (50, 70)]:
         out, state = banded_attention(
-            q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], window=window, mask=mask[:, lo:hi],
-            initial_state=state, chunk_size=CHUNK, **BIAS,
+            q[:, :, lo:hi],
+            k[:, :, lo:hi],
+            v[:, :, lo:hi],
+            window=window,
+            mask=mask[:, lo:hi],
+            initial_state=state,
+            chunk_size=CHUNK,
+            **BIAS,
         )
         outs.append(out)
     for t in range(70, 90):

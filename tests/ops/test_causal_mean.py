@@ -148,9 +148,12 @@ def test_masked_positions_contribute_nothing(window):
     )
     _assert_finite(mean, mean2, log_z)
     # Rows that see at least one real position equal the reference.
-    seen = causal_softmax_mean_reference(
-        tf.zeros_like(ref_lz), tf.ones_like(ref_mean[..., :1]), window=window, mask=mask
-    )[1] > -1e30
+    seen = (
+        causal_softmax_mean_reference(tf.zeros_like(ref_lz), tf.ones_like(ref_mean[..., :1]), window=window, mask=mask)[
+            1
+        ]
+        > -1e30
+    )
     rows = seen.numpy()
     np.testing.assert_allclose(mean.numpy()[rows], ref_mean.numpy()[rows], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(mean2.numpy()[rows], ref_mean.numpy()[rows], rtol=1e-5, atol=1e-5)
@@ -160,9 +163,7 @@ def test_masked_step_leaves_global_state_unchanged():
     logits, values = _inputs(3, seed=9)
     state = empty_state(2, 3, 4)
     _, _, state = causal_softmax_mean_step(state, logits[..., 0], values[:, :, 0])
-    _, _, after = causal_softmax_mean_step(
-        state, logits[..., 1], values[:, :, 1], mask=tf.constant([False, True])
-    )
+    _, _, after = causal_softmax_mean_step(state, logits[..., 1], values[:, :, 1], mask=tf.constant([False, True]))
     np.testing.assert_array_equal(after[0][0], state[0][0])
     np.testing.assert_array_equal(after[1][0], state[1][0])
     assert not np.allclose(after[1][1], state[1][1])

@@ -50,8 +50,8 @@ def test_causality_and_masking():
     q, k, v = _inputs(50, seed=3)
     y, _ = causal_linear_attention(q, k, v, chunk_size=CHUNK)
     t = 20
-    y2, _ = causal_linear_attention(q, tf.concat([k[:, :, :t + 1], k[:, :, t + 1:] * 7], 2), v, chunk_size=CHUNK)
-    np.testing.assert_array_equal(y[:, :, :t + 1], y2[:, :, :t + 1])
+    y2, _ = causal_linear_attention(q, tf.concat([k[:, :, : t + 1], k[:, :, t + 1 :] * 7], 2), v, chunk_size=CHUNK)
+    np.testing.assert_array_equal(y[:, :, : t + 1], y2[:, :, : t + 1])
     mask = np.ones((2, 50), bool)
     mask[0, 5:9] = False
     ym, _ = causal_linear_attention(q, k, v, mask=mask, chunk_size=CHUNK)

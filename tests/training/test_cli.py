@@ -15,10 +15,37 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _args(data_dir, out, *extra):
     return [
-        "--data-dir", data_dir, "--output-dir", str(out), "--tfds-dir", str(out) + "_tfds",
-        "--vocab-size", "60", "--seq-len", "16", "--batch-size", "64", "--width", "16", "--layers", "1",
-        "--heads", "2", "--head-dim", "8", "--epochs", "3", "--max-steps", "12", "--checkpoint-every", "5",
-        "--eval-batches", "2", "--verbose", "0", *extra,
+        "--data-dir",
+        data_dir,
+        "--output-dir",
+        str(out),
+        "--tfds-dir",
+        str(out) + "_tfds",
+        "--vocab-size",
+        "60",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "64",
+        "--width",
+        "16",
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--head-dim",
+        "8",
+        "--epochs",
+        "3",
+        "--max-steps",
+        "12",
+        "--checkpoint-every",
+        "5",
+        "--eval-batches",
+        "2",
+        "--verbose",
+        "0",
+        *extra,
     ]
 
 
@@ -113,7 +140,10 @@ import json; print("RESULT", json.dumps(results))
 def test_mirrored_strategy_over_two_cpu_devices(tiny_wikitext, tmp_path):
     args = _args(tiny_wikitext, tmp_path / "mirrored", "--strategy", "mirrored", "--max-steps", "4")
     proc = subprocess.run(
-        [sys.executable, "-c", MIRRORED, *args], capture_output=True, text=True, cwd=REPO,
+        [sys.executable, "-c", MIRRORED, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": REPO},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -127,9 +157,23 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
     args = _args(tiny_wikitext, out)
     args = [a for a in args if a not in ("--output-dir", str(out))]
     proc = subprocess.run(
-        [sys.executable, "-m", "training.compare", "--presets", "elita", "transformer", "--output-dir", str(out),
-         *args, "--max-steps", "3"],
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+        [
+            sys.executable,
+            "-m",
+            "training.compare",
+            "--presets",
+            "elita",
+            "transformer",
+            "--output-dir",
+            str(out),
+            *args,
+            "--max-steps",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.getsize(out / "ELiTA.png") > 10_000
