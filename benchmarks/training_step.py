@@ -100,6 +100,8 @@ def main():
             lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
             if proc.returncode or not lines:
                 reason = (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
+                if proc.returncode < 0:
+                    reason = f"killed by signal {-proc.returncode} (out of memory?)"
                 print(f"| {name} | {length} | | {reason} | | | | |", flush=True)
                 continue
             r = json.loads(lines[-1])
