@@ -271,7 +271,12 @@ def causal_softmax_mean(
     elif window <= chunk_size:
         mean, log_z = _banded(logits, values, window, chunk_size)
     else:
-        mean, log_z = _blockwise(logits, values, window, chunk_size)
+        # A window as long as the sequence is the global mean: no padding to a whole block.
+        mean, log_z = tf.cond(
+            tf.shape(logits)[-1] <= window,
+            lambda: _global(logits, values, chunk_size),
+            lambda: _blockwise(logits, values, window, chunk_size),
+        )
 
     if window is not None:
         if initial_state is None:
