@@ -25,9 +25,10 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
+
+from measure import run_measurement
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
 LAYERS = ["attention2", "linear", "additive", "additive-w4", "additive-w1024", "trilinear", "shaped", "mha"]
@@ -167,19 +168,10 @@ def main():
             for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             cmd += ["--xla"] if args.xla else []
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"| {subject} | {length} | | timed out after {args.timeout} s | | | | | |", flush=True)
-                continue
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-            if proc.returncode or not lines:
-                reason = (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
-                if proc.returncode < 0:
-                    reason = f"killed by signal {-proc.returncode} (out of memory?)"
+            r, reason = run_measurement(cmd, args.timeout)
+            if r is None:
                 print(f"| {subject} | {length} | | {reason} | | | | | |", flush=True)
                 continue
-            r = json.loads(lines[-1])
             results.append(r)
             print(
                 f"| {subject} | {r['T']} | {r['B']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "

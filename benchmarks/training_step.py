@@ -13,9 +13,10 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
+
+from measure import run_measurement
 
 
 def run_one(args):
@@ -92,19 +93,10 @@ def main():
             cmd = [sys.executable, __file__, "--preset", name, "--seq-len", str(length)]
             for flag in ["tokens", "vocab_size", "width", "layers", "heads", "head_dim", "repeats"]:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"| {name} | {length} | | timed out | | | | |", flush=True)
-                continue
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-            if proc.returncode or not lines:
-                reason = (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
-                if proc.returncode < 0:
-                    reason = f"killed by signal {-proc.returncode} (out of memory?)"
+            r, reason = run_measurement(cmd, args.timeout)
+            if r is None:
                 print(f"| {name} | {length} | | {reason} | | | | |", flush=True)
                 continue
-            r = json.loads(lines[-1])
             results[name, length] = r
             print(
                 f"| {name} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.2f} | "

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from elita_tf.layers.additive_attention import AdditiveAttention
 from elita_tf.ops.reference import causal_softmax_mean_reference
+from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12
 HEADS = 3
@@ -73,20 +74,8 @@ def reference(layer, x, mask=None, logits=None):
 def test_outputs_and_gradients_match_reference(length, window):
     layer = _layer("float64", window=window)
     x = _inputs(length, dtype=tf.float64)
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
     variables = list(_weights(layer).values())
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-            loss = tf.reduce_sum(y * cotangent)
-        return [y] + tape.gradient(loss, [x] + [v.value for v in variables])
-
-    names = ["outputs", "inputs"] + list(_weights(layer))
-    for name, got, want in zip(names, run(layer), run(lambda x: reference(layer, x))):
-        assert np.all(np.isfinite(got)), name
-        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-8, err_msg=name)
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, variables, rtol=1e-8, atol=1e-8)
 
     layer32 = _layer(window=window)
     x32 = tf.cast(x, tf.float32)

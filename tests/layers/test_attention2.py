@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from elita_tf.layers import Attention2
 from elita_tf.ops.reference import attention2_reference
+from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12
 WEIGHTS = ["k1", "k2", "k3", "a1", "a2", "b1", "b2", "c", "value_kernel", "output_kernel"]
@@ -64,18 +65,8 @@ def test_forward_matches_reference(length):
 def test_gradients_match_reference(length):
     layer = _layer("float64")
     x = _inputs(length, dtype=tf.float64)
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
-
-    def grads(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(fn(x) * cotangent)
-        return tape.gradient(loss, [x] + [getattr(layer, n).value for n in WEIGHTS])
-
-    got, want = grads(layer), grads(lambda x: reference(layer, x))
-    for name, g, w in zip(["inputs"] + WEIGHTS, got, want):
-        assert np.all(np.isfinite(g)), name
-        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-8, err_msg=name)
+    variables = [getattr(layer, n) for n in WEIGHTS]
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, variables, rtol=1e-8, atol=1e-8)
 
 
 def test_large_logits_exact_and_finite():

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.layers import FeedForward2
+from tests.layers.reference_check import assert_matches_reference
 
 
 def _layer(dtype="float32", **kwargs):
@@ -29,18 +30,7 @@ def reference(layer, x):
 def test_forward_and_gradients_match_reference(length):
     layer = _layer("float64", hidden_dim=5, factor=3)
     x = tf.constant(np.random.default_rng(1).normal(size=(2, length, 6)))
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-            loss = tf.reduce_sum(y * cotangent)
-        return [y] + tape.gradient(loss, [x] + [v.value for v in layer.weights])
-
-    for got, want in zip(run(layer), run(lambda x: reference(layer, x))):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-10, atol=1e-10)
     layer32 = _layer(hidden_dim=5, factor=3)
     np.testing.assert_allclose(layer32(tf.cast(x, tf.float32)), reference(layer32, x), rtol=1e-5, atol=1e-5)
 

@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from elita_tf.layers import LinearAttention
 from elita_tf.ops.reference import causal_linear_attention_reference
+from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 10
 
@@ -35,18 +36,7 @@ def reference(layer, x):
 def test_outputs_and_gradients_match_reference(length):
     layer = _layer("float64")
     x = tf.constant(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-            loss = tf.reduce_sum(y * cotangent)
-        return [y] + tape.gradient(loss, [x] + [v.value for v in layer.weights])
-
-    for got, want in zip(run(layer), run(lambda x: reference(layer, x))):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-9, atol=1e-9)
 
 
 def test_causality_and_decoding():

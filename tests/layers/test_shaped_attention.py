@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.layers.shaped_attention import ShapedAttention
+from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 8
 
@@ -51,18 +52,7 @@ def test_identity_at_initialisation():
 def test_outputs_and_gradients_match_reference(length, value_projection):
     layer = _layer("float64", value_projection=value_projection)
     x = tf.constant(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(fn(x) * cotangent)
-        return tape.gradient(loss, [x] + [v.value for v in layer.weights])
-
-    np.testing.assert_allclose(layer(x), reference(layer, x), rtol=1e-10, atol=1e-10)
-    for got, want in zip(run(layer), run(lambda x: reference(layer, x))):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-9, atol=1e-9)
 
 
 def test_causality_padding_and_decoding():

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.layers import TransformerBlock
+from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 8
 
@@ -47,18 +48,7 @@ def reference(block, x, mask=None):
 def test_outputs_and_gradients_match_reference(length):
     block = _block("float64")
     x = tf.constant(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            y = fn(x)
-            loss = tf.reduce_sum(y * cotangent)
-        return [y] + tape.gradient(loss, [x] + [v.value for v in block.weights])
-
-    for got, want in zip(run(block), run(lambda x: reference(block, x))):
-        assert np.all(np.isfinite(got))
-        np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-8)
+    assert_matches_reference(block, lambda x: reference(block, x), x, block.weights, rtol=1e-8, atol=1e-8)
 
 
 def test_causality_padding_and_decoding():

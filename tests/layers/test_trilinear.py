@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.layers.trilinear import TriLinearAttention, alibi_v1
+from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12
 WEIGHTS = ["query_key_kernel", "query_value_kernel", "key_kernel", "value_kernel", "combiner_kernel"]
@@ -82,18 +83,8 @@ def test_forward_matches_reference(length, kind):
 def test_gradients_match_reference(length, kind):
     layer = _layer("float64", **kind)
     x = _inputs(length, dtype=tf.float64)
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape))
-
-    def grads(fn):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(fn(x) * cotangent)
-        return [tf.convert_to_tensor(g) for g in tape.gradient(loss, [x] + [getattr(layer, n).value for n in WEIGHTS])]
-
-    got, want = grads(layer), grads(lambda x: reference(layer, x))
-    for name, g, w in zip(["inputs"] + WEIGHTS, got, want):
-        assert np.all(np.isfinite(g)), name
-        np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-9, err_msg=name)
+    variables = [getattr(layer, n) for n in WEIGHTS]
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, variables, rtol=1e-8, atol=1e-9)
 
 
 def test_alibi_v1_matches_the_spec_table():

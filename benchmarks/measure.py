@@ -1,0 +1,23 @@
+"""Runs one measurement in its own process, so that its peak memory is its own."""
+
+import json
+import subprocess
+
+
+def run_measurement(cmd, timeout):
+    """Runs `cmd`, which prints one JSON line of results.
+
+    Returns:
+        `(result, None)` with the parsed dict, or `(None, reason)` when the
+        process timed out, was killed or printed no result.
+    """
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s"
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode < 0:
+        return None, f"killed by signal {-proc.returncode} (out of memory?)"
+    if proc.returncode or not lines:
+        return None, (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
+    return json.loads(lines[-1]), None
