@@ -65,46 +65,19 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
     # Running loads the whole graph, tokenizer included: TensorFlow's saved_model_cli, with the
     # tensorflow-text ops registered first.
     cli = "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; sys.exit(saved_model_cli.main())"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            cli,
-            "run",
-            "--dir",
-            path,
-            "--tag_set",
-            "serve",
-            "--signature_def",
-            "serving_default",
-            "--inputs",
-            f"token_ids={tmp_path / 'ids.npy'}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "logits" in run.stdout
-    gen = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            cli,
-            "run",
-            "--dir",
-            path,
-            "--tag_set",
-            "serve",
-            "--signature_def",
-            "generate",
-            "--inputs",
-            f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert gen.returncode == 0, gen.stderr[-2000:]
-    assert "text" in gen.stdout
+
+    def cli_run(signature, inputs):
+        proc = subprocess.run(
+            [sys.executable, "-c", cli, "run", "--dir", path, "--tag_set", "serve"]
+            + ["--signature_def", signature, "--inputs", inputs],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout
+
+    assert "logits" in cli_run("serving_default", f"token_ids={tmp_path / 'ids.npy'}")
+    assert "text" in cli_run("generate", f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}")
 
 
 def test_export_cli_from_a_run_directory(tmp_path, capsys):

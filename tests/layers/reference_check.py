@@ -28,3 +28,17 @@ def assert_matches_reference(layer, reference, x, variables, rtol, atol, seed=2)
     for name, got, want in zip(names, outputs_and_gradients(layer), outputs_and_gradients(reference)):
         assert np.all(np.isfinite(got)), name
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=name)
+
+
+def assert_mixed_precision_finite(layer, x):
+    """Under a mixed policy: outputs in the compute dtype, variables float32, outputs and
+    gradients of a mean-square loss finite."""
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_mean(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, layer.trainable_weights)
+    assert y.dtype == layer.compute_dtype != "float32"
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
+    assert all(np.all(np.isfinite(g)) for g in grads)
