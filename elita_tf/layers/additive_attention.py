@@ -3,8 +3,9 @@ import math
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
     accumulator_dtype,
@@ -15,7 +16,7 @@ from elita_tf.ops.causal_mean import (
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class AdditiveAttention(keras.layers.Layer):
+class AdditiveAttention(CausalMixer):
     """Causal (windowed) multi-head additive attention, as in fastformerLM.
 
     The attention part of a `FastformerForCausalLM` layer (Fastformer, Wu et
@@ -120,7 +121,6 @@ class AdditiveAttention(keras.layers.Layer):
         self.kernel_initializer = keras.initializers.get(
             kernel_initializer or keras.initializers.RandomNormal(stddev=0.02)
         )
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -185,10 +185,7 @@ class AdditiveAttention(keras.layers.Layer):
         mean = tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, width])
         return tf.cast(mean, self.compute_dtype), state
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         step = cache is not None and inputs.shape[1] == 1
         query_state = None if cache is None else tuple(cache[:2])
         key_state = None if cache is None else tuple(cache[2:])
@@ -226,12 +223,6 @@ class AdditiveAttention(keras.layers.Layer):
         query_state = empty_state(batch_size, self.num_heads, head_dim, self.window, dtype)
         key_state = empty_state(batch_size, self.num_heads, head_dim, self.window, dtype)
         return (*query_state, *key_state)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

@@ -1,8 +1,9 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
     accumulator_dtype,
@@ -15,7 +16,7 @@ POSITION_MODES = ("fixed", "length")
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class Attention2(keras.layers.Layer):
+class Attention2(CausalMixer):
     """ELiTA efficient time-linear attention (`Attention2`), causal.
 
     Per head `h`, with learned sinusoidal position terms
@@ -123,7 +124,6 @@ class Attention2(keras.layers.Layer):
         self.logit_initializer = keras.initializers.get(logit_initializer)
         self.position_initializer = keras.initializers.get(position_initializer)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -169,10 +169,7 @@ class Attention2(keras.layers.Layer):
 
         return sinusoids(self.a1, self.b1), sinusoids(self.a2, self.b2)
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         if cache is not None and self.position_mode != "fixed":
             raise ValueError(
                 "Decoding with a cache needs positions that do not move with the length: "
@@ -220,12 +217,6 @@ class Attention2(keras.layers.Layer):
         dtype = accumulator_dtype(dtype or self.compute_dtype)
         log_z, mean = empty_state(batch_size, self.num_heads, self.head_dim, dtype=dtype)
         return log_z, mean, tf.zeros([batch_size], tf.int32)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

@@ -1,5 +1,7 @@
 """Argument and input checks shared by the layers, with Keras-style messages."""
 
+import weakref
+
 import tensorflow as tf
 
 
@@ -32,3 +34,84 @@ def input_width(inputs_shape):
     if width is None:
         raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
     return width
+
+
+def check_sequence_call(layer, inputs, padding_mask=None, cache=None):
+    """Checks a token mixer's call: a float `[B, T, d]` input, a `[B, T]` mask, a cache of this layer's shapes.
+
+    Static shapes are checked when the call is traced; sizes known only at
+    run time get graph assertions.
+
+    Returns:
+        `(inputs, padding_mask)`: the inputs in the layer's compute dtype, the
+        mask as bool (or None).
+    """
+    inputs = tf.convert_to_tensor(inputs)
+    check_float_sequence(layer, inputs)
+    if inputs.shape.rank != 3:
+        raise ValueError(
+            f"Layer '{layer.name}' expects inputs of shape [batch, time, width]. Received: inputs.shape={inputs.shape}"
+        )
+    batch = tf.shape(inputs)[0]
+    if padding_mask is not None:
+        padding_mask = tf.convert_to_tensor(padding_mask)
+        if padding_mask.dtype != tf.bool and not padding_mask.dtype.is_integer:
+            raise TypeError(
+                f"Layer '{layer.name}' expects a bool padding_mask [batch, time]. "
+                f"Received: padding_mask.dtype={padding_mask.dtype.name}"
+            )
+        if padding_mask.shape.rank != 2 or not padding_mask.shape.is_compatible_with(inputs.shape[:2]):
+            raise ValueError(
+                f"Layer '{layer.name}' expects padding_mask of shape [batch, time] = {inputs.shape[:2]}, "
+                f"the inputs' first two axes. Received: padding_mask.shape={padding_mask.shape}"
+            )
+        tf.debugging.assert_equal(
+            tf.shape(padding_mask),
+            tf.shape(inputs)[:2],
+            message=f"Layer '{layer.name}': padding_mask must have the inputs' shape [batch, time]",
+        )
+        padding_mask = tf.cast(padding_mask, tf.bool)
+    if cache is not None:
+        _check_cache(layer, cache, batch, inputs.shape[0])
+    return tf.cast(inputs, layer.compute_dtype), padding_mask
+
+
+_CACHE_SHAPES = weakref.WeakKeyDictionary()
+
+
+def _cache_shapes(layer):
+    """The shapes of `layer.get_initial_cache(1)` without the batch axis, computed once per layer."""
+    if layer not in _CACHE_SHAPES:
+        with tf.init_scope():
+            _CACHE_SHAPES[layer] = [t.shape for t in tf.nest.flatten(layer.get_initial_cache(1))]
+    return _CACHE_SHAPES[layer]
+
+
+def _check_cache(layer, cache, batch, static_batch):
+    expected = _cache_shapes(layer)
+    given = tf.nest.flatten(cache)
+    if len(given) != len(expected):
+        raise ValueError(
+            f"Layer '{layer.name}' expects a cache of {len(expected)} tensors, as `get_initial_cache` "
+            f"returns. Received: a cache of {len(given)} tensors"
+        )
+    for index, (tensor, shape) in enumerate(zip(given, expected)):
+        tensor = tf.convert_to_tensor(tensor)
+        if shape.rank == 0:
+            continue
+        if tensor.shape.rank != shape.rank or not tensor.shape[1:].is_compatible_with(shape[1:]):
+            raise ValueError(
+                f"Layer '{layer.name}': cache entry {index} must have shape [batch, {', '.join(map(str, shape[1:]))}], "
+                f"as `get_initial_cache` makes it. Received: shape={tensor.shape}"
+            )
+        if static_batch is not None and tensor.shape[0] is not None and tensor.shape[0] != static_batch:
+            raise ValueError(
+                f"Layer '{layer.name}': the cache was made for batch size {tensor.shape[0]}, but the inputs "
+                f"have batch size {static_batch}. Make it with `get_initial_cache({static_batch})`. "
+                f"Received: cache entry {index} shape={tensor.shape}"
+            )
+        tf.debugging.assert_equal(
+            tf.shape(tensor)[0],
+            batch,
+            message=f"Layer '{layer.name}': the cache's batch size differs from the inputs'",
+        )

@@ -1,7 +1,7 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
 
 
@@ -84,7 +84,7 @@ class FeedForward2(keras.layers.Layer):
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
     def call(self, inputs, padding_mask=None, cache=None, training=None):
-        check_float_sequence(self, inputs)
+        inputs, _ = check_sequence_call(self, inputs, padding_mask)
         a, b, width = self.w3.shape
         x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
         alpha = tf.nn.silu(tf.matmul(x, self.w1) + self.b1)  # [B*T, a]

@@ -1,8 +1,9 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.linear_attention import (
     DEFAULT_CHUNK_SIZE,
     causal_linear_attention,
@@ -17,7 +18,7 @@ FEATURE_MAPS = {
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class LinearAttention(keras.layers.Layer):
+class LinearAttention(CausalMixer):
     """Causal linear attention (Katharopoulos et al. 2020), multi-head.
 
     Queries, keys and values are projected per head (with biases), keys and
@@ -87,7 +88,6 @@ class LinearAttention(keras.layers.Layer):
         self.chunk_size = chunk_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -112,10 +112,7 @@ class LinearAttention(keras.layers.Layer):
         self.output_dense = dense("output", "bthe,hed->btd", (None, width), "d")
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         phi = FEATURE_MAPS[self.feature_map]
         to_heads = lambda t: tf.transpose(t, [0, 2, 1, 3])  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
         q = to_heads(phi(self.query_dense(inputs)))
@@ -137,12 +134,6 @@ class LinearAttention(keras.layers.Layer):
     def get_initial_cache(self, batch_size, dtype=None):
         """`(S [B, H, D, D], z [B, H, D])`, zeros (float32, or float64 for a float64 layer)."""
         return empty_linear_state(batch_size, self.num_heads, self.head_dim, self.head_dim, dtype or self.compute_dtype)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

@@ -10,7 +10,7 @@ class PositionEmbedding(keras.layers.Layer):
     """Learned absolute position embeddings for positions `0 .. max_length - 1`.
 
     Returns the embeddings of the input's positions (to be added to it):
-    `[1, T, d]`, or `[B, T, d]` when decoding from per-sequence `start_index`.
+    `[B, T, d]`, the inputs' shape (per sequence when decoding from `start_index [B]`).
 
     Args:
         max_length: int. Longest sequence it has positions for.
@@ -53,10 +53,12 @@ class PositionEmbedding(keras.layers.Layer):
             self.max_length,
             message=f"'{self.name}' has learned positions for sequences of at most max_length={self.max_length}",
         )
-        return tf.cast(tf.gather(self.embeddings, tf.maximum(positions, 0)), self.compute_dtype)
+        embedded = tf.cast(tf.gather(self.embeddings, tf.maximum(positions, 0)), self.compute_dtype)
+        # The inputs' full shape: a [1, 0, d] addend is taken for a bias by oneDNN's Add at T = 0.
+        return tf.broadcast_to(embedded, tf.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):
-        return (1,) + tuple(inputs_shape[1:])
+        return tuple(inputs_shape)
 
     def get_config(self):
         return {

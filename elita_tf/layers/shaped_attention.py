@@ -1,13 +1,14 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.softmax_attention import causal_visibility, empty_kv_cache, softmax_attention, update_kv_cache
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class ShapedAttention(keras.layers.Layer):
+class ShapedAttention(CausalMixer):
     """Shaped attention of the Simplified Transformer (He & Hofmann 2023), causal.
 
     Per head, with identity values `v = x` (no value or output projection):
@@ -77,7 +78,6 @@ class ShapedAttention(keras.layers.Layer):
         self.max_length = max_length
         self.query_initializer = keras.initializers.get(query_initializer)
         self.key_initializer = keras.initializers.get(key_initializer or keras.initializers.RandomNormal(stddev=0.02))
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -105,10 +105,7 @@ class ShapedAttention(keras.layers.Layer):
             self.value_skip_gain = weight("value_skip_gain", (), "ones")
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         width, heads = inputs.shape[-1], self.num_heads
         values = inputs
         if self.value_projection:
@@ -143,12 +140,6 @@ class ShapedAttention(keras.layers.Layer):
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
         width, heads, head_dim = self.key_kernel.shape
         return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

@@ -1,14 +1,15 @@
 import keras
 
-from elita_tf.layers.checks import check_choice, check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.layers.shaped_attention import ShapedAttention
 
 VARIANTS = ("parallel", "sequential")
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class SimplifiedBlock(keras.layers.Layer):
+class SimplifiedBlock(CausalMixer):
     """Skip-less Simplified Transformer block (He & Hofmann 2023): SAS-P or SAS.
 
     `"parallel"` (SAS-P): one shared pre-norm, no skip connection (the
@@ -83,7 +84,6 @@ class SimplifiedBlock(keras.layers.Layer):
         self.feedforward_gain = float(feedforward_gain)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.max_length = max_length
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -128,10 +128,7 @@ class SimplifiedBlock(keras.layers.Layer):
             )
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         xn = self.attention_norm(inputs)
         if cache is None:
             attended = self.attention(xn, padding_mask=padding_mask)
@@ -151,12 +148,6 @@ class SimplifiedBlock(keras.layers.Layer):
         if not self.built:
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
         return self.attention.get_initial_cache(batch_size, dtype)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

@@ -1,12 +1,13 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.softmax_attention import empty_kv_cache, softmax_attention, update_kv_cache
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class TransformerBlock(keras.layers.Layer):
+class TransformerBlock(CausalMixer):
     """The baseline: a pre-norm causal Transformer decoder block.
 
         h = x + Dropout(MultiHeadAttention(LN(x), causal))
@@ -75,7 +76,6 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.max_length = max_length
-        self.supports_masking = True
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -108,13 +108,10 @@ class TransformerBlock(keras.layers.Layer):
         context = softmax_attention(attention.query_dense(x), cache[0], cache[1], visible)
         return attention.output_dense(tf.cast(context, self.compute_dtype)), cache
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         x = self.attention_norm(inputs)
         if cache is None:
-            attention_mask = None if padding_mask is None else tf.cast(padding_mask, tf.bool)[:, None, :]
+            attention_mask = None if padding_mask is None else padding_mask[:, None, :]
             attended = self.attention(x, x, attention_mask=attention_mask, use_causal_mask=True, training=training)
         else:
             attended, cache = self._cached_attention(x, padding_mask, cache)
@@ -129,12 +126,6 @@ class TransformerBlock(keras.layers.Layer):
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
         heads, head_dim = self.attention.key_dense.kernel.shape[-2:]
         return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

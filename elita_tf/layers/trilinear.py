@@ -4,8 +4,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.banded_attention import (
     DEFAULT_CHUNK_SIZE,
     banded_attention,
@@ -48,7 +49,7 @@ def _norm(x):
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class TriLinearAttention(keras.layers.Layer):
+class TriLinearAttention(CausalMixer):
     """The 3Lin layer (Andrey Gulin): bilinear attention and an xor-sparse trilinear Combiner.
 
     From the residual state `s_t` it computes the update that the model adds
@@ -176,7 +177,6 @@ class TriLinearAttention(keras.layers.Layer):
         self.chunk_size = chunk_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.combiner_initializer = keras.initializers.get(combiner_initializer)
-        self.supports_masking = True
 
     @property
     def _attention_window(self):
@@ -213,10 +213,7 @@ class TriLinearAttention(keras.layers.Layer):
             "scale": 1.0 / math.sqrt(self.query_dim),
         }
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
-        check_float_sequence(self, inputs)
-        if padding_mask is None:
-            padding_mask = mask
+    def mix(self, inputs, padding_mask, cache, training):
         acc = accumulator_dtype(self.compute_dtype)
         x = _norm(tf.cast(inputs, acc))
         qk = _norm(self._project(x, self.query_key_kernel))[:, None]  # [B, 1, T, qdim]
@@ -268,12 +265,6 @@ class TriLinearAttention(keras.layers.Layer):
             max_length=self.max_length,
             dtype=dtype or self.compute_dtype,
         )
-
-    def compute_mask(self, inputs, mask=None):
-        return mask
-
-    def compute_output_shape(self, inputs_shape):
-        return inputs_shape
 
     def get_config(self):
         config = super().get_config()

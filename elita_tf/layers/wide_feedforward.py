@@ -1,6 +1,6 @@
 import keras
 
-from elita_tf.layers.checks import check_float_sequence, check_positive_int, input_width
+from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
 
 
@@ -79,7 +79,7 @@ class WideFeedForward(keras.layers.Layer):
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
     def call(self, inputs, padding_mask=None, cache=None, training=None):
-        check_float_sequence(self, inputs)
+        inputs, _ = check_sequence_call(self, inputs, padding_mask)
         outputs = self.outer(self.inner(inputs))
         return outputs if cache is None else (outputs, ())
 

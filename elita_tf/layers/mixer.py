@@ -1,0 +1,61 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_sequence_call
+from elita_tf.ops.utils import contain_nonfinite
+
+
+class CausalMixer(keras.layers.Layer):
+    """Base of the causal sequence layers: one place for input checks, masks and non-finite inputs.
+
+    A subclass implements `mix(inputs, padding_mask, cache, training)` on a
+    checked float `[B, T, d]` input in its compute dtype, and
+    `get_initial_cache(batch_size)`. The base:
+
+    - refuses inputs that are not a float `[B, T, d]` sequence, a padding
+      mask that is not `[B, T]`, and a cache of other shapes or another batch
+      size than `get_initial_cache` gives, with messages that name the value;
+    - takes the padding mask from `padding_mask`, or else the Keras mask;
+    - keeps a cache in its own dtype: Keras would cast every float argument
+      to the compute dtype, so a float32 recurrent state would silently
+      become float16 under mixed precision;
+    - contains non-finite inputs (`contain_nonfinite`): a NaN or Inf at
+      position `t` never changes an output before `t`, and a padded position
+      never changes any output, whatever it holds.
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: optional bool `[B, T]`, False at padding. Defaults to
+            the Keras mask.
+        cache: optional cache from `get_initial_cache` or a previous call.
+        training: bool.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, new_cache)` when a cache is passed.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        # Arguments are converted by `check_sequence_call`, so that a cache keeps its dtype.
+        self._convert_input_args = False
+        self._allow_non_tensor_positional_args = True
+
+    def __call__(self, inputs, *args, **kwargs):
+        # Keras builds from tensor shapes: arrays become tensors here, since arguments are not converted.
+        if not (tf.is_tensor(inputs) or isinstance(inputs, keras.KerasTensor)):
+            inputs = tf.convert_to_tensor(inputs)
+        return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+        inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
+        return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training), inputs, padding_mask)
+
+    def mix(self, inputs, padding_mask, cache, training):
+        raise NotImplementedError(f"{type(self).__name__} must implement `mix`.")
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape
