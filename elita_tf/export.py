@@ -21,6 +21,7 @@ import os
 import sys
 
 import keras
+import sentencepiece
 import tensorflow as tf
 
 from elita_tf.data.tokenizer import make_tokenizer
@@ -39,18 +40,33 @@ def _left_padded(ragged):
     return tf.where(real, ids, 0), real
 
 
+def _seed_empty(ragged, token_id):
+    """Rows with no token get `token_id`: an empty prompt starts a new line of text."""
+    empty = tf.cast(tf.equal(ragged.row_lengths(), 0), tf.int64)
+    seed = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], token_id), empty)
+    return tf.concat([tf.cast(seed, ragged.dtype), ragged], axis=1)
+
+
 def export_saved_model(model, config, tokenizer_proto, path):
-    """Writes the SavedModel (through `keras.export.ExportArchive`); returns `path`."""
+    """Writes the SavedModel (through `keras.export.ExportArchive`); returns `path`.
+
+    `generate` continues an empty prompt from the end-of-line id (every
+    training line ends with it), returns empty texts for `max_new_tokens=0`,
+    and fails with the values named for a negative `max_new_tokens` or one
+    that takes the prompt past `context_length`. `serving_default` fails on
+    token ids outside `[0, vocab_size)`, naming them.
+    """
     if isinstance(config, dict):
         config = DecoderConfig.from_config(config)
     tokenizer = make_tokenizer(tokenizer_proto, add_eos=False)
+    end_of_line = sentencepiece.SentencePieceProcessor(model_proto=tokenizer_proto).eos_id()
     generator = Generator(model, config)
 
     def serve(token_ids):
         return {"logits": model(token_ids, training=False)}
 
     def generate(prompts, max_new_tokens):
-        ids, mask = _left_padded(tokenizer.tokenize(prompts))
+        ids, mask = _left_padded(_seed_empty(tokenizer.tokenize(prompts), end_of_line))
         tokens = generator._generate(ids, mask, max_new_tokens, tf.constant([0, 0]))
         return {"text": tokenizer.detokenize(tokens), "token_ids": tokens}
 

@@ -14,10 +14,41 @@ token, so a prompt's continuation does not depend on its batch-mates.
 
 import tensorflow as tf
 
+from elita_tf.layers.checks import check_token_ids
 from elita_tf.models.config import DecoderConfig
 from elita_tf.models.decoder import decoder_forward
 
 SAMPLERS = ("greedy", "top_k", "top_p")
+
+
+def check_generation_length(prompt_length, max_new_tokens, limit):
+    """`max_new_tokens >= 0` and prompt + new tokens within `limit`: eagerly a `ValueError`, in a graph an assertion.
+
+    Returns `max_new_tokens`, in a graph dependent on the assertions, so they run before it is used.
+    """
+    if isinstance(prompt_length, int) and isinstance(max_new_tokens, int):
+        if max_new_tokens < 0:
+            raise ValueError(f"`max_new_tokens` must be >= 0. Received: max_new_tokens={max_new_tokens}")
+        if prompt_length + max_new_tokens > limit:
+            raise ValueError(
+                f"The prompt ({prompt_length} tokens) and max_new_tokens={max_new_tokens} exceed the model's "
+                f"context_length={limit}: shorten one of them."
+            )
+        return max_new_tokens
+    non_negative = tf.debugging.Assert(
+        max_new_tokens >= 0, ["max_new_tokens must be >= 0. Received: max_new_tokens =", max_new_tokens]
+    )
+    fits = tf.debugging.Assert(
+        prompt_length + max_new_tokens <= limit,
+        [
+            f"The prompt and max_new_tokens exceed the model's context_length={limit}. Received: prompt length =",
+            prompt_length,
+            "max_new_tokens =",
+            max_new_tokens,
+        ],
+    )
+    with tf.control_dependencies([non_negative, fits]):
+        return tf.identity(max_new_tokens)
 
 
 def initial_caches(config, layers, batch_size):
@@ -27,9 +58,15 @@ def initial_caches(config, layers, batch_size):
 
 def left_pad(prompts, pad_id=0):
     """`(ids [B, P], mask [B, P])` from a list of token-id lists, right-aligned."""
+    if not len(prompts):
+        raise ValueError("There are no prompts to continue. Received: prompts=[]")
+    for index, prompt in enumerate(prompts):
+        if not len(prompt):
+            raise ValueError(
+                f"Prompt {index} is empty: generation continues at least one token (for a new line of "
+                f"text, the end-of-line id the training data put after every line). Received: prompts[{index}]=[]"
+            )
     length = max(len(p) for p in prompts)
-    if length == 0:
-        raise ValueError("Every prompt is empty: generation needs at least one prompt token.")
     ids = [[pad_id] * (length - len(p)) + list(p) for p in prompts]
     mask = [[False] * (length - len(p)) + [True] * len(p) for p in prompts]
     return tf.constant(ids, tf.int32), tf.constant(mask, tf.bool)
@@ -89,11 +126,7 @@ class Generator:
     def _generate(self, ids, mask, max_new_tokens, seed):
         config, layers = self.config, self.layers
         batch, prompt_length = tf.shape(ids)[0], tf.shape(ids)[1]
-        tf.debugging.assert_less_equal(
-            prompt_length + max_new_tokens,
-            config.context_length,
-            message=f"prompt + new tokens must fit the model's context_length={config.context_length}",
-        )
+        max_new_tokens = check_generation_length(prompt_length, max_new_tokens, config.context_length)
         # Positions count from each prompt's first real token.
         start = -tf.reduce_sum(tf.cast(tf.logical_not(mask), tf.int32), axis=1)
         caches = initial_caches(config, layers, batch)
@@ -117,7 +150,10 @@ class Generator:
             step,
             (tf.constant(0), token, position, tokens, caches),
         )
-        return tf.transpose(tokens.stack())  # [B, max_new_tokens]
+        # An empty TensorArray cannot stack (its element shape is not static).
+        return tf.cond(
+            max_new_tokens > 0, lambda: tf.transpose(tokens.stack()), lambda: tf.zeros([batch, 0], tf.int32)
+        )  # [B, max_new_tokens]
 
     def __call__(self, prompts, max_new_tokens, seed=0, mask=None):
         """Generates `max_new_tokens` after each prompt.
@@ -138,6 +174,10 @@ class Generator:
                 mask = tf.ones(tf.shape(ids), tf.bool)
         else:
             ids = prompts
+        ids, _ = check_token_ids(ids, self.config.vocab_size, name="prompts")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"`max_new_tokens` must be an integer. Received: max_new_tokens={max_new_tokens!r}")
+        check_generation_length(ids.shape[1], max_new_tokens, self.config.context_length)
         return self.run(
             tf.cast(ids, tf.int32), tf.cast(mask, tf.bool), tf.constant(max_new_tokens), tf.constant([seed, 0])
         )

@@ -56,11 +56,35 @@ def test_top_k_one_is_greedy_and_compiles_once():
     assert greedy.run.experimental_get_tracing_count() == 1
 
 
+@pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_mixed_precision_greedy_equals_the_parallel_forward(name, policy_name, policy):
+    policy(policy_name)
+    model, config = _model(name)
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [9, 1]]
+    out = Generator(model, config)(prompts, 8).numpy()
+    for prompt, got in zip(prompts, out):
+        logits = model(np.array([prompt + list(got)]))[0, len(prompt) - 1 : -1]
+        assert list(got) == list(np.argmax(logits, axis=-1))
+
+
 def test_errors():
     model, config = _model("elita")
     with pytest.raises(ValueError, match="sampler"):
         Generator(model, config, sampler="beam")
-    with pytest.raises(ValueError, match="empty"):
-        left_pad([[], []])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="context_length=48"):
+    with pytest.raises(ValueError, match=r"Prompt 1 is empty.*end-of-line id"):
+        left_pad([[1], [], [2]])
+    with pytest.raises(ValueError, match="no prompts"):
+        left_pad([])
+    with pytest.raises(ValueError, match=r"\(40 tokens\) and max_new_tokens=20 exceed the model's context_length=48"):
         generate(model, config, [[1] * 40], max_new_tokens=20)
+    with pytest.raises(ValueError, match="max_new_tokens=-1"):
+        generate(model, config, [[1, 2]], max_new_tokens=-1)
+    with pytest.raises(TypeError, match="max_new_tokens=2.0"):
+        generate(model, config, [[1, 2]], max_new_tokens=2.0)
+    with pytest.raises(ValueError, match=r"vocabulary_size=30\). Received: prompts\[1, 1\]=30"):
+        generate(model, config, [[1, 2], [30]], max_new_tokens=2)
+    with pytest.raises(TypeError, match="float ids are refused"):
+        generate(model, config, np.array([[1.5, 2.0]]), max_new_tokens=2)
+    # No new tokens is an empty result, not an error.
+    assert generate(model, config, [[1, 2], [3]], max_new_tokens=0).shape == (2, 0)

@@ -115,3 +115,47 @@ def _check_cache(layer, cache, batch, static_batch):
             batch,
             message=f"Layer '{layer.name}': the cache's batch size differs from the inputs'",
         )
+
+
+def check_integer_ids(token_ids, vocabulary_size, name="token_ids"):
+    """Token ids as a tensor; a float (or any non-integer) dtype is a `TypeError`, never a cast."""
+    token_ids = tf.convert_to_tensor(token_ids)
+    if not token_ids.dtype.is_integer:
+        raise TypeError(
+            f"Token ids must be integers in [0, {vocabulary_size}); float ids are refused, not rounded. "
+            f"Received: {name}.dtype={token_ids.dtype.name}"
+        )
+    return token_ids
+
+
+def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
+    """Token ids must be integers in `[0, vocabulary_size)`: floats are refused, never rounded.
+
+    Eagerly, an id out of range raises `ValueError` at once. In a graph the
+    check is an assertion on `O(B * T)` integer compares that fails the step
+    with the first offending ids and their positions. XLA drops assertions,
+    so callers also mark what an out-of-range id produces (see
+    `TokenEmbedding`).
+
+    Returns:
+        `(token_ids, in_range)`: the ids (depending on the assertion in a
+        graph) and a bool tensor of their shape.
+    """
+    token_ids = check_integer_ids(token_ids, vocabulary_size, name)
+    in_range = (token_ids >= 0) & (token_ids < tf.cast(vocabulary_size, token_ids.dtype))
+    message = f"Token ids must be in [0, vocabulary_size={vocabulary_size})."
+    if tf.executing_eagerly():
+        outside = tf.where(tf.logical_not(in_range))
+        if outside.shape[0]:
+            first = tuple(int(i) for i in outside[0].numpy())
+            value = int(tf.gather_nd(token_ids, outside[:1])[0])
+            raise ValueError(f"{message} Received: {name}[{', '.join(map(str, first))}]={value}")
+        return token_ids, in_range
+    outside = tf.where(tf.logical_not(in_range))[:3]
+    check = tf.debugging.Assert(
+        tf.reduce_all(in_range),
+        [message, f"Received: {name} =", tf.gather_nd(token_ids, outside), "at", outside],
+        summarize=12,
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(token_ids), in_range

@@ -1,12 +1,15 @@
 import keras
 import tensorflow as tf
 
+from elita_tf.layers.checks import check_token_ids
+
 
 @keras.saving.register_keras_serializable(package="elita_tf")
 class TokenEmbedding(keras.layers.Embedding):
     """Token embeddings that can also produce the output logits (tied weights).
 
-    `call(ids)` embeds integer token ids `[B, T]` to `[B, T, d]`;
+    `call(ids)` embeds integer token ids `[B, T]` to `[B, T, d]`; ids outside
+    `[0, vocab_size)` are an error (`check_token_ids`), float ids are refused;
     `call(x, reverse=True)` maps `[B, T, d]` to float32 logits `x Eᵀ`
     `[B, T, vocab_size]` with the same matrix.
 
@@ -38,12 +41,11 @@ class TokenEmbedding(keras.layers.Embedding):
             if not self.tie_weights:
                 raise ValueError(f"Layer '{self.name}' was built with tie_weights=False: it has no reverse mode.")
             return tf.matmul(tf.cast(inputs, tf.float32), tf.cast(self.embeddings, tf.float32), transpose_b=True)
-        if not tf.as_dtype(inputs.dtype).is_integer:
-            raise TypeError(
-                f"Layer '{self.name}' expects integer token ids of shape [batch, time]. "
-                f"Received: inputs.dtype={tf.as_dtype(inputs.dtype).name}"
-            )
-        return super().call(inputs)
+        token_ids, in_range = check_token_ids(inputs, self.input_dim)
+        embedded = super().call(token_ids)
+        # Where the range assertion cannot run (XLA drops it), an out-of-range id embeds to NaN:
+        # a gather would clamp it (XLA) or return zeros (GPU), a silent wrong result.
+        return tf.where(in_range[..., None], embedded, tf.constant(float("nan"), embedded.dtype))
 
     def compute_output_spec(self, inputs, reverse=False):
         if reverse:

@@ -32,6 +32,7 @@ from elita_tf.layers import (
     TriLinearAttention,
     WideFeedForward,
 )
+from elita_tf.layers.checks import check_integer_ids
 from elita_tf.layers.trilinear import alibi_v1
 from elita_tf.models.config import DecoderConfig
 
@@ -162,6 +163,20 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
     return logits if caches is None else (logits, new_caches)
 
 
+@keras.saving.register_keras_serializable(package="elita_tf")
+class DecoderModel(keras.Model):
+    """The functional decoder, refusing float token ids before Keras would cast them to int32.
+
+    A functional model converts its inputs to the `keras.Input` dtype, so
+    `[[1.5, 2.0]]` would silently become `[[1, 2]]`; here it is a `TypeError`.
+    Ids out of range are refused by the embedding (`check_token_ids`).
+    """
+
+    def call(self, inputs, training=None, mask=None):
+        check_integer_ids(inputs, self.get_layer("embedding").input_dim)
+        return super().call(inputs, training=training, mask=mask)
+
+
 def build_decoder(config, name=None):
     """A decoder language model for `config` (a `DecoderConfig` or its dict).
 
@@ -180,4 +195,4 @@ def build_decoder(config, name=None):
         config = DecoderConfig.from_config(config)
     tokens = keras.Input((None,), dtype="int32", name="token_ids")
     logits = decoder_forward(config, make_layers(config), tokens)
-    return keras.Model(tokens, logits, name=name or "decoder")
+    return DecoderModel(tokens, logits, name=name or "decoder")

@@ -52,6 +52,29 @@ def test_fresh_process_gives_the_keras_logits_and_text(exported):
     assert got["text"] == text
 
 
+def test_signatures_refuse_or_define_every_edge_case(exported):
+    path, model, _ = exported
+    loaded = tf.saved_model.load(path)
+    generate = loaded.signatures["generate"]
+
+    def run(prompts, n):
+        return generate(prompts=tf.constant(prompts), max_new_tokens=tf.constant(n, tf.int32))
+
+    out = run(["the cat", ""], 0)  # no new tokens: empty texts, not an error
+    assert out["token_ids"].shape == (2, 0) and [t.decode() for t in out["text"].numpy()] == ["", ""]
+    # An empty prompt continues from the end-of-line id, as a new line of the training text.
+    assert run([""], 5)["token_ids"].shape == (1, 5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"max_new_tokens must be >= 0.*-1"):
+        run(["the cat"], -1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"context_length=64.*\[max_new_tokens =\] \[100\]"):
+        run(["the cat"], 100)
+    serve = loaded.signatures["serving_default"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"vocabulary_size=40.*\[40\] \[at\] \[\[0 1\]\]"):
+        serve(token_ids=tf.constant([[1, 40, 2]], tf.int32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"vocabulary_size=40.*\[-2\]"):
+        serve(token_ids=tf.constant([[1, 2, -2]], tf.int32))
+
+
 def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
     path, model, _ = exported
     np.save(tmp_path / "ids.npy", np.array([[1, 2, 3]], np.int32))
@@ -93,3 +116,20 @@ def test_export_cli_from_a_run_directory(tmp_path, capsys):
     (run / "sentencepiece.model").write_bytes(train_sentencepiece(lines, vocab_size=40))
     assert export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")]) == 0
     assert os.path.exists(tmp_path / "out" / "saved_model.pb")
+
+
+@pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
+def test_a_mixed_precision_model_exports_and_generates_the_keras_tokens(policy_name, policy, tmp_path):
+    policy(policy_name)
+    keras.utils.set_random_seed(0)
+    lines = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
+    proto = train_sentencepiece(lines, vocab_size=40)
+    config = preset("additive", vocab_size=40, width=16, num_layers=2, num_heads=2, head_dim=8, context_length=64)
+    model = build_decoder(config)
+    export_saved_model(model, config, proto, str(tmp_path / "saved"))
+    ids = make_tokenizer(proto, add_eos=False).tokenize(tf.constant(PROMPTS)).to_list()
+    want = Generator(model, config)(ids, 6).numpy()
+    got = tf.saved_model.load(str(tmp_path / "saved")).signatures["generate"](
+        prompts=tf.constant(PROMPTS), max_new_tokens=tf.constant(6)
+    )["token_ids"]
+    np.testing.assert_array_equal(got, want)

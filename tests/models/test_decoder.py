@@ -79,10 +79,45 @@ def test_tied_embeddings_share_the_matrix():
     assert model(np.zeros((1, 3), int)).shape == (1, 3, 24)
 
 
-def test_token_ids_must_be_integers_and_positions_bounded():
+def test_token_ids_must_be_integers_in_range_and_positions_bounded():
     model = build_decoder(preset("transformer", vocab_size=24, **SMALL))
     with pytest.raises(Exception, match="max_length=32"):
         model(np.zeros((1, 40), int))
+    # Eagerly: Keras' `take` wrapped -3 to the last rows; the int32 Input truncated 1.5 to 1.
+    with pytest.raises(ValueError, match=r"vocabulary_size=24\). Received: token_ids\[0, 1\]=-3"):
+        model(np.array([[1, -3, 2]]))
+    with pytest.raises(ValueError, match=r"Received: token_ids\[1, 0\]=24"):
+        model(np.array([[1, 2], [24, 3]]))
+    with pytest.raises(TypeError, match="float ids are refused.*float64"):
+        model(np.array([[1.5, 2.0, 3.0]]))
+    with pytest.raises(TypeError, match="float ids are refused.*float32"):
+        model.predict(np.array([[1.0, 2.0]], "float32"), verbose=0)
+    # In a graph (predict, fit, a SavedModel): the step fails naming the ids and their positions.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"vocabulary_size=24.*\[30\] \[at\] \[\[0 2\]\]"):
+        model.predict(np.array([[1, 2, 30]]), verbose=0)
+
+
+def test_out_of_range_ids_under_xla_give_nan_not_a_clamped_row():
+    # XLA drops assertions and clamps gathers: the embedding marks the row NaN instead.
+    keras.utils.set_random_seed(0)
+    model = build_decoder(preset("elita", vocab_size=24, **SMALL))
+    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    x, y = np.array([[1, 2, 3, 4]] * 2), np.array([[2, 3, 4, 5]] * 2)
+    assert np.isfinite(model.train_on_batch(x, y))
+    x[1, 2] = 99
+    assert np.isnan(model.train_on_batch(x, y))
+
+
+@pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_fits_under_mixed_precision(name, policy_name, policy):
+    policy(policy_name)
+    keras.utils.set_random_seed(0)
+    model = build_decoder(preset(name, vocab_size=24, **SMALL))
+    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    losses = [float(model.train_on_batch(x, y)) for x, y in _rule_batches(steps=3)]
+    assert all(np.isfinite(losses)), losses
+    assert all(w.dtype == "float32" for w in model.weights)
 
 
 def test_inverse_sqrt_schedule():
