@@ -27,6 +27,7 @@ import tensorflow as tf
 from elita_tf.data.tokenizer import make_tokenizer
 from elita_tf.generation import Generator
 from elita_tf.models.config import DecoderConfig
+from elita_tf.training.checkpoints import CorruptCheckpointError, latest_checkpoint
 
 
 def _left_padded(ragged):
@@ -88,13 +89,17 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
     parser.add_argument("--output", required=True, help="SavedModel directory to write")
     args = parser.parse_args(argv)
-    files = {
-        name: os.path.join(args.run_dir, name) for name in ["checkpoint.keras", "config.json", "sentencepiece.model"]
-    }
+    files = {name: os.path.join(args.run_dir, name) for name in ["config.json", "sentencepiece.model"]}
     missing = [path for path in files.values() if not os.path.exists(path)]
+    try:
+        checkpoint = latest_checkpoint(args.run_dir)
+    except CorruptCheckpointError as error:
+        parser.error(str(error))
+    if checkpoint is None:
+        missing.append(os.path.join(args.run_dir, "checkpoints", "step-*.keras"))
     if missing:
         parser.error(f"the run directory lacks {', '.join(missing)}")
-    model = keras.models.load_model(files["checkpoint.keras"], compile=False)
+    model = keras.models.load_model(checkpoint, compile=False)
     with open(files["config.json"]) as f:
         config = DecoderConfig.from_config(json.load(f))
     with open(files["sentencepiece.model"], "rb") as f:

@@ -2,16 +2,21 @@
 
     elita-train --preset elita --data-dir ../shared/data/wikitext-2 --output-dir runs/elita --epochs 3
 
-Writes to `--output-dir`: `sentencepiece.model`, `config.json`, `steps.csv` (loss, learning
-rate and wall time of every step), `tensorboard/`, `checkpoint.keras` (model and optimizer,
-every `--checkpoint-every` steps and at each epoch end) and `results.json` (validation and test
-loss and perplexity, step time, tokens/s, peak memory). Run the same command again after an
-interruption and it resumes exactly where the last checkpoint left off: same step, same data
-position, same result as an uninterrupted run.
+Writes to `--output-dir`: `run.json` (the run's manifest: architecture, training settings,
+data and tokenizer hashes), `sentencepiece.model`, `config.json`, `steps.csv` (loss, learning
+rate and wall time of every step), `tensorboard/`, `checkpoints/step-N.keras` (model and
+optimizer, every `--checkpoint-every` steps and at each epoch end; the last
+`--keep-checkpoints` kept) and `results.json` (validation and test loss and perplexity, step
+time, tokens/s, peak memory, the data's SHA-256). Run the same command again after an
+interruption and it resumes exactly where the last intact checkpoint left off: same step, same
+data position, same result as an uninterrupted run. A directory holding another run (other
+arguments, data or tokenizer), or one another elita-train is writing, is refused before anything
+in it changes.
 """
 
 import argparse
 import csv
+import hashlib
 import json
 import math
 import os
@@ -26,6 +31,14 @@ from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, steps_per_e
 from elita_tf.data.wikitext import CONFIG_NAMES, split_files
 from elita_tf.models import PRESETS, build_decoder, preset
 from elita_tf.schedules import elita_adam
+from elita_tf.training import (
+    CorruptCheckpointError,
+    RunDirectory,
+    RunDirectoryError,
+    load_latest_checkpoint,
+    save_checkpoint,
+    write_atomically,
+)
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 
@@ -49,6 +62,10 @@ def parse_args(argv=None):
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    parser.add_argument("--keep-checkpoints", type=int, default=2, help="how many of the newest checkpoints to keep")
+    parser.add_argument(
+        "--force-new", action="store_true", help="discard the run already in --output-dir instead of resuming it"
+    )
     parser.add_argument("--eval-batches", type=int, help="cap on validation/test batches (default: all)")
     parser.add_argument("--strategy", default="default", choices=STRATEGIES)
     parser.add_argument("--verbose", type=int, default=1, help="Keras fit verbosity (1: progress bar)")
@@ -57,9 +74,18 @@ def parse_args(argv=None):
         parser.error(f"unknown preset {args.preset!r}; choose one of {sorted(PRESETS)}")
     if args.seq_len < 2:
         parser.error(f"--seq-len must be at least 2, got {args.seq_len}")
-    for name in ["vocab_size", "batch_size", "epochs", "checkpoint_every"]:
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    positive = ["vocab_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "width", "layers"]
+    positive += ["heads", "head_dim", "max_steps", "eval_batches"]
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if not 0.0 <= args.dropout < 1.0:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.seed < 0:
+        parser.error(f"--seed must be non-negative, got {args.seed}")
+    if args.verbose not in (0, 1, 2):
+        parser.error(f"--verbose must be 0, 1 or 2, got {args.verbose}")
     if args.data_dir is not None:
         try:
             split_files(args.data_dir, args.dataset)
@@ -76,18 +102,64 @@ def _strategy(name):
     return tf.distribute.get_strategy()
 
 
-def prepare_data(args):
-    """Tokenizer (trained once, saved with the run) and the windows of the three splits."""
-    splits = load_wikitext(args.dataset, local_dir=args.data_dir, tfds_dir=args.tfds_dir)
-    model_path = os.path.join(args.output_dir, "sentencepiece.model")
-    if not os.path.exists(model_path):
+def _sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def model_config(args):
+    return preset(
+        args.preset,
+        vocab_size=args.vocab_size,
+        width=args.width,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        head_dim=args.head_dim,
+        context_length=args.seq_len,
+        dropout=args.dropout,
+    )
+
+
+def requested_manifest(args, config, data):
+    """What makes this run this run: a resumed run must match it field by field."""
+    return {
+        "preset": args.preset,
+        "model": config.get_config(),
+        "data": {"dataset": data["dataset"], "sha256": data["sha256"]},
+        "training": {"seq_len": args.seq_len, "batch_size": args.batch_size, "seed": args.seed},
+    }
+
+
+def prepare_run(args, run_dir):
+    """Checks the directory against the request, then the tokenizer and the windows of the three splits.
+
+    A new run trains the tokenizer and writes `run.json` and `config.json`; a
+    resumed one reuses its tokenizer after checking its hash. Returns
+    `(config, windows, data)`.
+    """
+    splits, data = load_wikitext(args.dataset, local_dir=args.data_dir, tfds_dir=args.tfds_dir, with_info=True)
+    config = model_config(args)
+    manifest = requested_manifest(args, config, data)
+    stored = run_dir.check_manifest(manifest)
+    tokenizer_path = run_dir.file("sentencepiece.model")
+    if stored is None:
         lines = (line.decode("utf-8") for line in splits["train"].as_numpy_iterator())
         proto = train_sentencepiece(lines, vocab_size=args.vocab_size, seed=args.seed)
-        with open(model_path, "wb") as f:
-            f.write(proto)
-    with open(model_path, "rb") as f:
-        tokenizer = make_tokenizer(f.read())
-    return {split: token_windows(lines, tokenizer, args.seq_len) for split, lines in splits.items()}
+        write_atomically(tokenizer_path, proto)
+        write_atomically(run_dir.file("config.json"), config.to_json())
+        run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
+    else:
+        proto = open(tokenizer_path, "rb").read() if os.path.exists(tokenizer_path) else b""
+        if _sha256(proto) != stored["tokenizer_sha256"]:
+            raise RunDirectoryError(
+                f"{tokenizer_path} is missing or is not the tokenizer this run was trained with "
+                f"(sha256 {stored['tokenizer_sha256'][:12]}...). Restore it, or use --force-new."
+            )
+    tokenizer = make_tokenizer(proto)
+    windows = {
+        split: token_windows(lines, tokenizer, args.seq_len, vocabulary_size=args.vocab_size)
+        for split, lines in splits.items()
+    }
+    return config, windows, data
 
 
 class StepLog(keras.callbacks.Callback):
@@ -144,17 +216,18 @@ class StepLog(keras.callbacks.Callback):
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """Saves model and optimizer every `every` steps and at epoch ends, atomically."""
+    """Saves model and optimizer every `every` steps and at epoch ends (`save_checkpoint`)."""
 
-    def __init__(self, path, every):
+    def __init__(self, run_dir, every, keep):
         super().__init__()
-        self.path = path
-        self.every = every
+        self.run_dir, self.every, self.keep = run_dir, every, keep
+        self.saved_step = None
 
     def save(self):
-        tmp = self.path + ".tmp.keras"
-        self.model.save(tmp)
-        os.replace(tmp, self.path)
+        step = int(self.model.optimizer.iterations.numpy())
+        if step != self.saved_step:
+            save_checkpoint(self.model, self.run_dir, step, keep=self.keep)
+            self.saved_step = step
 
     def on_train_batch_end(self, batch, logs=None):
         if int(self.model.optimizer.iterations.numpy()) % self.every == 0:
@@ -165,32 +238,28 @@ class Checkpoint(keras.callbacks.Callback):
 
 
 def run(args, callbacks=()):
-    """Trains (or resumes) as `args` says; returns the results dict. `callbacks` are added to fit."""
-    os.makedirs(args.output_dir, exist_ok=True)
+    """Trains (or resumes) as `args` says; returns the results dict. `callbacks` are added to fit.
+
+    Holds the run directory's lock throughout.
+
+    Raises:
+        RunDirectoryError: the directory holds another run, is in use, or cannot be written.
+        CorruptCheckpointError: every checkpoint of the run is corrupt.
+    """
+    with RunDirectory(args.output_dir, force_new=args.force_new) as run_dir:
+        return _train(args, run_dir, callbacks)
+
+
+def _train(args, run_dir, callbacks):
     keras.utils.set_random_seed(args.seed)
-    windows = prepare_data(args)
+    config, windows, data = prepare_run(args, run_dir)
     per_epoch = steps_per_epoch(windows["train"], args.batch_size)
     total = args.epochs * per_epoch if args.max_steps is None else min(args.max_steps, args.epochs * per_epoch)
 
-    config = preset(
-        args.preset,
-        vocab_size=args.vocab_size,
-        width=args.width,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        head_dim=args.head_dim,
-        context_length=args.seq_len,
-        dropout=args.dropout,
-    )
-    with open(os.path.join(args.output_dir, "config.json"), "w") as f:
-        f.write(config.to_json())
-
-    checkpoint = os.path.join(args.output_dir, "checkpoint.keras")
     strategy = _strategy(args.strategy)
     with strategy.scope():
-        if os.path.exists(checkpoint):
-            model = keras.models.load_model(checkpoint)
-        else:
+        model, checkpoint = load_latest_checkpoint(run_dir.path)
+        if model is None:
             model = build_decoder(config, name=args.preset)
             model.compile(
                 optimizer=elita_adam(),
@@ -210,7 +279,7 @@ def run(args, callbacks=()):
     step_log = StepLog(os.path.join(args.output_dir, "steps.csv"), time.perf_counter(), start)
     fit_callbacks = [
         step_log,
-        Checkpoint(checkpoint, args.checkpoint_every),
+        Checkpoint(run_dir.path, args.checkpoint_every, args.keep_checkpoints),
         keras.callbacks.TensorBoard(os.path.join(args.output_dir, "tensorboard"), update_freq=args.checkpoint_every),
         *callbacks,
     ]
@@ -236,6 +305,7 @@ def run(args, callbacks=()):
         "steps": total,
         "params": model.count_params(),
         "replicas": strategy.num_replicas_in_sync,
+        "data": data,
     }
     for split in ["validation", "test"]:
         loss = float(model.evaluate(evaluation(split), verbose=0))
@@ -245,15 +315,18 @@ def run(args, callbacks=()):
         results["step_time_s"] = sum(step_log.step_times) / len(step_log.step_times)
         results["tokens_per_s"] = args.batch_size * args.seq_len / results["step_time_s"]
     results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    with open(os.path.join(args.output_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=2)
+    write_atomically(os.path.join(args.output_dir, "results.json"), json.dumps(results, indent=2))
     print(json.dumps(results, indent=2), flush=True)
     return results
 
 
 def main(argv=None):
     args = parse_args(argv)
-    run(args)
+    try:
+        run(args)
+    except (RunDirectoryError, CorruptCheckpointError) as error:
+        print(f"elita-train: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -14,19 +14,23 @@ import numpy as np
 import tensorflow as tf
 
 
-def token_windows(lines, tokenizer, seq_len, lines_per_batch=1024):
+def token_windows(lines, tokenizer, seq_len, vocabulary_size=None, lines_per_batch=1024):
     """All windows of `seq_len + 1` consecutive tokens of a split, in order.
 
     Args:
         lines: `tf.data.Dataset` of `tf.string` lines.
         tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
         seq_len: int `T >= 2`, the model's input length.
+        vocabulary_size: optional int, the model's: every id must be below it
+            (a tokenizer with more pieces than the model would feed it ids it
+            has no row for).
 
     Returns:
         int32 numpy array `[N, T + 1]` (the last partial window is dropped).
 
     Raises:
-        ValueError: for `seq_len < 2`, or a corpus shorter than one window.
+        ValueError: for `seq_len < 2`, a corpus shorter than one window, or an
+            id outside `[0, vocabulary_size)`.
     """
     if not isinstance(seq_len, int) or seq_len < 2:
         raise ValueError(f"The sequence length must be an integer >= 2. Received: seq_len={seq_len!r}")
@@ -35,7 +39,13 @@ def token_windows(lines, tokenizer, seq_len, lines_per_batch=1024):
     chunks = list(windows.as_numpy_iterator())
     if not chunks:
         raise ValueError(f"The corpus is shorter than one window of {seq_len + 1} tokens.")
-    return np.concatenate(chunks).astype(np.int32)
+    windows = np.concatenate(chunks).astype(np.int32)
+    if vocabulary_size is not None and (windows.min() < 0 or windows.max() >= vocabulary_size):
+        raise ValueError(
+            f"The tokenizer produced ids in [{windows.min()}, {windows.max()}], outside the model's vocabulary "
+            f"[0, {vocabulary_size}): its vocabulary is larger than the model's. Received: vocabulary_size={vocabulary_size}"
+        )
+    return windows
 
 
 def steps_per_epoch(windows, batch_size):

@@ -22,8 +22,9 @@ def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
         `make_tokenizer`.
 
     Raises:
-        ValueError: the corpus is empty, or too small for `vocab_size` (with
-            the largest size it allows).
+        ValueError: the corpus is empty, too small for `vocab_size` (with the
+            largest size it allows), or has more distinct characters than
+            `vocab_size` holds (with the smallest size it needs).
     """
     text = [line.decode("utf-8") if isinstance(line, bytes) else line for line in lines]
     text = [line for line in text if line.strip()]
@@ -42,12 +43,18 @@ def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
             minloglevel=2,
         )
     except RuntimeError as error:
-        allowed = re.search(r"<= (\d+)", str(error))
-        if "Vocabulary size" in str(error):
-            limit = f" at most {allowed.group(1)}" if allowed else " smaller"
+        # SentencePiece's own words: "... smaller than required_chars. 10 vs 16." and "... <= 17."
+        too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
+        too_large = re.search(r"Vocabulary size too high.*<= (\d+)", str(error))
+        if too_small:
             raise ValueError(
-                f"The corpus is too small for a vocabulary of {vocab_size} pieces: use{limit}. "
-                f"Received: vocab_size={vocab_size}"
+                f"A vocabulary of {vocab_size} pieces cannot hold every character of the corpus with the "
+                f"special pieces: use at least {too_small.group(1)}. Received: vocab_size={vocab_size}"
+            ) from None
+        if too_large:
+            raise ValueError(
+                f"The corpus is too small for a vocabulary of {vocab_size} pieces: use at most "
+                f"{too_large.group(1)}. Received: vocab_size={vocab_size}"
             ) from None
         raise
     return model.getvalue()

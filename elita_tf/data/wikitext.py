@@ -9,8 +9,14 @@
     splits = load_wikitext("wikitext-2-v1", local_dir="../shared/data/wikitext-2")
 
 Each example is one non-empty line of the split file: `{"text": tf.string}`.
+
+Provenance: the prepared dataset records the SHA-256 of its three split files
+(`DatasetInfo.metadata["sha256"]`). A local directory is prepared under a
+config name that holds that hash, so another directory, or the same one with
+edited files, is always prepared afresh and never served from an older cache.
 """
 
+import hashlib
 import os
 
 import tensorflow_datasets as tfds
@@ -61,6 +67,37 @@ def split_files(directory, config):
     )
 
 
+def files_sha256(paths):
+    """One SHA-256 over the split files `{split: path}`, in split order (hex)."""
+    digest = hashlib.sha256()
+    for split in SPLITS:
+        digest.update(split.encode())
+        with open(paths[split], "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def read_lines(path):
+    """The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`.
+
+    Raises:
+        ValueError: naming the file, the line and the byte, when a line is not UTF-8.
+    """
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"{path}, line {number}: not UTF-8 text ({error.reason} at byte {error.start} of the line: "
+                    f"{raw[max(0, error.start - 10) : error.start + 10]!r}). WikiText files are UTF-8; "
+                    "convert or remove that line."
+                ) from None
+            if text:
+                yield number, text
+
+
 def _config(name):
     for config in CONFIGS:
         if config.name == name:
@@ -80,6 +117,7 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
     def _info(self):
         return tfds.core.DatasetInfo(
             builder=self,
+            metadata=tfds.core.MetadataDict(),
             description="WikiText (Merity, Xiong, Bradbury and Socher 2016), CC BY-SA 3.0. One example per line.",
             features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
             homepage="https://arxiv.org/abs/1609.07843",
@@ -93,16 +131,15 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
         except (AssertionError, ValueError):  # no manual directory given: download
             root = os.fspath(dl_manager.download_and_extract(self.builder_config.url))
         paths = split_files(root, self.builder_config)
+        self.info.metadata["sha256"] = files_sha256(paths)
         return {split: self._generate_examples(path) for split, path in paths.items()}
 
     def _generate_examples(self, path):
-        with open(path, encoding="utf-8") as f:
-            for index, line in enumerate(f):
-                if line.strip():
-                    yield index, {"text": line.strip()}
+        for number, text in read_lines(path):
+            yield number, {"text": text}
 
 
-def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None):
+def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, with_info=False):
     """The three splits as `tf.data.Dataset`s of lines (`tf.string`).
 
     Args:
@@ -111,24 +148,39 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None):
             it the official archive is downloaded.
         tfds_dir: where tensorflow-datasets keeps the prepared dataset.
             Defaults to its own default (`~/tensorflow_datasets`).
+        with_info: bool. Also return where the data came from.
 
     Returns:
-        `{"train": ds, "validation": ds, "test": ds}`.
+        `{"train": ds, "validation": ds, "test": ds}`, and with `with_info`
+        also `{"dataset", "source", "sha256"}`: the config, the directory or
+        URL read, and the SHA-256 of the three split files.
 
     Raises:
         FileNotFoundError: when `local_dir` lacks a split file.
-        ValueError: when a local split holds no text.
+        ValueError: when a local split holds no text, or a line that is not UTF-8.
     """
     config = _config(config_name)
     download_config = None
+    source = config.url
     if local_dir is not None:
         local_dir = os.path.abspath(local_dir)
-        for split, path in split_files(local_dir, config).items():  # fail early, with the file names
-            with open(path, encoding="utf-8") as f:
-                if not any(line.strip() for line in f):
-                    raise ValueError(f"The WikiText {split} split is empty ({path}): there is no text to use.")
+        paths = split_files(local_dir, config)
+        for split, path in paths.items():  # fail early, naming the file
+            if next(read_lines(path), None) is None:
+                raise ValueError(f"The WikiText {split} split is empty ({path}): there is no text to use.")
         download_config = tfds.download.DownloadConfig(manual_dir=local_dir)
-    builder = Wikitext(config=config_name, data_dir=tfds_dir)
+        source = local_dir
+        # Keyed by content: a cache prepared from other files is never reused.
+        config = WikitextConfig(
+            name=f"{config.name}-local-{files_sha256(paths)[:16]}",
+            folder=config.folder,
+            suffix=config.suffix,
+            description=f"{config.description}, from local files",
+        )
+    builder = Wikitext(config=config, data_dir=tfds_dir)
     builder.download_and_prepare(download_config=download_config)
     datasets = builder.as_dataset(shuffle_files=False)
-    return {split: datasets[split].map(lambda example: example["text"]) for split in SPLITS}
+    splits = {split: datasets[split].map(lambda example: example["text"]) for split in SPLITS}
+    if not with_info:
+        return splits
+    return splits, {"dataset": config_name, "source": source, "sha256": builder.info.metadata["sha256"]}

@@ -18,6 +18,7 @@ architecture.
 """
 
 import keras
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from elita_tf.layers import (
     AdditiveAttention,
@@ -173,7 +174,10 @@ class DecoderModel(keras.Model):
     """
 
     def call(self, inputs, training=None, mask=None):
-        check_integer_ids(inputs, self.get_layer("embedding").input_dim)
+        # Keras traces with placeholders of guessed dtypes (float64 under a distribution strategy)
+        # to build losses and metrics: only real inputs are checked.
+        if not in_symbolic_scope():
+            check_integer_ids(inputs, self.get_layer("embedding").input_dim)
         return super().call(inputs, training=training, mask=mask)
 
 

@@ -12,6 +12,7 @@ from elita_tf.data import make_tokenizer, train_sentencepiece
 from elita_tf.export import export_saved_model, main as export_main
 from elita_tf.generation import Generator
 from elita_tf.models import build_decoder, preset
+from elita_tf.training import save_checkpoint
 
 BIN = os.path.dirname(sys.executable)
 PROMPTS = ["the cat", "a dog sees the"]
@@ -107,7 +108,7 @@ def test_export_cli_from_a_run_directory(tmp_path, capsys):
     config = preset("elita", vocab_size=40, width=16, num_layers=1, num_heads=2, head_dim=8, context_length=32)
     run = tmp_path / "run"
     run.mkdir()
-    build_decoder(config).save(str(run / "checkpoint.keras"))
+    save_checkpoint(build_decoder(config), str(run), step=1)
     (run / "config.json").write_text(config.to_json())
     with pytest.raises(SystemExit):
         export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")])

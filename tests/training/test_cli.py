@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from elita_tf.training import latest_checkpoint, list_checkpoints
 from training import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -71,8 +72,9 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     results = train.run(train.parse_args(_args(tiny_wikitext, whole)))
     assert results["steps"] == 12 and np.isfinite(results["test_loss"])
     assert results["test_perplexity"] == pytest.approx(np.exp(results["test_loss"]))
-    for name in ["sentencepiece.model", "config.json", "checkpoint.keras", "results.json", "tensorboard"]:
+    for name in ["run.json", "sentencepiece.model", "config.json", "checkpoints", "results.json", "tensorboard"]:
         assert os.path.exists(whole / name), name
+    assert [step for step, _ in list_checkpoints(whole)] == [10, 12]  # every 5 and at epoch ends, the last two kept
     assert _steps(whole) == list(range(1, 13))
 
     # Killed at step 7 (an epoch holds fewer steps: the run crosses an epoch boundary),
@@ -82,8 +84,8 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
         train.run(train.parse_args(_args(tiny_wikitext, split)), callbacks=[Interrupt(7)])
     resumed = train.run(train.parse_args(_args(tiny_wikitext, split)))
     assert _steps(split) == list(range(1, 13))
-    a = keras.models.load_model(whole / "checkpoint.keras")
-    b = keras.models.load_model(split / "checkpoint.keras")
+    a = keras.models.load_model(latest_checkpoint(whole))
+    b = keras.models.load_model(latest_checkpoint(split))
     for wa, wb in zip(a.weights + a.optimizer.variables, b.weights + b.optimizer.variables):
         np.testing.assert_allclose(wa.numpy(), wb.numpy(), rtol=1e-6, atol=1e-7, err_msg=wa.path)
     assert resumed["test_loss"] == pytest.approx(results["test_loss"], abs=1e-6)
@@ -124,13 +126,14 @@ def test_bad_data_stops_before_training(tmp_path, capsys, tiny_wikitext):
     assert "wiki.train.tokens" in capsys.readouterr().err
     with pytest.raises(ValueError, match="too small for a vocabulary"):
         train.run(train.parse_args(_args(tiny_wikitext, tmp_path / "big", "--vocab-size", "50000")))
-    assert not os.path.exists(tmp_path / "big" / "checkpoint.keras")
+    assert not os.path.exists(tmp_path / "big" / "checkpoints")
 
 
 MIRRORED = """
 import sys, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from elita_tf.training import latest_checkpoint, list_checkpoints
 from training import train
 results = train.run(train.parse_args(sys.argv[1:]))
 import json; print("RESULT", json.dumps(results))

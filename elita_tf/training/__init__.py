@@ -1,0 +1,11 @@
+"""Training infrastructure: run directories (manifest, lock) and checkpoints."""
+
+from elita_tf.training.checkpoints import (
+    CorruptCheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_latest_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from elita_tf.training.run_directory import RunDirectory, RunDirectoryError, write_atomically

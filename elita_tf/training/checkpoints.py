@@ -1,0 +1,104 @@
+"""Checkpoints of a run directory: written atomically, the last few kept, corrupt ones skipped.
+
+    run_dir/checkpoints/step-00000020.keras
+    run_dir/checkpoints/step-00000040.keras    <- newest
+
+A checkpoint is a `.keras` file (model and optimizer). Each is written to a
+temporary file, flushed to disk and renamed into place, so a crash leaves
+either the old file or the new one, never half of one. A file damaged later
+(a full disk, a copy cut short) is found by its zip checksums before Keras
+reads it; resuming then falls back to the previous checkpoint with a warning.
+"""
+
+import os
+import re
+import warnings
+import zipfile
+
+import keras
+
+CHECKPOINT_DIR = "checkpoints"
+_NAME = re.compile(r"^step-(\d{8})\.keras$")
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that is not a complete `.keras` archive."""
+
+
+def checkpoint_path(run_dir, step):
+    return os.path.join(run_dir, CHECKPOINT_DIR, f"step-{step:08d}.keras")
+
+
+def list_checkpoints(run_dir):
+    """`[(step, path)]` of the run's checkpoints, oldest first."""
+    directory = os.path.join(run_dir, CHECKPOINT_DIR)
+    if not os.path.isdir(directory):
+        return []
+    found = [
+        (int(m.group(1)), os.path.join(directory, name)) for name in os.listdir(directory) if (m := _NAME.match(name))
+    ]
+    return sorted(found)
+
+
+def verify_checkpoint(path):
+    """Raises `CorruptCheckpointError` naming `path` unless it is a complete `.keras` zip archive."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()  # reads every member and checks its CRC
+    except (zipfile.BadZipFile, EOFError, OSError) as error:
+        raise CorruptCheckpointError(
+            f"Checkpoint {path} is corrupt: not a complete .keras archive ({error})."
+        ) from None
+    if damaged is not None:
+        raise CorruptCheckpointError(f"Checkpoint {path} is corrupt: member {damaged!r} fails its checksum.")
+
+
+def save_checkpoint(model, run_dir, step, keep=2):
+    """Writes the model (with its optimizer) as the checkpoint of `step`, then keeps only the newest `keep`.
+
+    Returns:
+        The checkpoint's path.
+    """
+    path = checkpoint_path(run_dir, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp.keras"
+    model.save(tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for _, old in list_checkpoints(run_dir)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def latest_checkpoint(run_dir):
+    """The path of the newest checkpoint that is intact, or None when the run has none.
+
+    Corrupt checkpoints are skipped with a warning that names them.
+
+    Raises:
+        CorruptCheckpointError: when checkpoints exist and every one is corrupt.
+    """
+    found = list_checkpoints(run_dir)
+    problems = []
+    for _, path in reversed(found):
+        try:
+            verify_checkpoint(path)
+        except CorruptCheckpointError as error:
+            problems.append(str(error))
+            warnings.warn(f"{error} Falling back to the previous checkpoint.", stacklevel=2)
+            continue
+        return path
+    if problems:
+        raise CorruptCheckpointError(
+            "Every checkpoint of this run is corrupt, so it cannot resume: " + " ".join(problems)
+        )
+    return None
+
+
+def load_latest_checkpoint(run_dir, compile=True):
+    """`(model, path)` from the newest intact checkpoint, or `(None, None)` when there is none."""
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        return None, None
+    return keras.models.load_model(path, compile=compile), path

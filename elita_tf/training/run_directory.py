@@ -1,0 +1,176 @@
+"""A run directory belongs to one run, written by one process at a time.
+
+- `run.json`, the run's manifest: the model's architecture, the training
+  settings that shape it, the data's SHA-256 and the tokenizer's. It is
+  written once, when the run starts. Resuming compares the request with it
+  field by field and stops, naming every difference, before anything in the
+  directory is touched.
+- `.lock`: held (`flock`) by the process that trains, with its PID inside. A
+  second writer stops with that PID; a lock left by a killed process is taken
+  over, with a notice.
+"""
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+
+MANIFEST = "run.json"
+LOCK = ".lock"
+# What a run writes: `--force-new` removes exactly these.
+ARTEFACTS = (
+    MANIFEST,
+    "config.json",
+    "sentencepiece.model",
+    "steps.csv",
+    "results.json",
+    "checkpoints",
+    "tensorboard",
+    "checkpoint.keras",  # written by versions before 0.2
+)
+
+
+class RunDirectoryError(ValueError):
+    """The run directory holds another run, or is busy, or cannot be written."""
+
+
+def write_atomically(path, data):
+    """Writes `bytes` or `str` to `path` through a temporary file and a rename."""
+    mode = "wb" if isinstance(data, bytes) else "w"
+    tmp = f"{path}.tmp"
+    with open(tmp, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _flatten(tree, prefix=""):
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}{key}." if isinstance(value, dict) else f"{prefix}{key}"))
+    return flat
+
+
+def manifest_differences(stored, requested):
+    """`["field: stored X, requested Y", ...]` over every field of either manifest."""
+    a, b = _flatten(stored), _flatten(requested)
+    return [
+        f"{key}: stored {a.get(key, '(absent)')!r}, requested {b.get(key, '(absent)')!r}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key) != b.get(key)
+    ]
+
+
+class RunDirectory:
+    """The output directory of one training run; use as a context manager to hold its lock.
+
+    Args:
+        path: the directory (created if needed).
+        force_new: bool. Remove an earlier run's files instead of resuming it.
+
+    Example:
+    >>> with RunDirectory("runs/elita") as run:  # doctest: +SKIP
+    ...     stored = run.check_manifest(requested)
+    """
+
+    def __init__(self, path, force_new=False):
+        self.path = path
+        self.force_new = force_new
+        self._lock_file = None
+
+    def __enter__(self):
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            lock = open(os.path.join(self.path, LOCK), "a+")
+        except OSError as error:
+            raise RunDirectoryError(
+                f"Cannot write to the run directory {self.path!r}: {error.strerror}. Choose a writable --output-dir."
+            ) from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            lock.close()
+            raise RunDirectoryError(
+                f"The run directory {self.path!r} is in use by {holder}: one elita-train at a time writes a "
+                "run. Wait for it, stop it, or choose another --output-dir."
+            ) from None
+        lock.seek(0)
+        stale = lock.read().strip()
+        if stale:
+            print(f"Taking over the lock of {self.path!r} from a process that is gone ({stale}).", flush=True)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"PID {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        lock.flush()
+        self._lock_file = lock
+        return self
+
+    def __exit__(self, *exc):
+        if self._lock_file is not None:
+            # Emptied before it is released: a non-empty lock file means its holder died.
+            self._lock_file.seek(0)
+            self._lock_file.truncate()
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+        return False
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+    def read_manifest(self):
+        if not os.path.exists(self.file(MANIFEST)):
+            return None
+        with open(self.file(MANIFEST)) as f:
+            return json.load(f)
+
+    def check_manifest(self, requested):
+        """Resumes, starts, or refuses, before anything is written.
+
+        Args:
+            requested: the manifest of the run asked for (without the
+                tokenizer's hash, which the run adds once it has one).
+
+        Returns:
+            The stored manifest when resuming the same run, or None for a new
+            run (an earlier run's files removed with `force_new`).
+
+        Raises:
+            RunDirectoryError: naming every field that differs from the
+                stored run, or the files of a run that has no manifest.
+        """
+        stored = self.read_manifest()
+        leftovers = sorted(name for name in ARTEFACTS if os.path.exists(self.file(name)))
+        if self.force_new:
+            for name in leftovers:
+                path = self.file(name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            return None
+        if stored is None:
+            if leftovers:
+                raise RunDirectoryError(
+                    f"The run directory {self.path!r} holds {', '.join(leftovers)} but no {MANIFEST}: files of a "
+                    "run that failed before it started, or of an older version. Nothing was changed. Use "
+                    "--force-new to remove them, or choose another --output-dir."
+                )
+            return None
+        comparable = {key: value for key, value in stored.items() if key != "tokenizer_sha256"}
+        differences = manifest_differences(comparable, requested)
+        if differences:
+            raise RunDirectoryError(
+                f"The run directory {self.path!r} holds another run; resuming it with these arguments would mix "
+                "two runs. Nothing was changed. Differences:\n  "
+                + "\n  ".join(differences)
+                + "\nUse the stored run's arguments to resume it, --force-new to discard it, or another --output-dir."
+            )
+        return stored
+
+    def write_manifest(self, manifest):
+        write_atomically(self.file(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))

@@ -1,0 +1,203 @@
+"""The bad-input and fault table of elita-train: each case is refused clearly, or survives, and no
+run's files are changed by a refused command."""
+
+import json
+import os
+import threading
+
+import keras
+import numpy as np
+import pytest
+
+from elita_tf.data import load_wikitext, make_tokenizer, token_windows, train_sentencepiece
+from elita_tf.training import (
+    CorruptCheckpointError,
+    RunDirectory,
+    RunDirectoryError,
+    latest_checkpoint,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from tests.conftest import write_tiny_wikitext
+from tests.training.test_cli import Interrupt, _args
+from training import train
+
+
+def _run(data_dir, out, *extra, callbacks=()):
+    return train.run(train.parse_args(_args(data_dir, out, *extra)), callbacks=callbacks)
+
+
+def _greek_corpus(directory):
+    words = ["α", "β", "γ", "δ", "ε", "ζ", "η", "θ", "ι", "κ", "λ", "μ"]
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for stem, count in [("train", 300), ("valid", 40), ("test", 40)]:
+        with open(os.path.join(directory, f"wiki.{stem}.tokens"), "w", encoding="utf-8") as f:
+            for _ in range(count):
+                f.write(" " + " ".join(rng.choice(words, 12)) + " \n")
+    return directory
+
+
+def test_another_data_dir_is_read_not_the_cached_corpus(tiny_wikitext, tmp_path):
+    # Once any corpus is prepared in the TFDS directory, another --data-dir used to be ignored.
+    tfds_dir = str(tmp_path / "tfds")
+    english, info = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=tfds_dir, with_info=True)
+    greek_dir = _greek_corpus(str(tmp_path / "greek"))
+    greek, greek_info = load_wikitext("wikitext-2-v1", local_dir=greek_dir, tfds_dir=tfds_dir, with_info=True)
+    first = next(iter(greek["train"])).numpy().decode()
+    assert set(first.split()) <= set("αβγδεζηθικλμ") and greek_info["sha256"] != info["sha256"]
+    # Editing the files prepares afresh too.
+    with open(os.path.join(greek_dir, "wiki.train.tokens"), "a", encoding="utf-8") as f:
+        f.write(" ω ω ω \n")
+    edited, edited_info = load_wikitext("wikitext-2-v1", local_dir=greek_dir, tfds_dir=tfds_dir, with_info=True)
+    assert edited_info["sha256"] != greek_info["sha256"]
+    assert [line.numpy().decode() for line in edited["train"]][-1] == "ω ω ω"
+
+
+def test_a_directory_holding_another_run_is_refused_untouched(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _run(tiny_wikitext, out, "--preset", "elita", callbacks=[Interrupt(6)])
+    before = {name: (out / name).read_bytes() for name in ["run.json", "config.json", "sentencepiece.model"]}
+    with pytest.raises(RunDirectoryError, match=r"(?s)another run.*preset: stored 'elita', requested 'transformer'"):
+        _run(tiny_wikitext, out, "--preset", "transformer")
+    with pytest.raises(RunDirectoryError, match=r"model.vocab_size: stored 60, requested 70"):
+        _run(tiny_wikitext, out, "--vocab-size", "70")
+    with pytest.raises(RunDirectoryError, match=r"model.width: stored 16, requested 32"):
+        _run(tiny_wikitext, out, "--width", "32")
+    with pytest.raises(RunDirectoryError, match=r"data.sha256"):
+        _run(_greek_corpus(str(tmp_path / "greek")), out)
+    assert {name: (out / name).read_bytes() for name in before} == before
+    # The tokenizer is part of the run: a swapped file is refused, not used.
+    (out / "sentencepiece.model").write_bytes(before["sentencepiece.model"][:-10])
+    with pytest.raises(RunDirectoryError, match="not the tokenizer this run was trained with"):
+        _run(tiny_wikitext, out)
+    # --force-new starts over, with the new arguments.
+    results = _run(tiny_wikitext, out, "--preset", "transformer", "--max-steps", "3", "--force-new")
+    assert results["preset"] == "transformer" and results["steps"] == 3
+    assert json.loads((out / "run.json").read_text())["preset"] == "transformer"
+
+
+def test_files_of_a_run_without_a_manifest_are_not_reused(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "sentencepiece.model").write_bytes(b"left by a failed run")
+    with pytest.raises(RunDirectoryError, match=r"holds sentencepiece.model but no run.json.*--force-new"):
+        _run(tiny_wikitext, out)
+    assert (out / "sentencepiece.model").read_bytes() == b"left by a failed run"
+
+
+def test_results_record_the_data_hash(tiny_wikitext, tmp_path):
+    results = _run(tiny_wikitext, tmp_path / "run", "--max-steps", "2")
+    _, info = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"), with_info=True)
+    assert results["data"]["sha256"] == info["sha256"] and len(info["sha256"]) == 64
+    assert results["data"]["source"] == os.path.abspath(tiny_wikitext)
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_wikitext, tmp_path):
+    whole = _run(tiny_wikitext, tmp_path / "whole")
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _run(tiny_wikitext, out, callbacks=[Interrupt(11)])
+    steps = [step for step, _ in list_checkpoints(out)]
+    newest = latest_checkpoint(out)
+    with open(newest, "r+b") as f:  # truncated on disk: a full disk, a copy cut short
+        f.truncate(os.path.getsize(newest) // 2)
+    with pytest.raises(CorruptCheckpointError, match="corrupt"):
+        verify_checkpoint(newest)
+    with pytest.warns(UserWarning, match=rf"{os.path.basename(newest)} is corrupt.*previous checkpoint"):
+        resumed = _run(tiny_wikitext, out)
+    assert len(steps) == 2 and resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+    # Every checkpoint corrupt: a clear error, not "file not found".
+    for _, path in list_checkpoints(out):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 not really")
+    with pytest.warns(UserWarning, match="corrupt"):
+        with pytest.raises(CorruptCheckpointError, match="Every checkpoint of this run is corrupt"):
+            latest_checkpoint(out)
+        assert train.main(_args(tiny_wikitext, out)) == 2
+
+
+def test_one_writer_per_run_directory(tiny_wikitext, tmp_path, capsys):
+    out = tmp_path / "run"
+    holding, release = threading.Event(), threading.Event()
+
+    def other_writer():
+        with RunDirectory(str(out)):
+            holding.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    holding.wait(30)
+    try:
+        with pytest.raises(RunDirectoryError, match=rf"in use by PID {os.getpid()}"):
+            _run(tiny_wikitext, out)
+    finally:
+        release.set()
+        thread.join()
+    # A lock left by a process killed with -9 (its flock is gone, its PID still written) is taken over.
+    (out / ".lock").write_text("PID 999999 on elsewhere, since yesterday")
+    _run(tiny_wikitext, out, "--max-steps", "2")
+    assert "Taking over the lock" in capsys.readouterr().out
+    assert (out / ".lock").read_text() == ""
+
+
+def test_an_unwritable_output_directory_is_a_clear_error(tiny_wikitext, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(RunDirectoryError, match="Cannot write to the run directory"):
+        _run(tiny_wikitext, tmp_path / "file" / "run")
+
+
+def test_a_line_that_is_not_utf8_names_its_file_and_line(tmp_path):
+    data = write_tiny_wikitext(str(tmp_path / "data"))
+    path = os.path.join(data, "wiki.valid.tokens")
+    with open(path, "ab") as f:
+        f.write(b" caf\xe9 latin-1 \n")
+    lines = sum(1 for _ in open(path, "rb"))
+    with pytest.raises(ValueError, match=rf"wiki.valid.tokens, line {lines}: not UTF-8"):
+        load_wikitext("wikitext-2-v1", local_dir=data, tfds_dir=str(tmp_path / "tfds"))
+
+
+def test_vocabulary_messages_say_which_way_to_go():
+    greek = ["α β γ δ ε ζ η θ ι κ λ μ ν ξ ο π ρ σ τ υ"] * 30
+    with pytest.raises(ValueError, match=r"cannot hold every character.*use at least \d+. Received: vocab_size=10"):
+        train_sentencepiece(greek, vocab_size=10)
+    with pytest.raises(ValueError, match=r"too small for a vocabulary of 5000 pieces: use at most \d+"):
+        train_sentencepiece(greek, vocab_size=5000)
+
+
+def test_the_pipeline_refuses_ids_the_model_has_no_row_for(tiny_wikitext, tmp_path):
+    splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
+    lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
+    tokenizer = make_tokenizer(train_sentencepiece(lines, vocab_size=60))
+    assert token_windows(splits["train"], tokenizer, 16, vocabulary_size=60).max() < 60
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 40\)"):
+        token_windows(splits["train"], tokenizer, 16, vocabulary_size=40)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--max-steps", "-5"], "--max-steps must be positive, got -5"),
+        (["--eval-batches", "0"], "--eval-batches must be positive, got 0"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be positive, got 0"),
+        (["--width", "0"], "--width must be positive, got 0"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+        (["--seed", "-1"], "--seed must be non-negative, got -1"),
+    ],
+)
+def test_every_number_is_validated(tiny_wikitext, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit):
+        train.parse_args(_args(tiny_wikitext, tmp_path / "run", *extra))
+    assert message in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_every_preset_takes_an_empty_sequence():
+    from elita_tf.models import PRESETS, build_decoder, preset
+
+    for name in sorted(PRESETS):
+        keras.utils.set_random_seed(0)
+        model = build_decoder(preset(name, vocab_size=20, width=16, num_layers=1, num_heads=2, head_dim=8))
+        assert model(np.zeros((2, 0), "int32")).shape == (2, 0, 20), name
