@@ -1,9 +1,14 @@
 """The bad-input and fault table of elita-train: each case is refused clearly, or survives, and no
 run's files are changed by a refused command."""
 
+import csv
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import keras
 import numpy as np
@@ -19,7 +24,7 @@ from elita_tf.training import (
     verify_checkpoint,
 )
 from tests.conftest import write_tiny_wikitext
-from tests.training.test_cli import Interrupt, _args
+from tests.training.test_cli import REPO, Interrupt, _args
 from training import train
 
 
@@ -201,3 +206,26 @@ def test_every_preset_takes_an_empty_sequence():
         keras.utils.set_random_seed(0)
         model = build_decoder(preset(name, vocab_size=20, width=16, num_layers=1, num_heads=2, head_dim=8))
         assert model(np.zeros((2, 0), "int32")).shape == (2, 0, 20), name
+
+
+def test_kill_9_mid_run_then_the_same_command_finishes(tiny_wikitext, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = _args(tiny_wikitext, out, "--checkpoint-every", "2")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.train", *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 120
+    while not list_checkpoints(out) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert list_checkpoints(out), "the run was killed before its first checkpoint"
+    results = _run(tiny_wikitext, out, "--checkpoint-every", "2")
+    assert results["steps"] == 12
+    with open(out / "steps.csv") as f:
+        assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(1, 13))  # no step twice
+    assert "Taking over the lock" in capsys.readouterr().out
