@@ -95,6 +95,7 @@ def _check_cache(layer, cache, batch, static_batch):
             f"Layer '{layer.name}' expects a cache of {len(expected)} tensors, as `get_initial_cache` "
             f"returns. Received: a cache of {len(given)} tensors"
         )
+    batch_checked = False
     for index, (tensor, shape) in enumerate(zip(given, expected)):
         tensor = tf.convert_to_tensor(tensor)
         if shape.rank == 0:
@@ -110,11 +111,13 @@ def _check_cache(layer, cache, batch, static_batch):
                 f"have batch size {static_batch}. Make it with `get_initial_cache({static_batch})`. "
                 f"Received: cache entry {index} shape={tensor.shape}"
             )
-        tf.debugging.assert_equal(
-            tf.shape(tensor)[0],
-            batch,
-            message=f"Layer '{layer.name}': the cache's batch size differs from the inputs'",
-        )
+        if not batch_checked:  # one run-time check a cache: its entries share the batch axis
+            tf.debugging.assert_equal(
+                tf.shape(tensor)[0],
+                batch,
+                message=f"Layer '{layer.name}': the cache's batch size differs from the inputs'",
+            )
+            batch_checked = True
 
 
 def check_integer_ids(token_ids, vocabulary_size, name="token_ids"):
@@ -151,11 +154,14 @@ def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
             value = int(tf.gather_nd(token_ids, outside[:1])[0])
             raise ValueError(f"{message} Received: {name}[{', '.join(map(str, first))}]={value}")
         return token_ids, in_range
-    outside = tf.where(tf.logical_not(in_range))[:3]
-    check = tf.debugging.Assert(
-        tf.reduce_all(in_range),
-        [message, f"Received: {name} =", tf.gather_nd(token_ids, outside), "at", outside],
-        summarize=12,
-    )
-    with tf.control_dependencies([check]):
+
+    def report():
+        # Computed only when an id is out of range: the offending ids and their positions.
+        outside = tf.where(tf.logical_not(in_range))[:3]
+        data = [message, f"Received: {name} =", tf.gather_nd(token_ids, outside), "at", outside]
+        with tf.control_dependencies([tf.debugging.Assert(False, data, summarize=12)]):
+            return tf.constant(False)
+
+    checked = tf.cond(tf.reduce_all(in_range), lambda: tf.constant(True), report)
+    with tf.control_dependencies([checked]):
         return tf.identity(token_ids), in_range

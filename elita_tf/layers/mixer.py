@@ -21,7 +21,10 @@ class CausalMixer(keras.layers.Layer):
       become float16 under mixed precision;
     - contains non-finite inputs (`contain_nonfinite`): a NaN or Inf at
       position `t` never changes an output before `t`, and a padded position
-      never changes any output, whatever it holds.
+      never changes any output, whatever it holds. From `t` on, outputs are
+      NaN: in the parallel form all of them; when decoding, as long as the
+      state holds position `t` (for ever in a global state, until it leaves
+      a window's ring buffer).
 
     Call arguments:
         inputs: float tensor `[B, T, d]`.
@@ -49,6 +52,10 @@ class CausalMixer(keras.layers.Layer):
 
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
+        if cache is not None and inputs.shape[1] == 1:
+            # One decoding step has no earlier row to protect, and a non-finite input makes the
+            # state non-finite by itself; padded steps are selected out by the step ops.
+            return self.mix(inputs, padding_mask, cache, training)
         return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training), inputs, padding_mask)
 
     def mix(self, inputs, padding_mask, cache, training):

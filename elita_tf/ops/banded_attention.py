@@ -202,6 +202,10 @@ def _prepare(queries, keys, values, mask, scale):
         valid = tf.ones(tf.stack([tf.shape(keys)[0], tf.shape(keys)[2]]), tf.bool)  # [B, T]
     else:
         valid = tf.cast(mask, tf.bool)
+        # A padded position's key and value are stored as zeros whatever they held: a weight of
+        # exactly 0 times NaN would still be NaN.
+        keys = tf.where(valid[:, None, :, None], keys, tf.zeros([], dtype))
+        values = tf.where(valid[:, None, :, None], values, tf.zeros([], dtype))
     return queries, keys, values, valid, scale
 
 

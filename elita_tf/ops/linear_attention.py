@@ -75,7 +75,10 @@ def causal_linear_attention(
     k = tf.cast(key_features, dtype)
     v = _with_ones(tf.cast(values, dtype))  # [B, H, T, Dv + 1]
     if mask is not None:
-        k = k * tf.cast(mask, dtype)[:, None, :, None]
+        # Selects, not products: a padded position adds nothing whatever it holds (0 * NaN is NaN).
+        keep = tf.cast(mask, tf.bool)[:, None, :, None]
+        k = tf.where(keep, k, tf.zeros([], dtype))
+        v = tf.where(keep, v, tf.zeros([], dtype))
     b, h, length = tf.shape(q)[0], tf.shape(q)[1], tf.shape(q)[2]
     dk, dv = tf.shape(q)[3], tf.shape(v)[3]
     if initial_state is None:
@@ -105,11 +108,13 @@ def causal_linear_attention_step(state, query_features, key_features, value, mas
         `(output [B, H, Dv], new_state)`; a masked step leaves the state unchanged.
     """
     dtype = accumulator_dtype(value.dtype)
-    q, k = tf.cast(query_features, dtype), tf.cast(key_features, dtype)
+    q, k, value = (tf.cast(t, dtype) for t in (query_features, key_features, value))
     if mask is not None:
-        k = k * tf.cast(mask, dtype)[:, None, None]
+        keep = tf.cast(mask, tf.bool)[:, None, None]
+        k = tf.where(keep, k, tf.zeros([], dtype))
+        value = tf.where(keep, value, tf.zeros([], dtype))
     s, z = state
-    s = s + k[..., :, None] * tf.cast(value, dtype)[..., None, :]
+    s = s + k[..., :, None] * value[..., None, :]
     z = z + k
     numerator = tf.einsum("bhk,bhkv->bhv", q, s)
     denominator = tf.einsum("bhk,bhk->bh", q, z)[..., None]

@@ -47,6 +47,9 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         return tf.concat([buffer[:, :index], new, buffer[:, index + length :]], axis=1)
 
     new_valid = tf.ones([batch, length], tf.bool) if mask is None else tf.cast(mask, tf.bool)
+    if mask is not None:  # padding is stored as zeros, whatever it held: no 0 * NaN in the weighted sum
+        key = tf.where(new_valid[:, :, None, None], key, tf.zeros([], key.dtype))
+        value = tf.where(new_valid[:, :, None, None], value, tf.zeros([], value.dtype))
     key_cache, value_cache, valid = write(key_cache, key), write(value_cache, value), write(valid, new_valid)
     causal = tf.range(max_length)[None, :] <= index + tf.range(length)[:, None]  # [T, L]
     visible = causal[None, None] & valid[:, None, None, :]

@@ -131,3 +131,16 @@ def test_bad_calls_are_refused_with_the_value(name):
     cache = tf.nest.flatten(layer.get_initial_cache(2))
     with pytest.raises(ValueError, match=f"expects a cache of {len(cache)} tensors"):
         layer(x, cache=tuple(cache) + (tf.zeros([2]),))
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_a_padded_decoding_step_holding_nan_changes_nothing(name):
+    layer = _mixer(name)
+    x = _inputs(12)
+    y, cache = layer(x[:, :8], cache=layer.get_initial_cache(2))
+    _, padded = layer(np.full((2, 1, WIDTH), np.nan, "float32"), padding_mask=np.zeros((2, 1), bool), cache=cache)
+    _, zeros = layer(np.zeros((2, 1, WIDTH), "float32"), padding_mask=np.zeros((2, 1), bool), cache=cache)
+    for a, b in zip(tf.nest.flatten(padded), tf.nest.flatten(zeros)):
+        np.testing.assert_array_equal(a, b)
+    y, _ = layer(x[:, 8:9], cache=padded)
+    assert np.isfinite(y).all()
