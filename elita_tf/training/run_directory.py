@@ -28,7 +28,7 @@ ARTEFACTS = (
     "results.json",
     "checkpoints",
     "tensorboard",
-    "checkpoint.keras",  # written by versions before 0.2
+    "checkpoint.keras",  # the single checkpoint of runs made before run.json
 )
 
 
