@@ -17,7 +17,7 @@ def test_committed_notebook_has_no_outputs():
 def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkeypatch):
     data = write_tiny_wikitext(str(tmp_path / "wikitext"))
     monkeypatch.setenv("ELITA_SMOKE", "1")
-    monkeypatch.setenv("ELITA_DATA_DIR", data)
+    monkeypatch.setenv("ELITA_WIKITEXT_DIR", data)
     monkeypatch.setenv("ELITA_OUTPUT_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
     notebook = nbformat.read(NOTEBOOK, as_version=4)

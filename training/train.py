@@ -1,6 +1,9 @@
 """`elita-train`: train a decoder language model on WikiText with Keras `fit`.
 
-    elita-train --preset elita --data-dir ../shared/data/wikitext-2 --output-dir runs/elita --epochs 3
+    elita-train --preset elita --output-dir runs/elita --epochs 3
+
+WikiText is downloaded (and prepared once by tensorflow-datasets) unless `--data-dir` or the
+environment variable `ELITA_WIKITEXT_DIR` names a local directory holding its files.
 
 Writes to `--output-dir`: `run.json` (the run's manifest: architecture, training settings,
 data and tokenizer hashes), `sentencepiece.model`, `config.json`, `steps.csv` (loss, learning
@@ -28,7 +31,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, steps_per_epoch, token_windows, train_sentencepiece
-from elita_tf.data.wikitext import CONFIG_NAMES, split_files
+from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.models import PRESETS, build_decoder, preset
 from elita_tf.schedules import elita_adam
 from elita_tf.training import (
@@ -46,7 +49,11 @@ STRATEGIES = ("default", "mirrored", "multiworker")
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="elita", help=f"one of {sorted(PRESETS)}")
-    parser.add_argument("--data-dir", help="local WikiText directory (wiki.*.tokens or .raw); omit to download")
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get(DATA_DIR_ENV) or None,
+        help=f"local WikiText directory (wiki.*.tokens or .raw); defaults to ${DATA_DIR_ENV}; else downloads",
+    )
     parser.add_argument("--dataset", default="wikitext-2-v1", choices=CONFIG_NAMES)
     parser.add_argument("--tfds-dir", help="where tensorflow-datasets keeps prepared data")
     parser.add_argument("--output-dir", required=True)

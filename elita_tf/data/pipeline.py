@@ -43,7 +43,8 @@ def token_windows(lines, tokenizer, seq_len, vocabulary_size=None, lines_per_bat
     if vocabulary_size is not None and (windows.min() < 0 or windows.max() >= vocabulary_size):
         raise ValueError(
             f"The tokenizer produced ids in [{windows.min()}, {windows.max()}], outside the model's vocabulary "
-            f"[0, {vocabulary_size}): its vocabulary is larger than the model's. Received: vocabulary_size={vocabulary_size}"
+            f"[0, {vocabulary_size}): its vocabulary is larger than the model's. "
+            f"Received: vocabulary_size={vocabulary_size}"
         )
     return windows
 

@@ -3,10 +3,11 @@
     import tensorflow_datasets as tfds
     import elita_tf.data  # registers the builder "wikitext"
 
-    # With internet: downloads the dataset's official archive.
+    # With internet: downloads from a source that serves WikiText today (`sources.py`).
     splits = tfds.load("wikitext/wikitext-2-v1")
-    # Offline: a directory holding wiki.{train,valid,test}.tokens (or .raw).
-    splits = load_wikitext("wikitext-2-v1", local_dir="../shared/data/wikitext-2")
+    # Offline: a directory holding wiki.{train,valid,test}.tokens (or .raw), as an argument
+    # or in the environment variable ELITA_WIKITEXT_DIR.
+    splits = load_wikitext("wikitext-2-v1", local_dir="path/to/wikitext-2")
 
 Each example is one non-empty line of the split file: `{"text": tf.string}`.
 
@@ -21,18 +22,20 @@ import os
 
 import tensorflow_datasets as tfds
 
-SPLITS = {"train": "train", "validation": "valid", "test": "test"}
-_ARCHIVE = "https://s3.amazonaws.com/research.metamind.io/wikitext/{}.zip"
+from elita_tf.data.sources import SPLIT_FILES as SPLITS
+from elita_tf.data.sources import fetch_wikitext
+
+# The offline setting: a local WikiText directory used whenever no directory is passed.
+DATA_DIR_ENV = "ELITA_WIKITEXT_DIR"
 
 
 class WikitextConfig(tfds.core.BuilderConfig):
-    """One WikiText variant: its archive, the folder inside it and the files' suffix."""
+    """One WikiText variant: the folder inside its archive and the files' suffix."""
 
     def __init__(self, *, folder, suffix, **kwargs):
         super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
         self.folder = folder
         self.suffix = suffix
-        self.url = _ARCHIVE.format(kwargs["name"])
 
 
 CONFIGS = [
@@ -127,11 +130,12 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         try:
-            root = os.fspath(dl_manager.manual_dir)
+            root = source = os.fspath(dl_manager.manual_dir)
         except (AssertionError, ValueError):  # no manual directory given: download
-            root = os.fspath(dl_manager.download_and_extract(self.builder_config.url))
+            root, source = fetch_wikitext(self.builder_config, os.fspath(dl_manager.download_dir))
         paths = split_files(root, self.builder_config)
         self.info.metadata["sha256"] = files_sha256(paths)
+        self.info.metadata["source"] = source
         return {split: self._generate_examples(path) for split, path in paths.items()}
 
     def _generate_examples(self, path):
@@ -144,8 +148,9 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, wi
 
     Args:
         config_name: one of `CONFIG_NAMES`.
-        local_dir: optional directory with the split files (offline); without
-            it the official archive is downloaded.
+        local_dir: optional directory with the split files (offline).
+            Defaults to the environment variable `ELITA_WIKITEXT_DIR`; without
+            either, the dataset is downloaded (see `elita_tf.data.sources`).
         tfds_dir: where tensorflow-datasets keeps the prepared dataset.
             Defaults to its own default (`~/tensorflow_datasets`).
         with_info: bool. Also return where the data came from.
@@ -161,7 +166,7 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, wi
     """
     config = _config(config_name)
     download_config = None
-    source = config.url
+    local_dir = local_dir or os.environ.get(DATA_DIR_ENV) or None
     if local_dir is not None:
         local_dir = os.path.abspath(local_dir)
         paths = split_files(local_dir, config)
@@ -169,7 +174,6 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, wi
             if next(read_lines(path), None) is None:
                 raise ValueError(f"The WikiText {split} split is empty ({path}): there is no text to use.")
         download_config = tfds.download.DownloadConfig(manual_dir=local_dir)
-        source = local_dir
         # Keyed by content: a cache prepared from other files is never reused.
         config = WikitextConfig(
             name=f"{config.name}-local-{files_sha256(paths)[:16]}",
@@ -183,4 +187,5 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, wi
     splits = {split: datasets[split].map(lambda example: example["text"]) for split in SPLITS}
     if not with_info:
         return splits
-    return splits, {"dataset": config_name, "source": source, "sha256": builder.info.metadata["sha256"]}
+    metadata = builder.info.metadata
+    return splits, {"dataset": config_name, "source": metadata.get("source"), "sha256": metadata["sha256"]}
