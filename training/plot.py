@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import statistics
 
 import matplotlib
 
@@ -29,33 +30,48 @@ def _smooth(values, width):
     return out
 
 
+def _as_list(run_dirs):
+    return [run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else list(run_dirs)
+
+
+def _mean_sd(values):
+    values = [v for v in values if v == v]  # NaN: a figure the run did not record
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
 def plot_comparison(runs, path, title="WikiText-2"):
     """Train loss against wall-clock time per model, test losses dashed, insets of step time and memory.
 
     Args:
-        runs: `{label: run_dir}`.
+        runs: `{label: run_dir}` or `{label: [run_dir, ...]}`, one run a seed: the curve is the
+            mean over seeds of each step's loss against the mean elapsed time, the dashed line and
+            the insets the means.
         path: the PNG to write.
     """
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     summary = {}
-    for colour, (label, run_dir) in zip(colours, runs.items()):
-        rows, results = read_run(run_dir)
+    for colour, (label, run_dirs) in zip(colours, runs.items()):
+        read = [read_run(d) for d in _as_list(run_dirs)]
+        steps = min(len(rows) for rows, _ in read)
         # Training time: the steps' own time, validation passes left out.
         times, total = [], 0.0
-        for r in rows:
-            total += r["step_time_s"]
+        for k in range(steps):
+            total += statistics.fmean(rows[k]["step_time_s"] for rows, _ in read)
             times.append(total)
-        losses = _smooth([r["loss"] for r in rows], max(1, len(rows) // 50))
-        ax.plot(times, losses, color=colour, label=f"{label} (train)")
-        ax.axhline(
-            results["test_loss"],
-            color=colour,
-            linestyle="--",
-            linewidth=1,
-            label=f"{label} test {results['test_loss']:.3f}",
+        losses = _smooth(
+            [statistics.fmean(rows[k]["loss"] for rows, _ in read) for k in range(steps)], max(1, steps // 50)
         )
-        summary[label] = (results.get("step_time_s", float("nan")), results["peak_memory_mib"] / 1024, colour)
+        seeds = f", {len(read)} seeds" if len(read) > 1 else ""
+        ax.plot(times, losses, color=colour, label=f"{label} (train{seeds})")
+        test, test_sd = _mean_sd([r["test_loss"] for _, r in read])
+        spread = f" ± {test_sd:.3f}" if len(read) > 1 else ""
+        ax.axhline(test, color=colour, linestyle="--", linewidth=1, label=f"{label} test {test:.3f}{spread}")
+        step_time = _mean_sd([r.get("step_time_s", float("nan")) for _, r in read])[0]
+        memory = _mean_sd([r["peak_memory_mib"] for _, r in read])[0] / 1024
+        summary[label] = (step_time, memory, colour)
     ax.set_xlabel("Training time (s)")
     ax.set_ylabel("Loss (nats/token)")
     ax.set_title(f"{title}: train loss against wall-clock time, test loss dashed")
@@ -76,16 +92,27 @@ def plot_comparison(runs, path, title="WikiText-2"):
 
 
 def results_table(runs):
-    """A markdown table of the runs' results."""
+    """A markdown table of the runs' results: mean ± standard deviation over each model's seeds.
+
+    Args:
+        runs: `{label: run_dir}` or `{label: [run_dir, ...]}`.
+    """
     lines = [
-        "| model | params | test loss | test perplexity | validation loss | step time (s) | tokens/s | peak memory (MiB) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | seeds | params | test loss | test perplexity | validation loss | step time (s) | tokens/s "
+        "| peak memory (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, run_dir in runs.items():
-        _, r = read_run(run_dir)
+    for label, run_dirs in runs.items():
+        results = [read_run(d)[1] for d in _as_list(run_dirs)]
+
+        def cell(key, fmt):
+            mean, sd = _mean_sd([r.get(key, float("nan")) for r in results])
+            return f"{mean:{fmt}}" + (f" ± {sd:{fmt}}" if len(results) > 1 else "")
+
+        seeds = ", ".join(str(r.get("seed", "?")) for r in results)
         lines.append(
-            f"| {label} | {r['params']:,} | {r['test_loss']:.4f} | {r['test_perplexity']:.1f} | "
-            f"{r['validation_loss']:.4f} | {r.get('step_time_s', float('nan')):.3f} | "
-            f"{r.get('tokens_per_s', float('nan')):,.0f} | {r['peak_memory_mib']:,.0f} |"
+            f"| {label} | {seeds} | {results[0]['params']:,} | {cell('test_loss', '.4f')} | "
+            f"{cell('test_perplexity', '.1f')} | {cell('validation_loss', '.4f')} | {cell('step_time_s', '.3f')} | "
+            f"{cell('tokens_per_s', ',.0f')} | {cell('peak_memory_mib', ',.0f')} |"
         )
     return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -109,6 +110,36 @@ def _strategy(name):
     return tf.distribute.get_strategy()
 
 
+def software_versions():
+    """The package version and commit (when it runs from a git checkout), TensorFlow and Keras versions."""
+    import elita_tf
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=os.path.dirname(os.path.abspath(elita_tf.__file__)),
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        if (
+            commit
+            and subprocess.run(
+                ["git", "diff", "--quiet", "HEAD"], cwd=os.path.dirname(os.path.abspath(elita_tf.__file__))
+            ).returncode
+        ):
+            commit += "-dirty"  # uncommitted changes: the commit alone does not reproduce the run
+    except OSError:
+        commit = ""
+    return {
+        "elita_tf": elita_tf.__version__,
+        "commit": commit or None,
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
 def _sha256(data):
     return hashlib.sha256(data).hexdigest()
 
@@ -182,6 +213,7 @@ class StepLog(keras.callbacks.Callback):
         super().__init__()
         self.path = path
         self.step_times = []  # this process's steps, the first of each fit (tracing) left out
+        self.load = []  # the machine's 1-minute load average, sampled every 10 steps
         rows = []
         if os.path.exists(path):
             with open(path) as f:
@@ -215,6 +247,8 @@ class StepLog(keras.callbacks.Callback):
         self.file.flush()
         if not self.first:
             self.step_times.append(now - self.last)
+        if step % 10 == 0:
+            self.load.append(os.getloadavg()[0])
         self.first = False
         self.last = now
 
@@ -309,10 +343,13 @@ def _train(args, run_dir, callbacks):
 
     results = {
         "preset": args.preset,
+        "seed": args.seed,
         "steps": total,
         "params": model.count_params(),
         "replicas": strategy.num_replicas_in_sync,
         "data": data,
+        "config": {"model": config.get_config(), "arguments": vars(args)},
+        "software": software_versions(),
     }
     for split in ["validation", "test"]:
         loss = float(model.evaluate(evaluation(split), verbose=0))
@@ -322,6 +359,9 @@ def _train(args, run_dir, callbacks):
         results["step_time_s"] = sum(step_log.step_times) / len(step_log.step_times)
         results["tokens_per_s"] = args.batch_size * args.seq_len / results["step_time_s"]
     results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # A figure taken while other work shared the cores says so here.
+    load = step_log.load or [os.getloadavg()[0]]
+    results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(os.path.join(args.output_dir, "results.json"), json.dumps(results, indent=2))
     print(json.dumps(results, indent=2), flush=True)
     return results

@@ -169,6 +169,9 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
             "transformer",
             "--output-dir",
             str(out),
+            "--seeds",
+            "0",
+            "1",
             *args,
             "--max-steps",
             "3",
@@ -181,4 +184,15 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert os.path.getsize(out / "ELiTA.png") > 10_000
     table = (out / "results.md").read_text()
-    assert "| elita |" in table and "| transformer |" in table
+    assert "| elita | 0, 1 |" in table and "| transformer | 0, 1 |" in table and " ± " in table
+    runs = [
+        json.loads((out / p / f"seed-{s}" / "results.json").read_text())
+        for p in ("elita", "transformer")
+        for s in (0, 1)
+    ]
+    assert [r["seed"] for r in runs] == [0, 1, 0, 1]
+    assert runs[0]["test_loss"] != runs[1]["test_loss"]  # the seeds are different runs
+    for r in runs:  # what reproduces a figure
+        assert r["software"]["tensorflow"] and r["software"]["keras"] and r["software"]["elita_tf"]
+        assert r["config"]["model"]["vocab_size"] == 60 and r["config"]["arguments"]["seed"] == r["seed"]
+        assert r["load_average"]["cpus"] >= 1 and r["load_average"]["max"] >= 0
