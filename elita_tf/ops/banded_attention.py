@@ -1,4 +1,4 @@
-"""Causal banded softmax attention without the diagonal, with a null slot (SPEC §5(a)-(c)).
+"""Causal banded softmax attention without the diagonal, with a null slot (docs/math.md §6).
 
 The attention of the 3Lin layer. Row `t` attends the earlier positions
 `j < t` of its window, the start position `0` (always, however far), and a

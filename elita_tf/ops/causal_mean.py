@@ -1,4 +1,4 @@
-"""Stable causal softmax-weighted means with key-only logits (SPEC §7).
+"""Stable causal softmax-weighted means with key-only logits (docs/math.md §1).
 
 For logits `l [B, H, T]` and values `x [B, H, T, D]` row `i` is
 

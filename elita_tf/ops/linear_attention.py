@@ -1,4 +1,4 @@
-"""Causal linear attention (Katharopoulos et al. 2020, SPEC §4).
+"""Causal linear attention (Katharopoulos et al. 2020; docs/math.md §5).
 
 With feature maps `φ(q_i), φ(k_j) > 0`:
 

@@ -20,7 +20,7 @@ def window_mask(length, window=None):
 
 
 def causal_softmax_mean_reference(logits, values, window=None, mask=None):
-    """`(mean [B, H, T, D], log_z [B, H, T])` of SPEC §7 by its definition."""
+    """`(mean [B, H, T, D], log_z [B, H, T])` of docs/math.md §1 by its definition."""
     length = tf.shape(logits)[-1]
     visible = window_mask(length, window)[None, None]  # [1, 1, T, T]
     if mask is not None:
@@ -32,7 +32,7 @@ def causal_softmax_mean_reference(logits, values, window=None, mask=None):
 
 
 def attention2_reference(kappa, delta, rho, values, logit_clip=None):
-    """ELiTA `Attention2` per-head output `y [B, H, T, D]` by SPEC §1(a).
+    """ELiTA `Attention2` per-head output `y [B, H, T, D]` by its definition (docs/math.md §2).
 
     Row `i` is a softmax over `i + 2` slots: the self slot (logit `δ_i`,
     value `v_i`) and the slots `j <= i` (logit `ρ_i + κ_j`, value `v_j`).
@@ -55,7 +55,7 @@ def attention2_reference(kappa, delta, rho, values, logit_clip=None):
 
 
 def causal_linear_attention_reference(query_features, key_features, values, mask=None, epsilon=1e-6):
-    """SPEC §4(a) by its definition: `[T, T]` weights `φ(q_i)·φ(k_j)` for `j <= i`."""
+    """Causal linear attention (docs/math.md §5) by its definition: `[T, T]` weights `φ(q_i)·φ(k_j)` for `j <= i`."""
     length = tf.shape(query_features)[2]
     visible = window_mask(length)[None, None]
     if mask is not None:

@@ -43,7 +43,7 @@ def _inputs(length, batch=2, seed=1, dtype=tf.float32):
 
 
 def reference(layer, x, mask=None, logits=None):
-    """The layer's output by SPEC §6(a) (update only), in float64, from its own weights.
+    """The layer's output by its definition (docs/math.md §7, update only), in float64, from its own weights.
 
     With a list `logits`, the two poolings' logits `[B, H, T]` are appended to it.
     """

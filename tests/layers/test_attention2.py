@@ -31,7 +31,7 @@ def _inputs(length, batch=2, seed=1, dtype=tf.float32):
 
 
 def reference(layer, x, start=0):
-    """The layer's output by SPEC §1(a), in float64, from its own weights."""
+    """The layer's output by its definition (docs/math.md §2), in float64, from its own weights."""
     w = {name: tf.cast(tf.convert_to_tensor(getattr(layer, name)), tf.float64) for name in WEIGHTS}
     x = tf.cast(x, tf.float64)
     length = x.shape[1]

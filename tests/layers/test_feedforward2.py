@@ -17,7 +17,7 @@ def _layer(dtype="float32", **kwargs):
 
 
 def reference(layer, x):
-    """SPEC §2(a) literally: einsum('bti,btj,ijw->btw') of the two swish branches."""
+    """The definition (docs/math.md §3) literally: einsum('bti,btj,ijw->btw') of the two swish branches."""
     w = {n: tf.cast(tf.convert_to_tensor(getattr(layer, n)), tf.float64) for n in ["w1", "b1", "w2", "b2", "w3", "b3"]}
     x = tf.cast(x, tf.float64)
     swish = lambda z: z * tf.sigmoid(z)  # noqa: E731

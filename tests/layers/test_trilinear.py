@@ -32,7 +32,7 @@ def _inputs(length, batch=2, seed=1, dtype=tf.float32):
 
 
 def reference(layer, s, mask=None):
-    """The layer's update by SPEC §5(a) (base-2 logits, dense Combiner), float64, from its own weights."""
+    """The layer's update by its definition (docs/math.md §6: base-2 logits, dense Combiner), float64, from its own weights."""
     w = {name: tf.cast(tf.convert_to_tensor(getattr(layer, name)), tf.float64) for name in WEIGHTS}
     s = tf.cast(s, tf.float64)
 
@@ -88,7 +88,7 @@ def test_gradients_match_reference(length, kind):
 
 
 def test_alibi_v1_matches_the_spec_table():
-    table = {  # k mod 6: (slope, hyper, wide), SPEC §5(a)
+    table = {  # k mod 6: (slope, hyper, wide), the Alibi V1 table
         0: (0.0, 20 / 3, False),
         1: (0.0, 0.0, True),
         2: (0.0, 40 / 3, False),
