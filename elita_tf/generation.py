@@ -103,9 +103,11 @@ class Generator:
         config: its `DecoderConfig` (or the dict).
         sampler: `"greedy"`, `"top_k"` or `"top_p"`.
         temperature, top_k, top_p: sampling settings.
+        jit_compile: bool. Compile the prefill and the decoding loop with XLA
+            (Keras' default on GPUs); every shape in the loop is static.
     """
 
-    def __init__(self, model, config, sampler="greedy", temperature=1.0, top_k=40, top_p=0.9):
+    def __init__(self, model, config, sampler="greedy", temperature=1.0, top_k=40, top_p=0.9, jit_compile=False):
         if sampler not in SAMPLERS:
             raise ValueError(f"`sampler` must be one of {SAMPLERS}. Received: sampler={sampler!r}")
         if not temperature > 0:
@@ -115,6 +117,7 @@ class Generator:
         self.sampler, self.temperature, self.top_k, self.top_p = sampler, float(temperature), int(top_k), float(top_p)
         self.run = tf.function(
             self._generate,
+            jit_compile=jit_compile,
             input_signature=[
                 tf.TensorSpec([None, None], tf.int32),
                 tf.TensorSpec([None, None], tf.bool),

@@ -44,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.ops.causal_mean import NEG_INF, accumulator_dtype
+from elita_tf.ops.utils import write_positions
 
 DEFAULT_CHUNK_SIZE = 32
 
@@ -209,24 +210,6 @@ def _prepare(queries, keys, values, mask, scale):
     return queries, keys, values, valid, scale
 
 
-def _write(buffer, new, index, axis):
-    """`buffer` with positions `index .. index + T` along `axis` replaced by `new`.
-
-    A gather and a select, so every shape is static (XLA compiles a decoding
-    loop around it).
-    """
-    new = tf.cast(new, buffer.dtype)
-    length = tf.shape(new)[axis]
-    # One spare entry, so that T = 0 gathers from a non-empty tensor.
-    new = _pad_axis(new, axis, 1, tf.zeros([], new.dtype))
-    slot = tf.range(tf.shape(buffer)[axis]) - index
-    written = (slot >= 0) & (slot < length)
-    gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis)
-    shape = [1] * buffer.shape.rank
-    shape[axis] = -1
-    return tf.where(tf.reshape(written, shape), gathered, buffer)
-
-
 def banded_attention(
     queries,
     keys,
@@ -280,9 +263,9 @@ def banded_attention(
             tf.debugging.assert_less_equal(
                 index + length, slots, message="The state holds fewer positions than the sequence needs"
             )
-            buffer_keys = _write(buffer_keys, keys, index, axis=2)
-            buffer_values = _write(buffer_values, values, index, axis=2)
-            buffer_valid = _write(buffer_valid, valid, index, axis=1)
+            buffer_keys = write_positions(buffer_keys, keys, index, axis=2)
+            buffer_values = write_positions(buffer_values, values, index, axis=2)
+            buffer_valid = write_positions(buffer_valid, valid, index, axis=1)
         out = _dense(
             queries,
             buffer_keys,
@@ -366,9 +349,9 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
     keys, values = tf.cast(keys, key.dtype), tf.cast(values, value.dtype)
     if window is None:
         tf.debugging.assert_less(index, tf.shape(keys)[2], message="The state holds fewer positions than needed")
-        keys = _write(keys, key, index, axis=2)
-        values = _write(values, value, index, axis=2)
-        slot_valid = _write(slot_valid, valid, index, axis=1)
+        keys = write_positions(keys, key, index, axis=2)
+        values = write_positions(values, value, index, axis=2)
+        slot_valid = write_positions(slot_valid, valid, index, axis=1)
         key_pos = tf.range(tf.shape(keys)[2])
         out = _dense(query, keys, values, slot_valid, index[None], key_pos, None, slope, hyper, scale)
         return out[:, :, 0], (keys, values, slot_valid, index + 1)

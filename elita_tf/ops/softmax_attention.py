@@ -13,6 +13,7 @@ compiles once.
 import tensorflow as tf
 
 from elita_tf.ops.causal_mean import accumulator_dtype
+from elita_tf.ops.utils import write_positions
 
 
 def empty_kv_cache(batch_size, max_length, num_heads, head_dim, dtype=tf.float32):
@@ -42,15 +43,14 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         message=f"The decoding cache of '{name}' is full: it holds max_length positions",
     )
 
-    def write(buffer, new):
-        new = tf.cast(new, buffer.dtype)
-        return tf.concat([buffer[:, :index], new, buffer[:, index + length :]], axis=1)
-
     new_valid = tf.ones([batch, length], tf.bool) if mask is None else tf.cast(mask, tf.bool)
     if mask is not None:  # padding is stored as zeros, whatever it held: no 0 * NaN in the weighted sum
         key = tf.where(new_valid[:, :, None, None], key, tf.zeros([], key.dtype))
         value = tf.where(new_valid[:, :, None, None], value, tf.zeros([], value.dtype))
-    key_cache, value_cache, valid = write(key_cache, key), write(value_cache, value), write(valid, new_valid)
+    key_cache, value_cache, valid = (
+        write_positions(buffer, new, index, axis=1)
+        for buffer, new in ((key_cache, key), (value_cache, value), (valid, new_valid))
+    )
     causal = tf.range(max_length)[None, :] <= index + tf.range(length)[:, None]  # [T, L]
     visible = causal[None, None] & valid[:, None, None, :]
     return (key_cache, value_cache, valid, index + length), visible

@@ -3,6 +3,26 @@
 import tensorflow as tf
 
 
+def write_positions(buffer, new, index, axis):
+    """`buffer` with positions `index .. index + T` along `axis` replaced by `new` (`T` along `axis`).
+
+    A gather and a select rather than a concatenation of slices, so every
+    shape stays static and XLA compiles a decoding loop around it.
+    """
+    new = tf.cast(new, buffer.dtype)
+    length = tf.shape(new)[axis]
+    # One spare entry, so that T = 0 gathers from a non-empty tensor.
+    paddings = [[0, 0]] * new.shape.rank
+    paddings[axis] = [0, 1]
+    new = tf.pad(new, paddings)
+    slot = tf.range(tf.shape(buffer)[axis]) - index
+    written = (slot >= 0) & (slot < length)
+    gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis)
+    shape = [1] * buffer.shape.rank
+    shape[axis] = -1
+    return tf.where(tf.reshape(written, shape), gathered, buffer)
+
+
 def contain_nonfinite(compute, inputs, padding_mask=None):
     """Runs a causal token mixer so that a NaN or Inf input cannot travel back in time.
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from elita_tf.generation import Generator
 from elita_tf.models import PRESETS, DecoderConfig, build_decoder, preset
 from elita_tf.schedules import InverseSqrtSchedule, elita_adam
 
@@ -106,6 +107,20 @@ def test_out_of_range_ids_under_xla_give_nan_not_a_clamped_row():
     assert np.isfinite(model.train_on_batch(x, y))
     x[1, 2] = 99
     assert np.isnan(model.train_on_batch(x, y))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_trains_and_generates_under_xla(name):
+    # Keras compiles with XLA by default on GPUs: the training step and the decoding loop must compile.
+    keras.utils.set_random_seed(0)
+    config = preset(name, vocab_size=24, **SMALL)
+    model = build_decoder(config)
+    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    losses = [float(model.train_on_batch(x, y)) for x, y in _rule_batches(steps=3)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    prompts = [[1, 2, 3], [4]]
+    compiled = Generator(model, config, jit_compile=True)(prompts, 6)
+    np.testing.assert_array_equal(compiled, Generator(model, config)(prompts, 6))
 
 
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
