@@ -44,9 +44,9 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         bad input at t = 2:   row 0 1 2 3 4
         outputs:                  ok ok NaN NaN NaN
 
-    A window would let a row see past `t`; the rule is the same for every
-    layer (all rows from `t` on), so the parallel form and a decoding cache
-    always agree.
+    The rule is the same for every layer, windowed or not (all rows from
+    `t` on): conservative past a window, and never a plausible number where
+    a bad value was in reach.
 
     Args:
         compute: `compute(clean_inputs)` -> `outputs [B, T, ...]` or

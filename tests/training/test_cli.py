@@ -112,12 +112,19 @@ def test_step_log_writes_each_batch_loss(tmp_path):
         (["--preset", "gpt"], "unknown preset"),
         (["--seq-len", "1"], "--seq-len must be at least 2"),
         (["--batch-size", "0"], "--batch-size must be positive"),
+        (["--max-steps", "-5"], "--max-steps must be positive, got -5"),
+        (["--eval-batches", "0"], "--eval-batches must be positive, got 0"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints must be positive, got 0"),
+        (["--width", "0"], "--width must be positive, got 0"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+        (["--seed", "-1"], "--seed must be non-negative, got -1"),
     ],
 )
 def test_bad_arguments_stop_before_training(tiny_wikitext, tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit):
         train.parse_args(_args(tiny_wikitext, tmp_path / "run", *extra))
     assert message in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "run")  # nothing written
 
 
 def test_bad_data_stops_before_training(tmp_path, capsys, tiny_wikitext):
