@@ -1,6 +1,6 @@
 """SavedModel export for serving: token ids -> logits, and text -> generated text.
 
-    elita-export --run-dir runs/compare/elita --output exported/elita
+    elita-export --run-dir runs/compare/elita/seed-0 --output exported/elita     (elita_tf.cli.export)
 
 Signatures (dynamic batch and length):
 - `serving_default(token_ids int32 [B, T]) -> {"logits": float32 [B, T, V]}`
@@ -15,11 +15,6 @@ TensorFlow's `saved_model_cli show` needs nothing, and `saved_model_cli run` run
         --signature_def generate --inputs "prompts=prompts.npy;max_new_tokens=n.npy"
 """
 
-import argparse
-import json
-import os
-import sys
-
 import keras
 import sentencepiece
 import tensorflow as tf
@@ -27,7 +22,6 @@ import tensorflow as tf
 from elita_tf.data.tokenizer import make_tokenizer
 from elita_tf.generation import Generator
 from elita_tf.models.config import DecoderConfig
-from elita_tf.training.checkpoints import CorruptCheckpointError, latest_checkpoint
 
 
 def _left_padded(ragged):
@@ -82,32 +76,3 @@ def export_saved_model(model, config, tokenizer_proto, path):
     )
     archive.write_out(path, verbose=False)
     return path
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="elita-export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
-    parser.add_argument("--output", required=True, help="SavedModel directory to write")
-    args = parser.parse_args(argv)
-    files = {name: os.path.join(args.run_dir, name) for name in ["config.json", "sentencepiece.model"]}
-    missing = [path for path in files.values() if not os.path.exists(path)]
-    try:
-        checkpoint = latest_checkpoint(args.run_dir)
-    except CorruptCheckpointError as error:
-        parser.error(str(error))
-    if checkpoint is None:
-        missing.append(os.path.join(args.run_dir, "checkpoints", "step-*.keras"))
-    if missing:
-        parser.error(f"the run directory lacks {', '.join(missing)}")
-    model = keras.models.load_model(checkpoint, compile=False)
-    with open(files["config.json"]) as f:
-        config = DecoderConfig.from_config(json.load(f))
-    with open(files["sentencepiece.model"], "rb") as f:
-        proto = f.read()
-    export_saved_model(model, config, proto, args.output)
-    print(f"SavedModel written to {args.output} (signatures: serving_default, generate)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Training infrastructure: run directories (manifest, lock) and checkpoints."""
+"""Training as a library: settings, the loop, run directories (manifest, lock) and checkpoints."""
 
 from elita_tf.training.checkpoints import (
     CorruptCheckpointError,
@@ -8,4 +8,6 @@ from elita_tf.training.checkpoints import (
     save_checkpoint,
     verify_checkpoint,
 )
+from elita_tf.training.loop import StepLog, train
 from elita_tf.training.run_directory import RunDirectory, RunDirectoryError, write_atomically
+from elita_tf.training.settings import TrainSettings

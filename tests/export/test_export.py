@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.data import make_tokenizer, train_sentencepiece
-from elita_tf.export import export_saved_model, main as export_main
+from elita_tf.cli.export import main as export_main
+from elita_tf.export import export_saved_model
 from elita_tf.generation import Generator
 from elita_tf.models import build_decoder, preset
 from elita_tf.training import save_checkpoint

@@ -8,8 +8,8 @@ import keras
 import numpy as np
 import pytest
 
-from elita_tf.training import latest_checkpoint, list_checkpoints
-from training import train
+from elita_tf.cli.train import parse_args
+from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -69,7 +69,7 @@ def _steps(out):
 
 def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     whole = tmp_path / "whole"
-    results = train.run(train.parse_args(_args(tiny_wikitext, whole)))
+    results = train(parse_args(_args(tiny_wikitext, whole)))
     assert results["steps"] == 12 and np.isfinite(results["test_loss"])
     assert results["test_perplexity"] == pytest.approx(np.exp(results["test_loss"]))
     for name in ["run.json", "sentencepiece.model", "config.json", "checkpoints", "results.json", "tensorboard"]:
@@ -81,8 +81,8 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     # resumed from the checkpoint at step 5, finished: the same model as without interruption.
     split = tmp_path / "split"
     with pytest.raises(KeyboardInterrupt):
-        train.run(train.parse_args(_args(tiny_wikitext, split)), callbacks=[Interrupt(7)])
-    resumed = train.run(train.parse_args(_args(tiny_wikitext, split)))
+        train(parse_args(_args(tiny_wikitext, split)), callbacks=[Interrupt(7)])
+    resumed = train(parse_args(_args(tiny_wikitext, split)))
     assert _steps(split) == list(range(1, 13))
     a = keras.models.load_model(latest_checkpoint(whole))
     b = keras.models.load_model(latest_checkpoint(split))
@@ -93,7 +93,7 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
 
 def test_step_log_writes_each_batch_loss(tmp_path):
     # Keras hands callbacks the epoch's running mean; the log holds each batch's own loss.
-    log = train.StepLog(str(tmp_path / "steps.csv"), start_time=0.0)
+    log = StepLog(str(tmp_path / "steps.csv"), start_time=0.0)
     log.set_model(keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)]))
     log.model.compile("sgd", "mse")
     log.on_train_begin()
@@ -109,30 +109,31 @@ def test_step_log_writes_each_batch_loss(tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--preset", "gpt"], "unknown preset"),
-        (["--seq-len", "1"], "--seq-len must be at least 2"),
-        (["--batch-size", "0"], "--batch-size must be positive"),
-        (["--max-steps", "-5"], "--max-steps must be positive, got -5"),
-        (["--eval-batches", "0"], "--eval-batches must be positive, got 0"),
-        (["--keep-checkpoints", "0"], "--keep-checkpoints must be positive, got 0"),
-        (["--width", "0"], "--width must be positive, got 0"),
-        (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
-        (["--seed", "-1"], "--seed must be non-negative, got -1"),
+        (["--preset", "gpt"], "`preset` must be one of ['3lin', 'additive', 'elita'"),
+        (["--seq-len", "1"], "`seq_len` must be an integer >= 2. Received: seq_len=1"),
+        (["--batch-size", "0"], "`batch_size` must be a positive integer. Received: batch_size=0"),
+        (["--max-steps", "-5"], "`max_steps` must be a positive integer. Received: max_steps=-5"),
+        (["--eval-batches", "0"], "Received: eval_batches=0"),
+        (["--keep-checkpoints", "0"], "Received: keep_checkpoints=0"),
+        (["--width", "0"], "Received: width=0"),
+        (["--dropout", "1.5"], "`dropout` must be in [0, 1). Received: dropout=1.5"),
+        (["--seed", "-1"], "`seed` must be a non-negative integer. Received: seed=-1"),
+        (["--strategy", "tpu"], "invalid choice: 'tpu'"),
     ],
 )
 def test_bad_arguments_stop_before_training(tiny_wikitext, tmp_path, capsys, extra, message):
     with pytest.raises(SystemExit):
-        train.parse_args(_args(tiny_wikitext, tmp_path / "run", *extra))
+        parse_args(_args(tiny_wikitext, tmp_path / "run", *extra))
     assert message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "run")  # nothing written
 
 
 def test_bad_data_stops_before_training(tmp_path, capsys, tiny_wikitext):
     with pytest.raises(SystemExit):
-        train.parse_args(_args(str(tmp_path / "nowhere"), tmp_path / "run"))
+        parse_args(_args(str(tmp_path / "nowhere"), tmp_path / "run"))
     assert "wiki.train.tokens" in capsys.readouterr().err
     with pytest.raises(ValueError, match="too small for a vocabulary"):
-        train.run(train.parse_args(_args(tiny_wikitext, tmp_path / "big", "--vocab-size", "50000")))
+        train(parse_args(_args(tiny_wikitext, tmp_path / "big", "--vocab-size", "50000")))
     assert not os.path.exists(tmp_path / "big" / "checkpoints")
 
 
@@ -140,9 +141,9 @@ MIRRORED = """
 import sys, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from elita_tf.training import latest_checkpoint, list_checkpoints
-from training import train
-results = train.run(train.parse_args(sys.argv[1:]))
+from elita_tf.cli.train import parse_args
+from elita_tf.training import train
+results = train(parse_args(sys.argv[1:]))
 import json; print("RESULT", json.dumps(results))
 """
 
@@ -170,7 +171,7 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
         [
             sys.executable,
             "-m",
-            "training.compare",
+            "elita_tf.cli.compare",
             "--presets",
             "elita",
             "transformer",
@@ -201,5 +202,5 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
     assert runs[0]["test_loss"] != runs[1]["test_loss"]  # the seeds are different runs
     for r in runs:  # what reproduces a figure
         assert r["software"]["tensorflow"] and r["software"]["keras"] and r["software"]["elita_tf"]
-        assert r["config"]["model"]["vocab_size"] == 60 and r["config"]["arguments"]["seed"] == r["seed"]
+        assert r["config"]["model"]["vocab_size"] == 60 and r["config"]["settings"]["seed"] == r["seed"]
         assert r["load_average"]["cpus"] >= 1 and r["load_average"]["max"] >= 0

@@ -25,11 +25,12 @@ from elita_tf.training import (
 )
 from tests.conftest import write_tiny_wikitext
 from tests.training.test_cli import REPO, Interrupt, _args
-from training import train
+from elita_tf.cli.train import main, parse_args
+from elita_tf.training import train
 
 
 def _run(data_dir, out, *extra, callbacks=()):
-    return train.run(train.parse_args(_args(data_dir, out, *extra)), callbacks=callbacks)
+    return train(parse_args(_args(data_dir, out, *extra)), callbacks=callbacks)
 
 
 def _greek_corpus(directory):
@@ -120,7 +121,7 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tiny_wikitext, tmp_
     with pytest.warns(UserWarning, match="corrupt"):
         with pytest.raises(CorruptCheckpointError, match="Every checkpoint of this run is corrupt"):
             latest_checkpoint(out)
-        assert train.main(_args(tiny_wikitext, out)) == 2
+        assert main(_args(tiny_wikitext, out)) == 2
 
 
 def test_one_writer_per_run_directory(tiny_wikitext, tmp_path, capsys):
@@ -194,7 +195,7 @@ def test_kill_9_mid_run_then_the_same_command_finishes(tiny_wikitext, tmp_path, 
     out = tmp_path / "run"
     args = _args(tiny_wikitext, out, "--checkpoint-every", "2")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "training.train", *args],
+        [sys.executable, "-m", "elita_tf.cli.train", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": REPO},
         stdout=subprocess.DEVNULL,

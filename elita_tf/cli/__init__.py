@@ -1,0 +1,1 @@
+"""The command lines: `elita-train`, `elita-compare`, `elita-export`, thin wrappers over the library."""

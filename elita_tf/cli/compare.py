@@ -1,0 +1,50 @@
+"""`elita-compare`: train several presets, each with several seeds, then plot and tabulate.
+
+    elita-compare --presets elita transformer --seeds 0 1 2 --output-dir runs/compare --epochs 2 --plot ELiTA.png
+
+The library function is `elita_tf.training.compare.compare`; every other flag is an `elita-train`
+flag passed to each run.
+"""
+
+import argparse
+import sys
+
+from elita_tf.cli.train import build_parser
+from elita_tf.training.compare import compare
+
+# Set per run by compare itself.
+_PER_RUN = ("output_dir", "preset", "seed")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="elita-compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["elita", "transformer"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="train every preset with each seed")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--plot", help="PNG to write (default: OUTPUT_DIR/ELiTA.png)")
+    # The elita-train flags, left unset unless given: each run then takes elita-train's default.
+    for action in build_parser()._actions:
+        name = action.dest
+        if name in _PER_RUN or name == "help":
+            continue
+        flag = action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            parser.add_argument(flag, action="store_true", help=action.help)
+        else:
+            parser.add_argument(flag, type=action.type, choices=action.choices, help=action.help)
+    return parser, parser.parse_args(argv)
+
+
+def main(argv=None):
+    parser, args = parse_args(argv)
+    options = {key: value for key, value in vars(args).items() if value is not None and value is not False}
+    fixed = {key: options.pop(key, None) for key in ["presets", "seeds", "output_dir", "plot"]}
+    try:
+        compare(fixed["output_dir"], fixed["presets"], fixed["seeds"], fixed["plot"], **options)
+    except ValueError as error:
+        parser.error(str(error))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""`elita-train`: train (or resume) a decoder preset on WikiText.
+
+    elita-train --preset elita --output-dir runs/elita --epochs 3
+
+Every flag is a field of `elita_tf.training.TrainSettings`; the loop is `elita_tf.training.train`.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
+from elita_tf.models import PRESETS
+from elita_tf.training import CorruptCheckpointError, RunDirectoryError, TrainSettings, train
+from elita_tf.training.settings import STRATEGIES
+
+_HELP = {
+    "preset": f"one of {sorted(PRESETS)}",
+    "data_dir": f"local WikiText directory (wiki.*.tokens or .raw); defaults to ${DATA_DIR_ENV}; else downloads",
+    "tfds_dir": "where tensorflow-datasets keeps prepared data",
+    "max_steps": "stop after this many steps in all (a token budget)",
+    "checkpoint_every": "steps between checkpoints",
+    "keep_checkpoints": "how many of the newest checkpoints to keep",
+    "force_new": "discard the run already in --output-dir instead of resuming it",
+    "eval_batches": "cap on validation/test batches (default: all)",
+    "verbose": "Keras fit verbosity (1: progress bar)",
+}
+_CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES}
+
+
+def build_parser():
+    """One flag for each `TrainSettings` field, with its default."""
+    parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
+    for field in dataclasses.fields(TrainSettings):
+        flag = "--" + field.name.replace("_", "-")
+        if field.type is bool:
+            parser.add_argument(flag, action="store_true", help=_HELP.get(field.name))
+            continue
+        default = None if field.default is dataclasses.MISSING else field.default
+        if field.name == "data_dir":
+            default = os.environ.get(DATA_DIR_ENV) or None
+        kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=default,
+            required=field.default is dataclasses.MISSING,
+            choices=_CHOICES.get(field.name),
+            help=_HELP.get(field.name),
+        )
+    return parser
+
+
+def parse_args(argv=None):
+    """`TrainSettings` from command-line arguments; a bad value exits with its message."""
+    parser = build_parser()
+    try:
+        settings = TrainSettings(**vars(parser.parse_args(argv)))
+    except ValueError as error:
+        parser.error(str(error))
+    if settings.data_dir is not None:
+        try:
+            split_files(settings.data_dir, settings.dataset)
+        except FileNotFoundError as error:
+            parser.error(str(error))
+    return settings
+
+
+def main(argv=None):
+    settings = parse_args(argv)
+    try:
+        train(settings)
+    except (RunDirectoryError, CorruptCheckpointError) as error:
+        print(f"elita-train: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

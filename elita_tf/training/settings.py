@@ -1,0 +1,90 @@
+"""`TrainSettings`: everything one training run takes, checked when it is made."""
+
+import dataclasses
+
+from elita_tf.data.wikitext import CONFIG_NAMES
+from elita_tf.models import PRESETS
+
+STRATEGIES = ("default", "mirrored", "multiworker")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """One training run of a decoder preset on WikiText (`elita_tf.training.train`).
+
+    Attributes:
+        output_dir: str. The run directory (see `RunDirectory`).
+        preset: str. One of `elita_tf.models.PRESETS`. Defaults to `"elita"`.
+        data_dir: str or None. A local WikiText directory; None reads
+            `ELITA_WIKITEXT_DIR`, else downloads.
+        dataset: str. A WikiText config. Defaults to `"wikitext-2-v1"`.
+        tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
+        vocab_size: int. SentencePiece pieces, the model's vocabulary. Defaults to `5000`.
+        seq_len: int. Training length `T`. Defaults to `256`.
+        batch_size: int. Global batch. Defaults to `128`.
+        epochs: int. Defaults to `1`.
+        max_steps: int or None. A cap on steps in all (a token budget).
+        width, layers, heads, head_dim: int. The model's size.
+        dropout: float. Residual dropout. Defaults to `0.0`.
+        seed: int. Data order, tokenizer and weights. Defaults to `0`.
+        checkpoint_every: int. Steps between checkpoints. Defaults to `20`.
+        keep_checkpoints: int. Newest checkpoints kept. Defaults to `2`.
+        force_new: bool. Discard a run already in `output_dir`. Defaults to `False`.
+        eval_batches: int or None. A cap on validation and test batches.
+        strategy: str. `"default"`, `"mirrored"` or `"multiworker"`.
+        verbose: int. Keras `fit` verbosity (1: progress bar). Defaults to `1`.
+
+    Example:
+    >>> settings = TrainSettings("runs/elita", preset="elita", epochs=2)  # doctest: +SKIP
+    >>> results = elita_tf.training.train(settings)                       # doctest: +SKIP
+    """
+
+    output_dir: str
+    preset: str = "elita"
+    data_dir: str = None
+    dataset: str = "wikitext-2-v1"
+    tfds_dir: str = None
+    vocab_size: int = 5000
+    seq_len: int = 256
+    batch_size: int = 128
+    epochs: int = 1
+    max_steps: int = None
+    width: int = 64
+    layers: int = 6
+    heads: int = 4
+    head_dim: int = 16
+    dropout: float = 0.0
+    seed: int = 0
+    checkpoint_every: int = 20
+    keep_checkpoints: int = 2
+    force_new: bool = False
+    eval_batches: int = None
+    strategy: str = "default"
+    verbose: int = 1
+
+    def __post_init__(self):
+        def fail(name, expected):
+            value = getattr(self, name)
+            raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+
+        if self.preset not in PRESETS:
+            fail("preset", f"one of {sorted(PRESETS)}")
+        if self.dataset not in CONFIG_NAMES:
+            fail("dataset", f"one of {CONFIG_NAMES}")
+        if self.strategy not in STRATEGIES:
+            fail("strategy", f"one of {list(STRATEGIES)}")
+        positive = ["vocab_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "width", "layers"]
+        for name in positive + ["heads", "head_dim", "max_steps", "eval_batches"]:
+            value = getattr(self, name)
+            if value is None and name in ("max_steps", "eval_batches"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                fail(name, "a positive integer")
+        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
+            fail("seq_len", "an integer >= 2")
+        if not 0.0 <= self.dropout < 1.0:
+            fail("dropout", "in [0, 1)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            fail("seed", "a non-negative integer")
+        if self.verbose not in (0, 1, 2):
+            fail("verbose", "0, 1 or 2")
