@@ -9,7 +9,7 @@ flag passed to each run.
 import argparse
 import sys
 
-from elita_tf.cli.train import build_parser
+from elita_tf.cli.train import add_settings_flags
 from elita_tf.training.compare import compare
 
 # Set per run by compare itself.
@@ -23,15 +23,7 @@ def parse_args(argv=None):
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--plot", help="PNG to write (default: OUTPUT_DIR/ELiTA.png)")
     # The elita-train flags, left unset unless given: each run then takes elita-train's default.
-    for action in build_parser()._actions:
-        name = action.dest
-        if name in _PER_RUN or name == "help":
-            continue
-        flag = action.option_strings[0]
-        if isinstance(action, argparse._StoreTrueAction):
-            parser.add_argument(flag, action="store_true", help=action.help)
-        else:
-            parser.add_argument(flag, type=action.type, choices=action.choices, help=action.help)
+    add_settings_flags(parser, exclude=_PER_RUN, defaults=False)
     return parser, parser.parse_args(argv)
 
 

@@ -29,10 +29,15 @@ _HELP = {
 _CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES}
 
 
-def build_parser():
-    """One flag for each `TrainSettings` field, with its default."""
-    parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
+def add_settings_flags(parser, exclude=(), defaults=True):
+    """One flag for each `TrainSettings` field not in `exclude`.
+
+    With `defaults=False` every flag is left unset (None) unless given and
+    none is required: `elita-compare` passes on only what was given.
+    """
     for field in dataclasses.fields(TrainSettings):
+        if field.name in exclude:
+            continue
         flag = "--" + field.name.replace("_", "-")
         if field.type is bool:
             parser.add_argument(flag, action="store_true", help=_HELP.get(field.name))
@@ -44,8 +49,8 @@ def build_parser():
         parser.add_argument(
             flag,
             type=kind,
-            default=default,
-            required=field.default is dataclasses.MISSING,
+            default=default if defaults else None,
+            required=defaults and field.default is dataclasses.MISSING,
             choices=_CHOICES.get(field.name),
             help=_HELP.get(field.name),
         )
@@ -54,7 +59,8 @@ def build_parser():
 
 def parse_args(argv=None):
     """`TrainSettings` from command-line arguments; a bad value exits with its message."""
-    parser = build_parser()
+    parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
+    add_settings_flags(parser)
     try:
         settings = TrainSettings(**vars(parser.parse_args(argv)))
     except ValueError as error:

@@ -51,20 +51,13 @@ def software_versions():
     """The package version and commit (when it runs from a git checkout), TensorFlow and Keras versions."""
     import elita_tf
 
+    def git(*command):
+        source = os.path.dirname(os.path.abspath(elita_tf.__file__))
+        return subprocess.run(["git", *command], cwd=source, capture_output=True, text=True, timeout=10)
+
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=os.path.dirname(os.path.abspath(elita_tf.__file__)),
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        if (
-            commit
-            and subprocess.run(
-                ["git", "diff", "--quiet", "HEAD"], cwd=os.path.dirname(os.path.abspath(elita_tf.__file__))
-            ).returncode
-        ):
+        commit = git("rev-parse", "HEAD").stdout.strip()
+        if commit and git("diff", "--quiet", "HEAD").returncode:
             commit += "-dirty"  # uncommitted changes: the commit alone does not reproduce the run
     except OSError:
         commit = ""
