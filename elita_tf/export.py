@@ -24,15 +24,11 @@ from elita_tf.generation import Generator
 from elita_tf.models.config import DecoderConfig
 
 
-def _left_padded(ragged):
-    """A ragged `[B, (P)]` batch as right-aligned ids `[B, P]` and its mask."""
-    left_aligned = ragged.to_tensor(default_value=0)
-    lengths = tf.cast(ragged.row_lengths(), tf.int32)
-    width = tf.shape(left_aligned)[1]
-    source = tf.range(width)[None, :] - (width - lengths)[:, None]  # [B, P]
-    real = source >= 0
-    ids = tf.gather(left_aligned, tf.maximum(source, 0), batch_dims=1)
-    return tf.where(real, ids, 0), real
+def _right_padded(ragged):
+    """A ragged `[B, (P)]` batch as left-aligned ids `[B, P]`, padded on the right, and its mask."""
+    ids = ragged.to_tensor(default_value=0)
+    mask = tf.range(tf.shape(ids)[1])[None, :] < tf.cast(ragged.row_lengths(), tf.int32)[:, None]
+    return tf.cast(ids, tf.int32), mask
 
 
 def _seed_empty(ragged, token_id):
@@ -61,7 +57,7 @@ def export_saved_model(model, config, tokenizer_proto, path):
         return {"logits": model(token_ids, training=False)}
 
     def generate(prompts, max_new_tokens):
-        ids, mask = _left_padded(_seed_empty(tokenizer.tokenize(prompts), end_of_line))
+        ids, mask = _right_padded(_seed_empty(tokenizer.tokenize(prompts), end_of_line))
         tokens = generator._generate(ids, mask, max_new_tokens, tf.constant([0, 0]))
         return {"text": tokenizer.detokenize(tokens), "token_ids": tokens}
 

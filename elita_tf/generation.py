@@ -1,15 +1,14 @@
 """Token-by-token generation from each layer's decoding cache.
 
-The prompt is prefilled in one parallel pass; then every new token costs one
-step of each layer from its cache: constant-size state for `Attention2`,
-linear attention and global additive attention, ring buffers for windowed
-layers, a key/value cache for softmax layers. The loop is one `tf.function`
-with a `tf.while_loop`, traced once per sampler: other prompt lengths,
-batch sizes or `max_new_tokens` do not retrace.
-
-Prompts of different lengths share a batch left-padded: padded positions are
-masked out of every layer and positions count from each prompt's first real
-token, so a prompt's continuation does not depend on its batch-mates.
+Prompts of different lengths share a batch right-padded, as in keras-hub.
+The positions before the shortest prompt's last token are prefilled in one
+parallel pass; from there every position costs one step of each layer from
+its cache (constant-size state for `Attention2`, linear attention and global
+additive attention, ring buffers for windowed layers, a key/value buffer for
+softmax layers). A row still inside its prompt is fed its own next token, so
+each row's continuation is exactly what it would be alone, for every layer
+type. The loop is one `tf.function` with a `tf.while_loop`, traced once per
+sampler: other prompt lengths, batch sizes or `max_new_tokens` do not retrace.
 """
 
 import tensorflow as tf
@@ -17,47 +16,73 @@ import tensorflow as tf
 from elita_tf.layers.checks import check_token_ids
 from elita_tf.models.config import DecoderConfig
 from elita_tf.models.decoder import decoder_forward
+from elita_tf.ops.utils import real_extent
 
 SAMPLERS = ("greedy", "top_k", "top_p")
 
 
 def check_generation_length(prompt_length, max_new_tokens, limit):
-    """`max_new_tokens >= 0` and prompt + new tokens within `limit`: eagerly a `ValueError`, in a graph an assertion.
+    """`max_new_tokens >= 0` and prompt + new tokens within `limit` (None: no limit).
 
-    Returns `max_new_tokens`, in a graph dependent on the assertions, so they run before it is used.
+    Eagerly a `ValueError`, in a graph an assertion. Returns `max_new_tokens`,
+    in a graph dependent on the assertions, so they run before it is used.
     """
     if isinstance(prompt_length, int) and isinstance(max_new_tokens, int):
         if max_new_tokens < 0:
             raise ValueError(f"`max_new_tokens` must be >= 0. Received: max_new_tokens={max_new_tokens}")
-        if prompt_length + max_new_tokens > limit:
+        if limit is not None and prompt_length + max_new_tokens > limit:
             raise ValueError(
-                f"The prompt ({prompt_length} tokens) and max_new_tokens={max_new_tokens} exceed the model's "
-                f"context_length={limit}: shorten one of them."
+                f"The prompt ({prompt_length} tokens) and max_new_tokens={max_new_tokens} exceed the "
+                f"{limit} positions this model's position table or decoding buffers hold: shorten one of them."
             )
         return max_new_tokens
-    non_negative = tf.debugging.Assert(
-        max_new_tokens >= 0, ["max_new_tokens must be >= 0. Received: max_new_tokens =", max_new_tokens]
-    )
-    fits = tf.debugging.Assert(
-        prompt_length + max_new_tokens <= limit,
-        [
-            f"The prompt and max_new_tokens exceed the model's context_length={limit}. Received: prompt length =",
-            prompt_length,
-            "max_new_tokens =",
-            max_new_tokens,
-        ],
-    )
-    with tf.control_dependencies([non_negative, fits]):
+    checks = [
+        tf.debugging.Assert(
+            max_new_tokens >= 0, ["max_new_tokens must be >= 0. Received: max_new_tokens =", max_new_tokens]
+        )
+    ]
+    if limit is not None:
+        checks.append(
+            tf.debugging.Assert(
+                prompt_length + max_new_tokens <= limit,
+                [
+                    f"The prompt and max_new_tokens exceed the {limit} positions this model's position table or "
+                    "decoding buffers hold. Received: prompt length =",
+                    prompt_length,
+                    "max_new_tokens =",
+                    max_new_tokens,
+                ],
+            )
+        )
+    with tf.control_dependencies(checks):
         return tf.identity(max_new_tokens)
 
 
-def initial_caches(config, layers, batch_size):
-    """One empty cache per block."""
-    return [layers[f"block_{i}"].get_initial_cache(batch_size) for i in range(config.num_layers)]
+def empty_caches(config, layers, batch_size):
+    """The decoding cache before any position: one entry per block (`block_{i}`) and the `position` reached."""
+    caches = {f"block_{i}": layers[f"block_{i}"].get_initial_cache(batch_size) for i in range(config.num_layers)}
+    caches["position"] = tf.zeros([], tf.int32)
+    return caches
 
 
-def left_pad(prompts, pad_id=0):
-    """`(ids [B, P], mask [B, P])` from a list of token-id lists, right-aligned."""
+def forward_with_cache(config, layers, tokens, caches, padding_mask=None):
+    """Continues the sequence `caches` summarises with `tokens [B, T]`; returns `(logits [B, T, V], new_caches)`.
+
+    Every row is at `caches["position"]`. With `padding_mask`, positions after
+    the last real one (right padding) are not part of the sequence: the cache
+    ends after the last real position, the same in every row.
+    """
+    blocks = [caches[f"block_{i}"] for i in range(config.num_layers)]
+    position = caches["position"]
+    start = tf.fill(tf.shape(tokens)[:1], position)
+    logits, blocks = decoder_forward(config, layers, tokens, padding_mask, blocks, start_index=start)
+    new_caches = {f"block_{i}": cache for i, cache in enumerate(blocks)}
+    new_caches["position"] = position + tf.reduce_max(real_extent(padding_mask, tf.shape(tokens)[1]))
+    return logits, new_caches
+
+
+def right_pad(prompts, pad_id=0):
+    """`(ids [B, P], mask [B, P])` from a list of token-id lists, left-aligned and padded on the right."""
     if not len(prompts):
         raise ValueError("There are no prompts to continue. Received: prompts=[]")
     for index, prompt in enumerate(prompts):
@@ -67,8 +92,8 @@ def left_pad(prompts, pad_id=0):
                 f"text, the end-of-line id the training data put after every line). Received: prompts[{index}]=[]"
             )
     length = max(len(p) for p in prompts)
-    ids = [[pad_id] * (length - len(p)) + list(p) for p in prompts]
-    mask = [[False] * (length - len(p)) + [True] * len(p) for p in prompts]
+    ids = [list(p) + [pad_id] * (length - len(p)) for p in prompts]
+    mask = [[True] * len(p) + [False] * (length - len(p)) for p in prompts]
     return tf.constant(ids, tf.int32), tf.constant(mask, tf.bool)
 
 
@@ -128,42 +153,47 @@ class Generator:
 
     def _generate(self, ids, mask, max_new_tokens, seed):
         config, layers = self.config, self.layers
-        batch, prompt_length = tf.shape(ids)[0], tf.shape(ids)[1]
-        max_new_tokens = check_generation_length(prompt_length, max_new_tokens, config.context_length)
-        # Positions count from each prompt's first real token.
-        start = -tf.reduce_sum(tf.cast(tf.logical_not(mask), tf.int32), axis=1)
-        caches = initial_caches(config, layers, batch)
-        for i, block in enumerate(config.blocks):
-            if block == "elita":  # Attention2 tracks positions in its cache
-                log_z, mean, _ = caches[i]
-                caches[i] = (log_z, mean, start)
-        logits, caches = decoder_forward(config, layers, ids, mask, caches, start_index=start)
-        position = start + prompt_length
-        token = _select(logits[:, -1], self.sampler, self.temperature, self.top_k, self.top_p, seed)
-        tokens = tf.TensorArray(tf.int32, size=max_new_tokens, element_shape=tf.TensorShape([None]))
-
-        def step(i, token, position, tokens, caches):
-            tokens = tokens.write(i, token)
-            logits, caches = decoder_forward(config, layers, token[:, None], None, caches, start_index=position)
-            next_token = _select(logits[:, 0], self.sampler, self.temperature, self.top_k, self.top_p, seed + i + 1)
-            return i + 1, next_token, position + 1, tokens, caches
-
-        _, _, _, tokens, _ = tf.while_loop(
-            lambda i, *_: i < max_new_tokens,
-            step,
-            (tf.constant(0), token, position, tokens, caches),
+        batch, width = tf.shape(ids)[0], tf.shape(ids)[1]
+        lengths = tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+        longest = tf.reduce_max(lengths)
+        max_new_tokens = check_generation_length(longest, max_new_tokens, config.decode_limit)
+        # Prefill every position before the shortest prompt's last token: the same in every row.
+        first = tf.reduce_min(lengths) - 1
+        _, caches = forward_with_cache(
+            config,
+            layers,
+            ids,
+            empty_caches(config, layers, batch),
+            tf.tile(tf.range(width)[None, :] < first, [batch, 1]),
         )
-        # An empty TensorArray cannot stack (its element shape is not static).
-        return tf.cond(
-            max_new_tokens > 0, lambda: tf.transpose(tokens.stack()), lambda: tf.zeros([batch, 0], tf.int32)
-        )  # [B, max_new_tokens]
+        # Each row's prompt then its new tokens; a row inside its prompt is fed its own token.
+        sequence = tf.concat([tf.where(mask, ids, 0), tf.zeros([batch, max_new_tokens], tf.int32)], axis=1)
+        prompt_mask = tf.concat([mask, tf.zeros([batch, max_new_tokens], tf.bool)], axis=1)
+
+        def step(index, sequence, caches):
+            token = tf.gather(sequence, index, axis=1)
+            logits, caches = forward_with_cache(config, layers, token[:, None], caches)
+            chosen = _select(logits[:, 0], self.sampler, self.temperature, self.top_k, self.top_p, seed + index)
+            keep = tf.gather(prompt_mask, index + 1, axis=1)
+            next_token = tf.where(keep, tf.gather(sequence, index + 1, axis=1), chosen)
+            sequence = tf.tensor_scatter_nd_update(
+                sequence, tf.stack([tf.range(batch), tf.fill([batch], index + 1)], axis=1), next_token
+            )
+            return index + 1, sequence, caches
+
+        _, sequence, _ = tf.while_loop(
+            lambda index, *_: index < longest - 1 + max_new_tokens, step, (first, sequence, caches)
+        )
+        # Row b's new tokens start right after its prompt.
+        columns = lengths[:, None] + tf.range(max_new_tokens)[None, :]
+        return tf.gather(sequence, columns, batch_dims=1)  # [B, max_new_tokens]
 
     def __call__(self, prompts, max_new_tokens, seed=0, mask=None):
         """Generates `max_new_tokens` after each prompt.
 
         Args:
             prompts: a list of token-id lists (any lengths), or int `[B, P]`
-                left-padded ids with `mask`.
+                right-padded ids with `mask`.
             max_new_tokens: int.
             seed: int, for the samplers.
             mask: bool `[B, P]` for padded `prompts`, False at padding.
@@ -172,7 +202,7 @@ class Generator:
             int32 `[B, max_new_tokens]`.
         """
         if mask is None:
-            ids, mask = left_pad(prompts) if isinstance(prompts, (list, tuple)) else (prompts, None)
+            ids, mask = right_pad(prompts) if isinstance(prompts, (list, tuple)) else (prompts, None)
             if mask is None:
                 mask = tf.ones(tf.shape(ids), tf.bool)
         else:
@@ -180,7 +210,7 @@ class Generator:
         ids, _ = check_token_ids(ids, self.config.vocab_size, name="prompts")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise TypeError(f"`max_new_tokens` must be an integer. Received: max_new_tokens={max_new_tokens!r}")
-        check_generation_length(ids.shape[1], max_new_tokens, self.config.context_length)
+        check_generation_length(ids.shape[1], max_new_tokens, self.config.decode_limit)
         return self.run(
             tf.cast(ids, tf.int32), tf.cast(mask, tf.bool), tf.constant(max_new_tokens), tf.constant([seed, 0])
         )

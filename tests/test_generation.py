@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.generation import Generator, generate, left_pad
+from elita_tf.generation import Generator, generate, right_pad
 from elita_tf.models import PRESETS, build_decoder, preset
 
 CONFIG = {"width": 32, "num_layers": 3, "num_heads": 2, "head_dim": 8, "context_length": 48}
@@ -30,7 +30,7 @@ def _greedy_by_recomputing(model, prompt, steps):
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_cached_greedy_equals_recomputing_the_full_forward(name):
     model, config = _model(name)
-    prompts = [[3, 4, 5, 6, 7, 8, 9], [9, 1], [2]]  # different lengths, one left-padded batch
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [9, 1], [2]]  # different lengths, one right-padded batch
     out = Generator(model, config)(prompts, 10).numpy()
     for prompt, got in zip(prompts, out):
         assert list(got) == _greedy_by_recomputing(model, prompt, 10)
@@ -68,21 +68,33 @@ def test_mixed_precision_greedy_equals_the_parallel_forward(name, policy_name, p
         assert list(got) == list(np.argmax(logits, axis=-1))
 
 
+def test_elita_decodes_past_the_training_length():
+    model, config = _model("elita")
+    assert config.decode_limit is None
+    prompts = [[3, 4, 5, 6, 7, 8, 9] * 4, [9, 1]]
+    steps = 4 * config.context_length - len(prompts[0])  # to 4x the training length
+    out = Generator(model, config)(prompts, steps).numpy()
+    for prompt, got in zip(prompts, out):
+        logits = model(np.array([prompt + list(got)]))[0, len(prompt) - 1 : -1]
+        assert list(got) == list(np.argmax(logits, axis=-1))
+
+
 def test_errors():
     model, config = _model("elita")
     with pytest.raises(ValueError, match="sampler"):
         Generator(model, config, sampler="beam")
     with pytest.raises(ValueError, match=r"Prompt 1 is empty.*end-of-line id"):
-        left_pad([[1], [], [2]])
+        right_pad([[1], [], [2]])
     with pytest.raises(ValueError, match="no prompts"):
-        left_pad([])
-    with pytest.raises(ValueError, match=r"\(40 tokens\) and max_new_tokens=20 exceed the model's context_length=48"):
-        generate(model, config, [[1] * 40], max_new_tokens=20)
+        right_pad([])
+    transformer, transformer_config = _model("transformer")
+    with pytest.raises(ValueError, match=r"\(40 tokens\) and max_new_tokens=20 exceed the 48 positions"):
+        generate(transformer, transformer_config, [[1] * 40], max_new_tokens=20)
     with pytest.raises(ValueError, match="max_new_tokens=-1"):
         generate(model, config, [[1, 2]], max_new_tokens=-1)
     with pytest.raises(TypeError, match="max_new_tokens=2.0"):
         generate(model, config, [[1, 2]], max_new_tokens=2.0)
-    with pytest.raises(ValueError, match=r"vocabulary_size=30\). Received: prompts\[1, 1\]=30"):
+    with pytest.raises(ValueError, match=r"vocabulary_size=30\). Received: prompts\[1, 0\]=30"):
         generate(model, config, [[1, 2], [30]], max_new_tokens=2)
     with pytest.raises(TypeError, match="float ids are refused"):
         generate(model, config, np.array([[1.5, 2.0]]), max_new_tokens=2)

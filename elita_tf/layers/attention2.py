@@ -4,6 +4,7 @@ import tensorflow as tf
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.mixer import CausalMixer
+from elita_tf.ops.utils import real_extent
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
     accumulator_dtype,
@@ -204,7 +205,8 @@ class Attention2(CausalMixer):
         outputs = tf.einsum("bhte,hde->btd", tf.cast(mixed, self.compute_dtype), self.output_kernel)
         if cache is None:
             return outputs
-        return outputs, (state[0], state[1], cache[2] + length)
+        # Right padding is not part of the sequence: the next position follows the last real one.
+        return outputs, (state[0], state[1], cache[2] + real_extent(padding_mask, length))
 
     def get_initial_cache(self, batch_size, dtype=None):
         """The cache before any position.

@@ -83,6 +83,19 @@ class DecoderConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={self.dropout!r}")
 
+    @property
+    def decode_limit(self):
+        """The positions generation can reach: `context_length` where something is sized by it, else None.
+
+        Key/value buffers (`"transformer"`, `"simplified"`), 3Lin's wide
+        layers and learned position tables hold `context_length` positions.
+        ELiTA, linear and additive blocks carry constant-size states, and
+        ELiTA's sinusoidal positions continue past it: with no learned
+        positions, such a model decodes with no length limit.
+        """
+        finite = self.position_embedding or any(b in ("transformer", "simplified", "3lin") for b in self.blocks)
+        return self.context_length if finite else None
+
     def get_config(self):
         config = dataclasses.asdict(self)
         config["blocks"] = list(self.blocks)

@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.ops.causal_mean import NEG_INF, accumulator_dtype
-from elita_tf.ops.utils import write_positions
+from elita_tf.ops.utils import real_extent, window_after, write_positions
 
 DEFAULT_CHUNK_SIZE = 32
 
@@ -235,7 +235,10 @@ def banded_attention(
         hyper: float. Bonus `hyper / Δ`, in nats. Defaults to `0.0`.
         scale: float or None. Multiplies `q·k`. Defaults to `1 / sqrt(Dk)`.
         mask: optional bool `[B, T]`, False at padding: a padded position is
-            no key of any row (its own row is computed as usual).
+            no key of any row (its own row is computed as usual). The state
+            ends after the last real position (the latest of any row): right
+            padding is not part of the sequence, so rows continuing from the
+            state must end at the same position.
         initial_state: optional state of the positions before these, from
             `empty_banded_state()` or a previous call (prefill, then continue).
             Needed to continue a sequence without a window (its size is the
@@ -252,6 +255,9 @@ def banded_attention(
     queries, keys, values, valid, scale = _prepare(queries, keys, values, mask, scale)
     batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
     length = tf.shape(keys)[2]
+    # The state ends after the last real position: right padding is overwritten by what follows.
+    end = real_extent(mask, length)
+    advance = tf.reduce_max(end) if mask is not None else end
 
     if window is None:
         if initial_state is None:
@@ -278,7 +284,7 @@ def banded_attention(
             hyper,
             scale,
         )
-        return out, (buffer_keys, buffer_values, buffer_valid, index + length)
+        return out, (buffer_keys, buffer_values, buffer_valid, index + advance)
 
     if initial_state is None:
         initial_state = empty_banded_state(
@@ -317,10 +323,10 @@ def banded_attention(
         chunk_size,
     )
     state = (
-        tf.concat([start_key[:, :, None], all_keys[:, :, -(window - 1) :]], axis=2),
-        tf.concat([start_value[:, :, None], all_values[:, :, -(window - 1) :]], axis=2),
-        tf.concat([start_valid[:, None], all_valid[:, -(window - 1) :]], axis=1),
-        index + length,
+        tf.concat([start_key[:, :, None], window_after(all_keys, end, window - 1, axis=2)], axis=2),
+        tf.concat([start_value[:, :, None], window_after(all_values, end, window - 1, axis=2)], axis=2),
+        tf.concat([start_valid[:, None], window_after(all_valid, end, window - 1, axis=1)], axis=1),
+        index + advance,
     )
     return out, state
 

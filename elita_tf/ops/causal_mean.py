@@ -33,6 +33,8 @@ Forms:
 
 import tensorflow as tf
 
+from elita_tf.ops.utils import real_extent, window_after
+
 # A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
 # never makes `-inf - -inf = nan` in a forward or backward pass.
 NEG_INF = -1e30
@@ -249,7 +251,8 @@ def causal_softmax_mean(
             of most recent positions each row sees (itself included).
         mask: optional bool `[B, T]`, False at padding: a padded position adds
             nothing to any later row (its own row is left finite, not
-            meaningful).
+            meaningful). A window's state ends at the last real position:
+            right padding is not part of the sequence.
         initial_state: optional state of the positions before these, as from
             `empty_state()` or a previous call (prefill then continue).
         chunk_size: int `C`, positions per matrix-product chunk.
@@ -260,6 +263,7 @@ def causal_softmax_mean(
         state after the last position, to continue from.
     """
     _check_window(window)
+    end = real_extent(mask, tf.shape(logits)[-1])
     logits, values = _prepare(logits, values, mask)
     if window is not None and initial_state is not None:
         # The ring buffer holds the `window` positions before these.
@@ -286,7 +290,7 @@ def causal_softmax_mean(
             values = tf.concat([empty_v, values], axis=-2)
         else:
             mean, log_z = mean[:, :, window:], log_z[:, :, window:]
-        return mean, log_z, (logits[:, :, -window:], values[:, :, -window:])
+        return mean, log_z, (window_after(logits, end, window, axis=2), window_after(values, end, window, axis=2))
 
     if initial_state is None:
         b, h, _, d = (tf.shape(values)[k] for k in range(4))

@@ -13,7 +13,7 @@ compiles once.
 import tensorflow as tf
 
 from elita_tf.ops.causal_mean import accumulator_dtype
-from elita_tf.ops.utils import write_positions
+from elita_tf.ops.utils import real_extent, write_positions
 
 
 def empty_kv_cache(batch_size, max_length, num_heads, head_dim, dtype=tf.float32):
@@ -28,7 +28,9 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
     Args:
         cache: `(key, value, valid, index)`.
         key, value: `[B, T, H, D]`.
-        mask: optional bool `[B, T]`, False at padding.
+        mask: optional bool `[B, T]`, False at padding. The index moves
+            past the last real position (the latest of any row): later
+            positions overwrite right padding.
         name: the owning layer's name, for the overflow error.
 
     Returns:
@@ -53,7 +55,9 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
     )
     causal = tf.range(max_length)[None, :] <= index + tf.range(length)[:, None]  # [T, L]
     visible = causal[None, None] & valid[:, None, None, :]
-    return (key_cache, value_cache, valid, index + length), visible
+    # Right padding is not part of the sequence: the next positions overwrite it.
+    advance = tf.reduce_max(real_extent(mask, length))
+    return (key_cache, value_cache, valid, index + advance), visible
 
 
 def causal_visibility(length, mask=None):

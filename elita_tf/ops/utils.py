@@ -80,3 +80,29 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         return tf.where(mask, tf.constant(float("nan"), x.dtype), x)
 
     return poison_rows(outputs), tf.nest.map_structure(poison_state, cache)
+
+
+def real_extent(mask, length):
+    """Per row, the position after its last real (unpadded) one, int32 `[B]`; the scalar `length` without a mask.
+
+    A decoding state advances by this much: padding after a row's last real
+    position (right padding) is not part of the sequence, so what follows
+    overwrites it; padding before (left padding) or between real positions
+    keeps its place.
+    """
+    if mask is None:
+        return tf.convert_to_tensor(length, tf.int32)
+    positions = tf.range(1, tf.shape(mask)[1] + 1)[None, :]
+    return tf.reduce_max(tf.where(tf.cast(mask, tf.bool), positions, 0), axis=1)
+
+
+def window_after(sequence, end, size, axis):
+    """Entries `end .. end + size` along `axis` of each row of `sequence` (batch axis 0).
+
+    `sequence` is a ring buffer of `size` earlier positions followed by the new
+    ones; with the new positions ending at `end` (`real_extent`, `[B]` or a
+    scalar), these are the `size` most recent: right padding never enters the ring.
+    """
+    end = tf.broadcast_to(tf.convert_to_tensor(end, tf.int32), tf.shape(sequence)[:1])
+    index = end[:, None] + tf.range(size)[None, :]  # [B, size]
+    return tf.gather(sequence, index, axis=axis, batch_dims=1)
