@@ -65,20 +65,21 @@ def empty_caches(config, layers, batch_size):
     return caches
 
 
-def forward_with_cache(config, layers, tokens, caches, padding_mask=None):
+def forward_with_cache(config, layers, tokens, caches, padding_mask=None, head=True):
     """Continues the sequence `caches` summarises with `tokens [B, T]`; returns `(logits [B, T, V], new_caches)`.
 
     Every row is at `caches["position"]`. With `padding_mask`, positions after
     the last real one (right padding) are not part of the sequence: the cache
-    ends after the last real position, the same in every row.
+    ends after the last real position, the same in every row. `head=False`
+    returns the final hidden states `[B, T, d]` in place of the logits.
     """
     blocks = [caches[f"block_{i}"] for i in range(config.num_layers)]
     position = caches["position"]
     start = tf.fill(tf.shape(tokens)[:1], position)
-    logits, blocks = decoder_forward(config, layers, tokens, padding_mask, blocks, start_index=start)
+    outputs, blocks = decoder_forward(config, layers, tokens, padding_mask, blocks, start_index=start, head=head)
     new_caches = {f"block_{i}": cache for i, cache in enumerate(blocks)}
     new_caches["position"] = position + tf.reduce_max(real_extent(padding_mask, tf.shape(tokens)[1]))
-    return logits, new_caches
+    return outputs, new_caches
 
 
 def right_pad(prompts, pad_id=0):

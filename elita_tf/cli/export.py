@@ -22,7 +22,7 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
     parser.add_argument("--output", required=True, help="SavedModel directory to write")
     args = parser.parse_args(argv)
-    files = {name: os.path.join(args.run_dir, name) for name in ["config.json", "sentencepiece.model"]}
+    files = {name: os.path.join(args.run_dir, name) for name in ["run.json", "sentencepiece.model"]}
     missing = [path for path in files.values() if not os.path.exists(path)]
     try:
         checkpoint = latest_checkpoint(args.run_dir)
@@ -33,8 +33,8 @@ def main(argv=None):
     if missing:
         parser.error(f"the run directory lacks {', '.join(missing)}")
     model = keras.models.load_model(checkpoint, compile=False)
-    with open(files["config.json"]) as f:
-        config = DecoderConfig.from_config(json.load(f))
+    with open(files["run.json"]) as f:
+        config = DecoderConfig.from_config(json.load(f)["model"])
     with open(files["sentencepiece.model"], "rb") as f:
         proto = f.read()
     export_saved_model(model, config, proto, args.output)

@@ -113,7 +113,7 @@ def make_layers(config):
     return layers
 
 
-def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, start_index=None, training=None):
+def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, start_index=None, training=None, head=True):
     """The decoder on token ids, from `make_layers` (or a built model's layers by name).
 
     Args:
@@ -121,9 +121,10 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
         layers: mapping from layer name to layer.
         tokens: int `[B, T]` token ids (a `keras.Input` to build a model).
         padding_mask: optional bool `[B, T]`, False at padding.
-        caches: optional list, one cache per block (`initial_caches`): decode.
+        caches: optional list, one cache per block (`get_initial_cache`): decode.
         start_index: optional int `[B]`, the position of `tokens[:, 0]` (decoding).
         training: bool.
+        head: bool. False returns the final hidden states `[B, T, d]` in place of the logits.
 
     Returns:
         float32 logits `[B, T, V]`, or `(logits, new_caches)` with caches.
@@ -159,9 +160,16 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
             x = run(i, x)
 
     x = layers["final_norm"](x)
-    logits = layers["embedding"](x, reverse=True) if config.tied_embeddings else layers["logits"](x)
-    logits = keras.ops.cast(logits, "float32")
+    if not head:
+        return x if caches is None else (x, new_caches)
+    logits = decoder_head(config, layers, x)
     return logits if caches is None else (logits, new_caches)
+
+
+def decoder_head(config, layers, hidden):
+    """Float32 logits `[B, T, V]` from the final hidden states `[B, T, d]`."""
+    logits = layers["embedding"](hidden, reverse=True) if config.tied_embeddings else layers["logits"](hidden)
+    return keras.ops.cast(logits, "float32")
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

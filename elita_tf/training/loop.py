@@ -7,11 +7,13 @@ WikiText is downloaded (and prepared once by tensorflow-datasets) unless `data_d
 environment variable `ELITA_WIKITEXT_DIR` names a local directory holding its files.
 
 Writes to `output_dir`: `run.json` (the run's manifest: architecture, training settings, data
-and tokenizer hashes), `sentencepiece.model`, `config.json`, `steps.csv` (loss, learning rate
+and tokenizer hashes), `sentencepiece.model`, `steps.csv` (loss, learning rate
 and wall time of every step), `tensorboard/`, `checkpoints/step-N.keras` (model and optimizer,
 every `checkpoint_every` steps and at each epoch end; the last `keep_checkpoints` kept) and
 `results.json` (validation and test loss and perplexity, step time, tokens/s, peak memory, the
-data's SHA-256, versions and load). Training again into the same directory resumes exactly where
+data's SHA-256, versions and load). At the end the directory becomes a keras-hub preset
+(`config.json`, `model.weights.h5`, `tokenizer.json`, ...): `ElitaCausalLM.from_preset(output_dir)`
+gives the trained model with its tokenizer. Training again into the same directory resumes exactly where
 the last intact checkpoint left off: same step, same data position, same result as an
 uninterrupted run. A directory holding another run (other settings, data or tokenizer), or one
 another process is writing, is refused before anything in it changes. `elita-train`
@@ -33,7 +35,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, steps_per_epoch, token_windows, train_sentencepiece
-from elita_tf.models import build_decoder, preset
+from elita_tf.models import ElitaCausalLM, build_decoder, preset
 from elita_tf.schedules import elita_adam
 from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoint
 from elita_tf.training.run_directory import RunDirectory, RunDirectoryError, write_atomically
@@ -100,7 +102,7 @@ def requested_manifest(settings, config, data):
 def prepare_run(settings, run_dir):
     """Checks the directory against the request, then the tokenizer and the windows of the three splits.
 
-    A new run trains the tokenizer and writes `run.json` and `config.json`; a
+    A new run trains the tokenizer and writes `run.json`; a
     resumed one reuses its tokenizer after checking its hash. Returns
     `(config, windows, data)`.
     """
@@ -115,7 +117,6 @@ def prepare_run(settings, run_dir):
         lines = (line.decode("utf-8") for line in splits["train"].as_numpy_iterator())
         proto = train_sentencepiece(lines, vocab_size=settings.vocab_size, seed=settings.seed)
         write_atomically(tokenizer_path, proto)
-        write_atomically(run_dir.file("config.json"), config.to_json())
         run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
     else:
         proto = open(tokenizer_path, "rb").read() if os.path.exists(tokenizer_path) else b""
@@ -303,5 +304,8 @@ def _train(settings, run_dir, callbacks):
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(os.path.join(settings.output_dir, "results.json"), json.dumps(results, indent=2))
+    # The run directory becomes a keras-hub preset: ElitaCausalLM.from_preset(output_dir).
+    with open(run_dir.file("sentencepiece.model"), "rb") as f:
+        ElitaCausalLM.from_decoder(model, config, f.read()).save_to_preset(settings.output_dir)
     print(json.dumps(results, indent=2), flush=True)
     return results

@@ -113,7 +113,7 @@ def test_export_cli_from_a_run_directory(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     save_checkpoint(build_decoder(config), str(run), step=1)
-    (run / "config.json").write_text(config.to_json())
+    (run / "run.json").write_text(json.dumps({"model": config.get_config()}))
     with pytest.raises(SystemExit):
         export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")])
     assert "sentencepiece.model" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from elita_tf.cli.train import parse_args
+from elita_tf.models import ElitaCausalLM
 from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,8 +73,16 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     results = train(parse_args(_args(tiny_wikitext, whole)))
     assert results["steps"] == 12 and np.isfinite(results["test_loss"])
     assert results["test_perplexity"] == pytest.approx(np.exp(results["test_loss"]))
-    for name in ["run.json", "sentencepiece.model", "config.json", "checkpoints", "results.json", "tensorboard"]:
+    for name in ["run.json", "sentencepiece.model", "config.json", "model.weights.h5", "tokenizer.json", "checkpoints"]:
         assert os.path.exists(whole / name), name
+    # The run directory is a keras-hub preset of the trained model.
+    causal_lm = ElitaCausalLM.from_preset(str(whole))
+    trained = keras.models.load_model(latest_checkpoint(whole))
+    ids = np.array([[2, 5, 9, 14, 3]], "int32")
+    np.testing.assert_allclose(
+        causal_lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}), trained(ids), rtol=1e-5, atol=1e-5
+    )
+    assert causal_lm.generate("the cat", max_length=12).startswith("the cat")
     assert [step for step, _ in list_checkpoints(whole)] == [10, 12]  # every 5 and at epoch ends, the last two kept
     assert _steps(whole) == list(range(1, 13))
 
@@ -142,6 +151,7 @@ import sys, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from elita_tf.cli.train import parse_args
+from elita_tf.models import ElitaCausalLM
 from elita_tf.training import train
 results = train(parse_args(sys.argv[1:]))
 import json; print("RESULT", json.dumps(results))

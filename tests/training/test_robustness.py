@@ -64,7 +64,7 @@ def test_a_directory_holding_another_run_is_refused_untouched(tiny_wikitext, tmp
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         _run(tiny_wikitext, out, "--preset", "elita", callbacks=[Interrupt(6)])
-    before = {name: (out / name).read_bytes() for name in ["run.json", "config.json", "sentencepiece.model"]}
+    before = {name: (out / name).read_bytes() for name in ["run.json", "sentencepiece.model"]}
     with pytest.raises(RunDirectoryError, match=r"(?s)another run.*preset: stored 'elita', requested 'transformer'"):
         _run(tiny_wikitext, out, "--preset", "transformer")
     with pytest.raises(RunDirectoryError, match=r"model.vocab_size: stored 60, requested 70"):
