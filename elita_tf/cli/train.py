@@ -13,7 +13,7 @@ import sys
 from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.models import PRESETS
 from elita_tf.training import CorruptCheckpointError, RunDirectoryError, TrainSettings, train
-from elita_tf.training.settings import STRATEGIES
+from elita_tf.training.settings import OPTIMIZERS, STRATEGIES
 
 _HELP = {
     "preset": f"one of {sorted(PRESETS)}",
@@ -26,7 +26,7 @@ _HELP = {
     "eval_batches": "cap on validation/test batches (default: all)",
     "verbose": "Keras fit verbosity (1: progress bar)",
 }
-_CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES}
+_CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES, "optimizer": OPTIMIZERS}
 
 
 def add_settings_flags(parser, exclude=(), defaults=True):

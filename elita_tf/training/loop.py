@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, steps_per_epoch, token_windows, train_sentencepiece
 from elita_tf.models import ElitaCausalLM, build_decoder, preset
-from elita_tf.schedules import elita_adam
+from elita_tf.schedules import elita_adam, three_lin_sgd
 from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoint
 from elita_tf.training.run_directory import RunDirectory, RunDirectoryError, write_atomically
 
@@ -95,7 +95,12 @@ def requested_manifest(settings, config, data):
         "preset": settings.preset,
         "model": config.get_config(),
         "data": {"dataset": data["dataset"], "sha256": data["sha256"]},
-        "training": {"seq_len": settings.seq_len, "batch_size": settings.batch_size, "seed": settings.seed},
+        "training": {
+            "seq_len": settings.seq_len,
+            "batch_size": settings.batch_size,
+            "seed": settings.seed,
+            "optimizer": settings.optimizer,
+        },
     }
 
 
@@ -242,7 +247,7 @@ def _train(settings, run_dir, callbacks):
         if model is None:
             model = build_decoder(config, name=settings.preset)
             model.compile(
-                optimizer=elita_adam(),
+                optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=[],
             )

@@ -6,6 +6,7 @@ from elita_tf.data.wikitext import CONFIG_NAMES
 from elita_tf.models import PRESETS
 
 STRATEGIES = ("default", "mirrored", "multiworker")
+OPTIMIZERS = ("adam", "normalized-sgd")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,10 @@ class TrainSettings:
         max_steps: int or None. A cap on steps in all (a token budget).
         width, layers, heads, head_dim: int. The model's size.
         dropout: float. Residual dropout. Defaults to `0.0`.
+        optimizer: str. `"adam"` (ELiTA's: `min(1e-3, 1e-2 / sqrt(step))`,
+            beta1 0.9, beta2 0.99) or `"normalized-sgd"` (3Lin's: every
+            matrix moves by 0.1 in norm per step, linearly to 0 over the
+            last tenth of the run). Defaults to `"adam"`.
         seed: int. Data order, tokenizer and weights. Defaults to `0`.
         checkpoint_every: int. Steps between checkpoints. Defaults to `20`.
         keep_checkpoints: int. Newest checkpoints kept. Defaults to `2`.
@@ -54,6 +59,7 @@ class TrainSettings:
     heads: int = 4
     head_dim: int = 16
     dropout: float = 0.0
+    optimizer: str = "adam"
     seed: int = 0
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
@@ -73,6 +79,8 @@ class TrainSettings:
             fail("dataset", f"one of {CONFIG_NAMES}")
         if self.strategy not in STRATEGIES:
             fail("strategy", f"one of {list(STRATEGIES)}")
+        if self.optimizer not in OPTIMIZERS:
+            fail("optimizer", f"one of {list(OPTIMIZERS)}")
         positive = ["vocab_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "width", "layers"]
         for name in positive + ["heads", "head_dim", "max_steps", "eval_batches"]:
             value = getattr(self, name)

@@ -128,6 +128,7 @@ def test_step_log_writes_each_batch_loss(tmp_path):
         (["--dropout", "1.5"], "`dropout` must be in [0, 1). Received: dropout=1.5"),
         (["--seed", "-1"], "`seed` must be a non-negative integer. Received: seed=-1"),
         (["--strategy", "tpu"], "invalid choice: 'tpu'"),
+        (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
     ],
 )
 def test_bad_arguments_stop_before_training(tiny_wikitext, tmp_path, capsys, extra, message):

@@ -212,3 +212,17 @@ def test_kill_9_mid_run_then_the_same_command_finishes(tiny_wikitext, tmp_path, 
     with open(out / "steps.csv") as f:
         assert [int(row["step"]) for row in csv.DictReader(f)] == list(range(1, 13))  # no step twice
     assert "Taking over the lock" in capsys.readouterr().out
+
+
+def test_normalized_sgd_trains_3lin_and_is_part_of_the_run(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    results = _run(tiny_wikitext, out, "--preset", "3lin", "--optimizer", "normalized-sgd")
+    model = keras.models.load_model(latest_checkpoint(out))
+    assert type(model.optimizer).__name__ == "NormalizedSGD"
+    # The last tenth of the run decays linearly to 0: at the end the rate is 0.
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.0)
+    losses = [float(row["loss"]) for row in csv.DictReader(open(out / "steps.csv"))]
+    assert np.isfinite(results["test_loss"]) and losses[-1] < losses[0]
+    assert results["config"]["settings"]["optimizer"] == "normalized-sgd"
+    with pytest.raises(RunDirectoryError, match=r"training.optimizer: stored 'normalized-sgd', requested 'adam'"):
+        _run(tiny_wikitext, out, "--preset", "3lin")
