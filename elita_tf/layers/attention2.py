@@ -135,17 +135,52 @@ class Attention2(CausalMixer):
                 name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
             )
 
-        self.k1 = weight("k1", (h, width), self.logit_initializer)
-        self.k2 = weight("k2", (h, width), self.logit_initializer)
-        self.k3 = weight("k3", (h, width), self.logit_initializer)
         self.a1 = weight("a1", (h, p), self.position_initializer)
         self.a2 = weight("a2", (h, p), self.position_initializer)
         self.b1 = weight("b1", (h, p), self.position_initializer)
         self.b2 = weight("b2", (h, p), self.position_initializer)
         self.c = weight("c", (h, p), self.position_initializer)
-        self.value_kernel = weight("value_kernel", (h, width, d), self.kernel_initializer)
-        self.output_kernel = weight("output_kernel", (h, width, d), self.kernel_initializer)
+
+        # The projections are EinsumDense layers, so that Keras' int8 quantization and LoRA cover them.
+        def projection(name, equation, output_shape, inputs, initializer):
+            layer = keras.layers.EinsumDense(
+                equation,
+                output_shape=output_shape,
+                kernel_initializer=clone_initializer(initializer),
+                name=name,
+                dtype=self.dtype_policy,
+            )
+            layer.build(inputs)
+            return layer
+
+        sequence = (None, None, width)
+        self.k1_dense, self.k2_dense, self.k3_dense = (
+            projection(name, "btd,hd->bht", (h, None), sequence, self.logit_initializer) for name in ("k1", "k2", "k3")
+        )
+        self.value_dense = projection("value", "btd,hde->bhte", (h, None, d), sequence, self.kernel_initializer)
+        self.output_dense = projection("output", "bhte,hde->btd", (None, width), (None, h, None, d), self.kernel_initializer)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    # The documented weights, `[H, d]` and `[H, d, D]`, are the projections' kernels.
+    @property
+    def k1(self):
+        return self.k1_dense.kernel
+
+    @property
+    def k2(self):
+        return self.k2_dense.kernel
+
+    @property
+    def k3(self):
+        return self.k3_dense.kernel
+
+    @property
+    def value_kernel(self):
+        return self.value_dense.kernel
+
+    @property
+    def output_kernel(self):
+        return self.output_dense.kernel
 
     def _positions(self, length, start):
         """`u [B or 1, T]` in the accumulator dtype."""
@@ -181,12 +216,11 @@ class Attention2(CausalMixer):
         p1, p2 = self._position_terms(self._positions(length, start))
 
         acc = p1.dtype
-        keys = tf.stack([tf.convert_to_tensor(k) for k in (self.k1, self.k2, self.k3)])  # [3, H, d]
-        logits = tf.cast(tf.einsum("btd,khd->kbht", inputs, keys), acc)  # [3, B, H, T]
-        kappa, delta, rho = logits[0] + p1, logits[1], logits[2] + p2
+        kappa, delta, rho = (tf.cast(k(inputs), acc) for k in (self.k1_dense, self.k2_dense, self.k3_dense))  # [B, H, T]
+        kappa, rho = kappa + p1, rho + p2
         if self.logit_clip is not None:
             kappa, delta, rho = (tf.clip_by_value(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))
-        values = tf.einsum("btd,hde->bhte", inputs, self.value_kernel)  # [B, H, T, D]
+        values = self.value_dense(inputs)  # [B, H, T, D]
 
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
@@ -202,7 +236,7 @@ class Attention2(CausalMixer):
             )
         gate = tf.sigmoid(delta - rho - log_z)[..., None]
         mixed = gate * tf.cast(values, acc) + (1.0 - gate) * mean
-        outputs = tf.einsum("bhte,hde->btd", tf.cast(mixed, self.compute_dtype), self.output_kernel)
+        outputs = self.output_dense(tf.cast(mixed, self.compute_dtype))
         if cache is None:
             return outputs
         # Right padding is not part of the sequence: the next position follows the last real one.

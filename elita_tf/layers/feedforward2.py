@@ -70,27 +70,64 @@ class FeedForward2(keras.layers.Layer):
         a = self.hidden_dim or width
         b = self.factor
 
-        def weight(name, shape, initializer):
-            return self.add_weight(
-                name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
+        # Dense and EinsumDense layers, so that Keras' int8 quantization and LoRA cover them.
+        def dense(name, units):
+            layer = keras.layers.Dense(
+                units,
+                activation="silu",
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                bias_initializer=clone_initializer(self.bias_initializer),
+                name=name,
+                dtype=self.dtype_policy,
             )
+            layer.build((None, width))
+            return layer
 
-        self.w1 = weight("w1", (width, a), self.kernel_initializer)
-        self.b1 = weight("b1", (a,), self.bias_initializer)
-        self.w2 = weight("w2", (width, b), self.kernel_initializer)
-        self.b2 = weight("b2", (b,), self.bias_initializer)
-        self.w3 = weight("w3", (a, b, width), self.kernel_initializer)
-        self.b3 = weight("b3", (width,), self.bias_initializer)
+        self.w1_dense, self.w2_dense = dense("w1", a), dense("w2", b)
+        self.w3_dense = keras.layers.EinsumDense(
+            "nab,abw->nw",
+            output_shape=(width,),
+            bias_axes="w",
+            kernel_initializer=clone_initializer(self.kernel_initializer),
+            bias_initializer=clone_initializer(self.bias_initializer),
+            name="w3",
+            dtype=self.dtype_policy,
+        )
+        self.w3_dense.build((None, a, b))
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    # The documented weights are the sublayers' kernels and biases.
+    @property
+    def w1(self):
+        return self.w1_dense.kernel
+
+    @property
+    def b1(self):
+        return self.w1_dense.bias
+
+    @property
+    def w2(self):
+        return self.w2_dense.kernel
+
+    @property
+    def b2(self):
+        return self.w2_dense.bias
+
+    @property
+    def w3(self):
+        return self.w3_dense.kernel
+
+    @property
+    def b3(self):
+        return self.w3_dense.bias
 
     def call(self, inputs, padding_mask=None, cache=None, training=None):
         inputs, _ = check_sequence_call(self, inputs, padding_mask)
-        a, b, width = self.w3.shape
+        width = inputs.shape[-1]
         x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
-        alpha = tf.nn.silu(tf.matmul(x, self.w1) + self.b1)  # [B*T, a]
-        beta = tf.nn.silu(tf.matmul(x, self.w2) + self.b2)  # [B*T, b]
-        hidden = tf.reshape(alpha[:, :, None] * beta[:, None, :], [-1, a * b])
-        outputs = tf.matmul(hidden, tf.reshape(self.w3, [a * b, width])) + self.b3
+        alpha = self.w1_dense(x)  # [B*T, a]
+        beta = self.w2_dense(x)  # [B*T, b]
+        outputs = self.w3_dense(alpha[:, :, None] * beta[:, None, :])  # [B*T, d]
         outputs = tf.reshape(outputs, tf.shape(inputs))
         return outputs if cache is None else (outputs, ())
 

@@ -92,27 +92,62 @@ class ShapedAttention(CausalMixer):
                 name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
             )
 
-        self.query_kernel = weight("query_kernel", (width, h, e), self.query_initializer)
-        self.query_bias = weight("query_bias", (h, e), "zeros")
-        self.key_kernel = weight("key_kernel", (width, h, e), self.key_initializer)
-        self.key_bias = weight("key_bias", (h, e), "zeros")
+        # EinsumDense and Dense layers, so that Keras' int8 quantization and LoRA cover the projections.
+        def heads_projection(name, initializer):
+            layer = keras.layers.EinsumDense(
+                "btd,dhe->bthe",
+                output_shape=(None, h, e),
+                bias_axes="he",
+                kernel_initializer=clone_initializer(initializer),
+                name=name,
+                dtype=self.dtype_policy,
+            )
+            layer.build((None, None, width))
+            return layer
+
+        self.query_dense = heads_projection("query", self.query_initializer)
+        self.key_dense = heads_projection("key", self.key_initializer)
         self.alpha = weight("alpha", (h,), "ones")
         self.beta = weight("beta", (h,), "ones")
         self.gamma = weight("gamma", (h,), "ones")
         if self.value_projection:
-            self.value_kernel = weight("value_kernel", (width, width), "zeros")
+            self.value_dense = keras.layers.Dense(
+                width, use_bias=False, kernel_initializer="zeros", name="value", dtype=self.dtype_policy
+            )
+            self.value_dense.build((None, None, width))
             self.value_gain = weight("value_gain", (), "ones")
             self.value_skip_gain = weight("value_skip_gain", (), "ones")
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    # The documented weights are the projections' kernels and biases.
+    @property
+    def query_kernel(self):
+        return self.query_dense.kernel
+
+    @property
+    def query_bias(self):
+        return self.query_dense.bias
+
+    @property
+    def key_kernel(self):
+        return self.key_dense.kernel
+
+    @property
+    def key_bias(self):
+        return self.key_dense.bias
+
+    @property
+    def value_kernel(self):
+        return self.value_dense.kernel
 
     def mix(self, inputs, padding_mask, cache, training):
         width, heads = inputs.shape[-1], self.num_heads
         values = inputs
         if self.value_projection:
-            values = self.value_gain * tf.matmul(inputs, self.value_kernel) + self.value_skip_gain * inputs
+            values = self.value_gain * self.value_dense(inputs) + self.value_skip_gain * inputs
         split = lambda t: tf.reshape(t, tf.concat([tf.shape(t)[:2], [heads, width // heads]], 0))  # noqa: E731
-        q = tf.einsum("btd,dhe->bthe", inputs, self.query_kernel) + self.query_bias
-        k = tf.einsum("btd,dhe->bthe", inputs, self.key_kernel) + self.key_bias
+        q = self.query_dense(inputs)
+        k = self.key_dense(inputs)
         v = split(values)  # [B, T, H, e]
 
         if cache is None:

@@ -185,25 +185,49 @@ class TriLinearAttention(CausalMixer):
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
 
-        def weight(name, shape, initializer):
-            return self.add_weight(
-                name=name, shape=shape, initializer=clone_initializer(initializer), dtype=self.variable_dtype
+        # Dense layers, so that Keras' int8 quantization and LoRA cover the projections.
+        def dense(name, inputs, units, initializer):
+            layer = keras.layers.Dense(
+                units,
+                use_bias=False,
+                kernel_initializer=clone_initializer(initializer),
+                name=name,
+                dtype=self.dtype_policy,
             )
+            layer.build((None, None, inputs))
+            return layer
 
-        self.query_key_kernel = weight("query_key_kernel", (width, self.query_dim), self.kernel_initializer)
-        self.query_value_kernel = weight("query_value_kernel", (width, self.query_dim), self.kernel_initializer)
-        self.key_kernel = weight("key_kernel", (width, self.lowrank_dim), self.kernel_initializer)
-        self.value_kernel = weight("value_kernel", (width, self.lowrank_dim), self.kernel_initializer)
-        self.combiner_kernel = weight(
-            "combiner_kernel", (COMBINER_REP * self.lowrank_dim, width), self.combiner_initializer
-        )
+        self.query_key_dense = dense("query_key", width, self.query_dim, self.kernel_initializer)
+        self.query_value_dense = dense("query_value", width, self.query_dim, self.kernel_initializer)
+        self.key_dense = dense("key", width, self.lowrank_dim, self.kernel_initializer)
+        self.value_dense = dense("value", width, self.lowrank_dim, self.kernel_initializer)
+        self.combiner_dense = dense("combiner", COMBINER_REP * self.lowrank_dim, width, self.combiner_initializer)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def _project(self, x, kernel):
-        """`x [B, T, dim] @ kernel` in the compute dtype, returned in the accumulator dtype."""
-        acc = x.dtype
-        y = tf.matmul(tf.cast(x, self.compute_dtype), tf.cast(kernel, self.compute_dtype))
-        return tf.cast(y, acc)
+    # The documented weights are the projections' kernels.
+    @property
+    def query_key_kernel(self):
+        return self.query_key_dense.kernel
+
+    @property
+    def query_value_kernel(self):
+        return self.query_value_dense.kernel
+
+    @property
+    def key_kernel(self):
+        return self.key_dense.kernel
+
+    @property
+    def value_kernel(self):
+        return self.value_dense.kernel
+
+    @property
+    def combiner_kernel(self):
+        return self.combiner_dense.kernel
+
+    def _project(self, x, dense):
+        """`dense(x)` of `x [B, T, dim]` in the compute dtype, returned in the accumulator dtype."""
+        return tf.cast(dense(tf.cast(x, self.compute_dtype)), x.dtype)
 
     def _attend_args(self):
         return {
@@ -216,10 +240,10 @@ class TriLinearAttention(CausalMixer):
     def mix(self, inputs, padding_mask, cache, training):
         acc = accumulator_dtype(self.compute_dtype)
         x = _norm(tf.cast(inputs, acc))
-        qk = _norm(self._project(x, self.query_key_kernel))[:, None]  # [B, 1, T, qdim]
-        qv = self._project(x, self.query_value_kernel)[:, None]
-        k = _norm(self._project(x, self.key_kernel))  # [B, T, tt]
-        v = _norm(self._project(x, self.value_kernel))[:, None]
+        qk = _norm(self._project(x, self.query_key_dense))[:, None]  # [B, 1, T, qdim]
+        qv = self._project(x, self.query_value_dense)[:, None]
+        k = _norm(self._project(x, self.key_dense))  # [B, T, tt]
+        v = _norm(self._project(x, self.value_dense))[:, None]
 
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
@@ -244,7 +268,7 @@ class TriLinearAttention(CausalMixer):
         kv = tf.gather(k, tf.constant(xor), axis=-1) * att[..., None, :]  # [B, T, 16, tt]
         shape = tf.shape(kv)
         kv = tf.reshape(kv, [shape[0], shape[1], COMBINER_REP * self.lowrank_dim])
-        outputs = tf.matmul(tf.cast(kv, self.compute_dtype), tf.cast(self.combiner_kernel, self.compute_dtype))
+        outputs = self.combiner_dense(tf.cast(kv, self.compute_dtype))
         return outputs if cache is None else (outputs, state)
 
     def get_initial_cache(self, batch_size, dtype=None):

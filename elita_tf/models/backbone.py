@@ -38,6 +38,11 @@ class ElitaBackbone(keras_hub.models.Backbone):
         tied_embeddings: bool. The head uses the token embedding matrix.
         dtype: optional dtype policy of every layer (e.g. `"mixed_bfloat16"`).
 
+    Every projection is a Keras `Dense` or `EinsumDense` layer, so
+    `quantize("int8")` covers them all and `enable_lora(rank)` adapts them
+    all (`default_lora_layer_names`); the documented weights stay reachable
+    by name (`backbone.get_layer("block_0").k1` is the `k1` projection's kernel).
+
     Example:
     >>> backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=100, num_layers=2, hidden_dim=32)
     >>> backbone({"token_ids": tf.ones([2, 8], tf.int32), "padding_mask": tf.ones([2, 8], tf.int32)}).shape
@@ -126,6 +131,14 @@ class ElitaBackbone(keras_hub.models.Backbone):
             }
         )
         return config
+
+    def default_lora_layer_names(self):
+        """Every projection of every block (not the embedding or the head): `enable_lora(rank)` adapts them all."""
+        return [
+            *("k1", "k2", "k3", "query", "key", "value", "output", "attention_output"),  # token mixers
+            *("query_key", "query_value", "combiner"),  # 3Lin
+            *("w1", "w2", "w3", "inner", "outer", "ffn_inner", "ffn_output"),  # feed-forward networks
+        ]
 
     @classmethod
     def from_decoder_config(cls, config, **kwargs):

@@ -38,8 +38,12 @@ def test_forward_and_gradients_match_reference(length):
 def test_weights_and_parameter_count():
     layer = FeedForward2()
     layer.build((None, None, 16))
-    shapes = {w.path.split("/")[-1]: tuple(w.shape) for w in layer.weights}
+    shapes = {name: tuple(getattr(layer, name).shape) for name in ["w1", "b1", "w2", "b2", "w3", "b3"]}
     assert shapes == {"w1": (16, 16), "b1": (16,), "w2": (16, 8), "b2": (8,), "w3": (16, 8, 16), "b3": (16,)}
+    # Dense / EinsumDense sublayers, named after the documented weights.
+    assert sorted("/".join(w.path.split("/")[-2:]) for w in layer.weights) == sorted(
+        ["w1/kernel", "w1/bias", "w2/kernel", "w2/bias", "w3/kernel", "w3/bias"]
+    )
     d = 16
     assert layer.count_params() == 9 * d * d + 10 * d + 8
     assert np.all(layer.b3.numpy() == 0)

@@ -131,3 +131,30 @@ def test_bad_arguments_get_keras_style_errors():
         ElitaBackbone(vocabulary_size=40, hidden_dim=0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="padding_mask has a row with none"):
         _greedy(_backbone("elita")).generate(_prompts([3, 0], 8), stop_token_ids=None)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_int8_and_lora_cover_every_projection(name):
+    backbone = _backbone(name)
+    x = _prompts([8], 8)
+    want = backbone(x)
+    matrices = {w.path for w in backbone.weights if len(w.shape) >= 2}
+    lora = _backbone(name)
+    lora.enable_lora(4)
+    adapted = {w.path.rsplit("/", 1)[0] for w in lora.trainable_weights if "lora_kernel" in w.path}
+    # Every block's projections get adapters; only they (and, as Keras does, their biases) train.
+    assert {w.path.rsplit("/", 1)[0] for w in lora.trainable_weights} == adapted
+    assert all(w.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b", "bias") for w in lora.trainable_weights)
+    projections = {p.rsplit("/", 1)[0] for p in matrices if p.endswith("kernel") and not p.startswith("logits")}
+    assert adapted == projections
+    np.testing.assert_allclose(lora(x), want, rtol=1e-6, atol=1e-6)  # B starts at zero: the same function
+
+    backbone.quantize("int8")
+    int8 = {w.path.rsplit("/", 1)[0] for w in backbone.weights if w.dtype == "int8"}
+    assert projections | {"logits"} <= int8
+    got = backbone(x)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()  # close, and not the float model
+    assert not np.array_equal(got, want)
+    # Generation runs on the quantized model too.
+    out = _greedy(backbone).generate(_prompts([4, 2], 10), stop_token_ids=None)
+    assert out["token_ids"].shape == (2, 10)
