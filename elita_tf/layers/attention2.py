@@ -158,7 +158,9 @@ class Attention2(CausalMixer):
             projection(name, "btd,hd->bht", (h, None), sequence, self.logit_initializer) for name in ("k1", "k2", "k3")
         )
         self.value_dense = projection("value", "btd,hde->bhte", (h, None, d), sequence, self.kernel_initializer)
-        self.output_dense = projection("output", "bhte,hde->btd", (None, width), (None, h, None, d), self.kernel_initializer)
+        self.output_dense = projection(
+            "output", "bhte,hde->btd", (None, width), (None, h, None, d), self.kernel_initializer
+        )
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
     # The documented weights, `[H, d]` and `[H, d, D]`, are the projections' kernels.
@@ -216,7 +218,9 @@ class Attention2(CausalMixer):
         p1, p2 = self._position_terms(self._positions(length, start))
 
         acc = p1.dtype
-        kappa, delta, rho = (tf.cast(k(inputs), acc) for k in (self.k1_dense, self.k2_dense, self.k3_dense))  # [B, H, T]
+        kappa, delta, rho = (
+            tf.cast(k(inputs), acc) for k in (self.k1_dense, self.k2_dense, self.k3_dense)
+        )  # [B, H, T]
         kappa, rho = kappa + p1, rho + p2
         if self.logit_clip is not None:
             kappa, delta, rho = (tf.clip_by_value(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))

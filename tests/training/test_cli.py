@@ -10,6 +10,8 @@ import pytest
 
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
+from elita_tf.cli.evaluate import main as evaluate_main
+from elita_tf.training.evaluate import evaluate
 from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,6 +85,19 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
         causal_lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}), trained(ids), rtol=1e-5, atol=1e-5
     )
     assert causal_lm.generate("the cat", max_length=12).startswith("the cat")
+    # elita-evaluate cuts the run's own windows: the float figure is the run's; int8 is close to it.
+    data = {"data_dir": tiny_wikitext, "tfds_dir": str(whole) + "_tfds"}
+    evaluated = evaluate(str(whole), eval_batches=2, **data)
+    assert evaluated["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
+    int8 = evaluate(str(whole), eval_batches=2, quantize="int8", **data)
+    assert int8["loss"] == pytest.approx(results["test_loss"], abs=0.05) and int8["loss"] != evaluated["loss"]
+    assert (
+        evaluate_main(
+            ["--run-dir", str(whole), "--split", "validation", "--eval-batches", "1"]
+            + [f"--{k.replace('_', '-')}={v}" for k, v in data.items()]
+        )
+        == 0
+    )
     assert [step for step, _ in list_checkpoints(whole)] == [10, 12]  # every 5 and at epoch ends, the last two kept
     assert _steps(whole) == list(range(1, 13))
 
@@ -153,6 +168,8 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
+from elita_tf.cli.evaluate import main as evaluate_main
+from elita_tf.training.evaluate import evaluate
 from elita_tf.training import train
 results = train(parse_args(sys.argv[1:]))
 import json; print("RESULT", json.dumps(results))
