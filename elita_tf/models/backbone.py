@@ -23,10 +23,13 @@ class ElitaBackbone(keras_hub.models.Backbone):
         num_heads: int. Heads per attention layer.
         hidden_dim: int. Model width.
         head_dim: int. Width per head (ELiTA values, linear attention, Transformer).
-        max_sequence_length: int. The training length: ELiTA's position scale,
-            the size of learned position tables, key/value buffers and 3Lin's
-            wide layers. Models without any of those (ELiTA without learned
-            positions) generate past it.
+        max_sequence_length: int. The positions the finite buffers hold:
+            learned position tables, key/value buffers and 3Lin's wide layers.
+            Models without any of those (ELiTA without learned positions)
+            generate past it.
+        position_scale: int or None. ELiTA's position scale, the length its
+            sinusoidal positions span (`u_i = i / (position_scale - 1)`).
+            None uses `max_sequence_length`.
         blocks: str, or one str per layer: `"elita"`, `"transformer"`,
             `"simplified"`, `"linear"`, `"3lin"` or `"additive"`.
         ffn: `"feedforward2"`, `"mlp"`, `"wide"` (One Wide FFN) or `"none"`.
@@ -57,6 +60,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         hidden_dim=64,
         head_dim=16,
         max_sequence_length=256,
+        position_scale=None,
         blocks="elita",
         ffn="feedforward2",
         ffn_factor=8,
@@ -75,6 +79,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
             num_heads=num_heads,
             head_dim=head_dim,
             context_length=max_sequence_length,
+            position_scale=position_scale,
             blocks=blocks,
             ffn=ffn,
             ffn_factor=ffn_factor,

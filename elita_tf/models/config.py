@@ -17,8 +17,12 @@ class DecoderConfig:
         num_layers: int. Number of blocks.
         num_heads: int. Heads per attention layer.
         head_dim: int. Width per head (ELiTA values, linear attention, Transformer).
-        context_length: int. Training sequence length; also the learned
-            position table's size and the decoding caches' length.
+        context_length: int. The positions the finite buffers hold: learned
+            position tables, key/value buffers and 3Lin's wide layers
+            (`max_sequence_length` in `ElitaBackbone`).
+        position_scale: int or None. ELiTA's position scale `L` in
+            `u_i = i / (L - 1)`, the training length its sinusoids were fitted
+            to. None (the default) uses `context_length`.
         blocks: tuple of str, one block type per layer, each one of
             `BLOCK_TYPES`. A single str is repeated over the layers.
         ffn: str. Feed-forward network after the attention of `"elita"`,
@@ -44,6 +48,7 @@ class DecoderConfig:
     num_heads: int = 4
     head_dim: int = 16
     context_length: int = 256
+    position_scale: int = None
     blocks: tuple = ("elita",)
     ffn: str = "feedforward2"
     ffn_factor: int = 8
@@ -61,6 +66,12 @@ class DecoderConfig:
         if not isinstance(self.context_length, int) or self.context_length < 2:
             raise ValueError(
                 f"`context_length` must be an integer >= 2. Received: context_length={self.context_length!r}"
+            )
+        if self.position_scale is not None and (
+            isinstance(self.position_scale, bool) or not isinstance(self.position_scale, int) or self.position_scale < 2
+        ):
+            raise ValueError(
+                f"`position_scale` must be None or an integer >= 2. Received: position_scale={self.position_scale!r}"
             )
         blocks = (self.blocks,) * self.num_layers if isinstance(self.blocks, str) else tuple(self.blocks)
         if len(blocks) == 1:

@@ -60,7 +60,10 @@ def make_layers(config):
     for i, block in enumerate(config.blocks):
         if block == "elita":
             layers[f"block_{i}"] = Attention2(
-                config.num_heads, config.head_dim, config.position_dim, context_length=config.context_length
+                config.num_heads,
+                config.head_dim,
+                config.position_dim,
+                context_length=config.position_scale or config.context_length,
             )
         elif block == "linear":
             layers[f"block_{i}"] = LinearAttention(config.num_heads, config.head_dim)

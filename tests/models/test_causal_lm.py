@@ -74,8 +74,10 @@ def test_generate_compiles_with_xla(name):
     )
 
 
-def test_elita_decodes_to_four_times_the_training_length():
-    backbone = _backbone("elita")
+@pytest.mark.parametrize("name", ["elita", "linear", "additive"])
+def test_recurrent_state_blocks_decode_to_four_times_the_training_length(name):
+    # Linear and additive blocks carry constant-size states; their presets' learned position tables are left out.
+    backbone = _backbone(name, position_embedding=False)
     assert backbone.decoder_config.decode_limit is None
     lengths = [9, 4]
     out = _greedy(backbone).generate(_prompts(lengths, 4 * SIZE["max_sequence_length"]), stop_token_ids=None)
@@ -158,3 +160,14 @@ def test_int8_and_lora_cover_every_projection(name):
     # Generation runs on the quantized model too.
     out = _greedy(backbone).generate(_prompts([4, 2], 10), stop_token_ids=None)
     assert out["token_ids"].shape == (2, 10)
+
+
+def test_position_scale_is_apart_from_the_buffers():
+    short = _backbone("elita")
+    long = _backbone("elita", max_sequence_length=4 * SIZE["max_sequence_length"], position_scale=SIZE["max_sequence_length"])
+    long.set_weights(short.get_weights())
+    x = _prompts([20], 20)
+    np.testing.assert_allclose(long(x), short(x), rtol=1e-6, atol=1e-6)
+    assert ElitaBackbone.from_config(long.get_config()).decoder_config.position_scale == SIZE["max_sequence_length"]
+    with pytest.raises(ValueError, match=r"`position_scale` must be None or an integer >= 2. Received: position_scale=1"):
+        ElitaBackbone(vocabulary_size=40, position_scale=1)
