@@ -12,7 +12,7 @@ import sys
 
 from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.models import PRESETS
-from elita_tf.training import CorruptCheckpointError, RunDirectoryError, TrainSettings, train
+from elita_tf.training import CorruptCheckpointError, DistributedSetupError, RunDirectoryError, TrainSettings, train
 from elita_tf.training.settings import OPTIMIZERS, STRATEGIES
 
 _HELP = {
@@ -77,7 +77,7 @@ def main(argv=None):
     settings = parse_args(argv)
     try:
         train(settings)
-    except (RunDirectoryError, CorruptCheckpointError) as error:
+    except (RunDirectoryError, CorruptCheckpointError, DistributedSetupError) as error:
         print(f"elita-train: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -58,11 +58,14 @@ def steps_per_epoch(windows, batch_size):
     return steps
 
 
-def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0):
+def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1):
     """Batches of `(inputs [B, T], targets [B, T])`, targets shifted by one.
 
     Epoch `e` visits the windows in the order `stateless_shuffle(seed, e)`
     (or in order with `shuffle=False`); the last partial batch is dropped.
+    With `num_shards > 1` this is one worker's part of that same stream:
+    rows `[shard * B / n, (shard + 1) * B / n)` of every global batch, so the
+    shards of a step together are the single-process batch of that step.
 
     Args:
         windows: int array `[N, T + 1]` from `token_windows`.
@@ -71,10 +74,19 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
         shuffle: bool.
         epochs: int, or None to repeat forever.
         start_step: int. The first batch (global step) to produce: resuming.
+        shard: int in `[0, num_shards)`. Which part of each batch to produce.
+        num_shards: int. Parts each global batch is cut into; must divide
+            `batch_size`.
 
     Returns:
         A `tf.data.Dataset`, prefetched.
     """
+    if batch_size % num_shards or not 0 <= shard < num_shards:
+        raise ValueError(
+            f"The global batch must split evenly into {num_shards} shards, and the shard must be one of them. "
+            f"Received: batch_size={batch_size}, shard={shard}, num_shards={num_shards}"
+        )
+    rows_per_shard = batch_size // num_shards
     count = len(windows)
     per_epoch = steps_per_epoch(windows, batch_size)
     table = tf.constant(windows)
@@ -85,7 +97,8 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
         order = tf.range(count, dtype=tf.int64)
         if shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
-        rows = tf.gather(table, order[position * batch_size : (position + 1) * batch_size])
+        first = position * batch_size + shard * rows_per_shard
+        rows = tf.gather(table, order[first : first + rows_per_shard])
         return rows[:, :-1], rows[:, 1:]
 
     steps = tf.data.Dataset.range(start_step, end) if end is not None else tf.data.Dataset.range(start_step, 2**62)

@@ -22,6 +22,7 @@ another process is writing, is refused before anything in it changes. `elita-tra
 
 import csv
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -29,6 +30,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 import keras
@@ -41,12 +43,109 @@ from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoin
 from elita_tf.training.run_directory import RunDirectory, RunDirectoryError, write_atomically
 
 
-def _strategy(name):
+class DistributedSetupError(RuntimeError):
+    """A multi-worker run that cannot start: the strategy came too late, or the workers disagree."""
+
+
+def make_strategy(name):
+    """The `tf.distribute` strategy for `TrainSettings.strategy`.
+
+    `"multiworker"` reads the cluster from `TF_CONFIG` and must be made before
+    TensorFlow runs its first op, because its collectives are configured at
+    start-up; `train` makes it first thing.
+    """
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
     if name == "multiworker":
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        except RuntimeError as error:
+            raise DistributedSetupError(
+                "The multiworker strategy must be made before TensorFlow runs any op (its collectives are "
+                "configured at start-up). Call `elita_tf.training.train` before anything else touches "
+                "TensorFlow, or make the strategy at program start and pass it: train(settings, strategy=...). "
+                f"TensorFlow said: {error}"
+            ) from None
     return tf.distribute.get_strategy()
+
+
+def distributed_dataset(strategy, make_dataset, batch_size):
+    """`make_dataset(shard, num_shards)`, a stream of global batches of `batch_size`, fed to `strategy`'s replicas.
+
+    Each input pipeline (one per worker) builds the same deterministic stream
+    of global batches and keeps only its own rows, so the replicas of a step
+    together see exactly the single-process batch of that step.
+    """
+    if strategy is tf.distribute.get_strategy():  # no strategy: one process, one replica
+        return make_dataset(0, 1)
+
+    def pipeline(context):
+        data = make_dataset(context.input_pipeline_id, context.num_input_pipelines)
+        local_replicas = context.num_replicas_in_sync // context.num_input_pipelines
+        if local_replicas > 1:  # this worker's rows, cut again for its replicas in turn
+            data = data.unbatch().batch(context.get_per_replica_batch_size(batch_size), drop_remainder=True)
+        return data
+
+    return strategy.distribute_datasets_from_function(pipeline)
+
+
+def in_multi_worker_mode(strategy):
+    """Whether `strategy` spans more than one process (a `TF_CONFIG` cluster of several tasks)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return False
+    jobs = resolver.cluster_spec().as_dict()
+    return len(jobs.get("chief", [])) + len(jobs.get("worker", [])) > 1
+
+
+def adapt_to_multi_worker(model, strategy, batch_shape):
+    """Works around two gaps in Keras 3's `fit`/`evaluate` across several workers (keras-team/keras#20585).
+
+    1. Before the first step Keras averages one `(inputs, targets)` batch
+       over the replicas to learn its shapes, and the multi-worker strategy
+       cannot reduce a tuple. The shapes are known (`batch_shape`, one
+       replica's), so the loss, metrics and optimizer are built from them
+       here and that step is skipped.
+    2. After each step Keras averages the logs over the replicas along axis 0,
+       which scalars do not have. Each replica hands its logs over as
+       1-element vectors, and their average along axis 0 is the scalar
+       average over replicas (the replicas' batches are of equal size).
+
+    Nothing changes for a strategy within one process.
+    """
+    if not in_multi_worker_mode(strategy):
+        return
+    tokens = tf.zeros(batch_shape, tf.int32)
+    with strategy.scope():
+        model._symbolic_build(data_batch=(tokens, tokens))
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+
+    def as_vectors(step):
+        return lambda data: {name: tf.reshape(value, [1]) for name, value in step(data).items()}
+
+    model.train_step = as_vectors(model.train_step)
+    model.test_step = as_vectors(model.test_step)
+
+
+def check_workers_agree(strategy, facts):
+    """Raises on every worker unless all workers hold the same `facts` (a dict of name to int).
+
+    Workers launched with different arguments, or that resume from different
+    checkpoints, would otherwise train different runs in lockstep and
+    average their gradients without a word.
+    """
+    names = sorted(facts)
+    local = tf.constant([facts[name] for name in names], tf.int64)
+    gathered = strategy.gather(strategy.run(lambda: tf.identity(local)), axis=0)
+    table = tf.reshape(gathered, [-1, len(names)]).numpy()
+    differing = [name for i, name in enumerate(names) if len(set(table[:, i].tolist())) > 1]
+    if differing:
+        raise DistributedSetupError(
+            "The workers disagree on "
+            + ", ".join(f"{name} (by replica: {table[:, names.index(name)].tolist()})" for name in differing)
+            + ". Launch every worker with the same arguments, and keep --output-dir on storage every worker "
+            "reads: resuming workers load the chief's checkpoints from it."
+        )
 
 
 def software_versions():
@@ -216,10 +315,18 @@ class Checkpoint(keras.callbacks.Callback):
         self.save()
 
 
-def train(settings, callbacks=()):
+def train(settings, callbacks=(), strategy=None):
     """Trains (or resumes) one run as `settings` (a `TrainSettings`) says; returns the results dict.
 
-    `callbacks` are added to Keras `fit`.
+    `callbacks` are added to Keras `fit`. `strategy` overrides
+    `settings.strategy` with a `tf.distribute` strategy made by the caller
+    (a `TPUStrategy`, say).
+
+    With several workers (`TF_CONFIG`), every worker runs this with the same
+    settings. The chief writes the run directory; the others write into
+    scratch directories they delete, and read the chief's checkpoints from
+    `output_dir` when they resume, so `output_dir` must be storage every
+    worker sees. Each worker trains the same tokenizer from the same seed.
 
     Holds the run directory's lock throughout.
 
@@ -227,11 +334,19 @@ def train(settings, callbacks=()):
         RunDirectoryError: the directory holds another run, is in use, or cannot be written.
         CorruptCheckpointError: every checkpoint of the run is corrupt.
     """
-    with RunDirectory(settings.output_dir, force_new=settings.force_new) as run_dir:
-        return _train(settings, run_dir, callbacks)
+    if strategy is None:
+        strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
+    if strategy.extended.should_checkpoint:  # the chief, or the only process
+        with RunDirectory(settings.output_dir, force_new=settings.force_new) as run_dir:
+            return _train(settings, strategy, run_dir, run_dir.path, callbacks)
+    with tempfile.TemporaryDirectory(prefix="elita-worker-") as scratch, RunDirectory(scratch) as run_dir:
+        # A worker resumes from the chief's checkpoints, unless the chief is discarding them.
+        checkpoints = scratch if settings.force_new else settings.output_dir
+        return _train(settings, strategy, run_dir, checkpoints, callbacks)
 
 
-def _train(settings, run_dir, callbacks):
+def _train(settings, strategy, run_dir, checkpoints, callbacks):
+    chief = strategy.extended.should_checkpoint
     keras.utils.set_random_seed(settings.seed)
     config, windows, data = prepare_run(settings, run_dir)
     per_epoch = steps_per_epoch(windows["train"], settings.batch_size)
@@ -240,10 +355,15 @@ def _train(settings, run_dir, callbacks):
         if settings.max_steps is None
         else min(settings.max_steps, settings.epochs * per_epoch)
     )
+    replicas = strategy.num_replicas_in_sync
+    if settings.batch_size % replicas:
+        raise ValueError(
+            f"The global batch must split evenly over the {replicas} replicas. Received: "
+            f"batch_size={settings.batch_size}"
+        )
 
-    strategy = _strategy(settings.strategy)
     with strategy.scope():
-        model, checkpoint = load_latest_checkpoint(run_dir.path)
+        model, checkpoint = load_latest_checkpoint(checkpoints)
         if model is None:
             model = build_decoder(config, name=settings.preset)
             model.compile(
@@ -251,23 +371,35 @@ def _train(settings, run_dir, callbacks):
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=[],
             )
+    adapt_to_multi_worker(model, strategy, [settings.batch_size // replicas, settings.seq_len])
     start = int(model.optimizer.iterations.numpy())
-    if start:
+    if replicas > 1:
+        # Paths may differ from machine to machine; everything else must match.
+        local = {"output_dir", "data_dir", "tfds_dir", "verbose"}
+        arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
+        request = json.dumps([requested_manifest(settings, config, data), arguments], sort_keys=True).encode()
+        with open(run_dir.file("sentencepiece.model"), "rb") as f:
+            tokenizer = f.read()
+        fingerprint = lambda blob: int(_sha256(blob)[:15], 16)  # noqa: E731  (fits in an int64)
+        check_workers_agree(
+            strategy, {"arguments": fingerprint(request), "tokenizer": fingerprint(tokenizer), "start step": start}
+        )
+    if start and chief:
         print(f"Resuming {settings.preset} from step {start} ({checkpoint})", flush=True)
 
     def evaluation(split):
-        data = lm_dataset(windows[split], settings.batch_size, shuffle=False)
-        if settings.eval_batches:
-            data = data.take(settings.eval_batches)
-        return data
+        def shard(index, count):
+            data = lm_dataset(windows[split], settings.batch_size, shuffle=False, shard=index, num_shards=count)
+            return data.take(settings.eval_batches) if settings.eval_batches else data
 
-    step_log = StepLog(os.path.join(settings.output_dir, "steps.csv"), time.perf_counter(), start)
+        return distributed_dataset(strategy, shard, settings.batch_size)
+
+    step_log = StepLog(run_dir.file("steps.csv"), time.perf_counter(), start)
     fit_callbacks = [
         step_log,
+        # Every worker saves (a save may read variables collectively); only the chief's go to the run.
         Checkpoint(run_dir.path, settings.checkpoint_every, settings.keep_checkpoints),
-        keras.callbacks.TensorBoard(
-            os.path.join(settings.output_dir, "tensorboard"), update_freq=settings.checkpoint_every
-        ),
+        keras.callbacks.TensorBoard(run_dir.file("tensorboard"), update_freq=settings.checkpoint_every),
         *callbacks,
     ]
     step = start
@@ -275,8 +407,13 @@ def _train(settings, run_dir, callbacks):
         epoch = step // per_epoch
         # A resumed epoch first runs its remaining steps, then epochs are whole again.
         steps = min(per_epoch - step % per_epoch, total - step)
+        stream = functools.partial(
+            lm_dataset, windows["train"], settings.batch_size, seed=settings.seed, epochs=None, start_step=step
+        )
         model.fit(
-            lm_dataset(windows["train"], settings.batch_size, seed=settings.seed, epochs=None, start_step=step),
+            distributed_dataset(
+                strategy, lambda index, count: stream(shard=index, num_shards=count), settings.batch_size
+            ),
             initial_epoch=epoch,
             epochs=epoch + 1,
             steps_per_epoch=steps,
@@ -292,7 +429,7 @@ def _train(settings, run_dir, callbacks):
         "seed": settings.seed,
         "steps": total,
         "params": model.count_params(),
-        "replicas": strategy.num_replicas_in_sync,
+        "replicas": replicas,
         "data": data,
         "config": {"model": config.get_config(), "settings": dataclasses.asdict(settings)},
         "software": software_versions(),
@@ -308,9 +445,10 @@ def _train(settings, run_dir, callbacks):
     # A figure taken while other work shared the cores says so here.
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
-    write_atomically(os.path.join(settings.output_dir, "results.json"), json.dumps(results, indent=2))
-    # The run directory becomes a keras-hub preset: ElitaCausalLM.from_preset(output_dir).
-    with open(run_dir.file("sentencepiece.model"), "rb") as f:
-        ElitaCausalLM.from_decoder(model, config, f.read()).save_to_preset(settings.output_dir)
-    print(json.dumps(results, indent=2), flush=True)
+    write_atomically(run_dir.file("results.json"), json.dumps(results, indent=2))
+    if chief:
+        # The run directory becomes a keras-hub preset: ElitaCausalLM.from_preset(output_dir).
+        with open(run_dir.file("sentencepiece.model"), "rb") as f:
+            ElitaCausalLM.from_decoder(model, config, f.read()).save_to_preset(run_dir.path)
+        print(json.dumps(results, indent=2), flush=True)
     return results

@@ -86,3 +86,16 @@ def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
     for epoch in (first, second):  # each window at most once an epoch
         used = collections.Counter(bytes(row) for row in np.concatenate(epoch))
         assert sum(used.values()) == per_epoch * 4 and not used - available
+
+
+def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
+    windows = token_windows(splits["train"], tokenizer, seq_len=16)
+    stream = lambda **kw: [x.numpy() for x, _ in lm_dataset(windows, 6, seed=3, epochs=2, start_step=2, **kw)]  # noqa: E731
+    whole = stream()
+    shards = [stream(shard=i, num_shards=3) for i in range(3)]
+    assert all(len(part) == len(whole) for part in shards)
+    for step, batch in enumerate(whole):
+        assert all(part[step].shape == (2, 16) for part in shards)
+        np.testing.assert_array_equal(np.concatenate([part[step] for part in shards]), batch)
+    with pytest.raises(ValueError, match="batch_size=6, shard=0, num_shards=4"):
+        lm_dataset(windows, 6, num_shards=4)

@@ -164,10 +164,14 @@ def test_int8_and_lora_cover_every_projection(name):
 
 def test_position_scale_is_apart_from_the_buffers():
     short = _backbone("elita")
-    long = _backbone("elita", max_sequence_length=4 * SIZE["max_sequence_length"], position_scale=SIZE["max_sequence_length"])
+    long = _backbone(
+        "elita", max_sequence_length=4 * SIZE["max_sequence_length"], position_scale=SIZE["max_sequence_length"]
+    )
     long.set_weights(short.get_weights())
     x = _prompts([20], 20)
     np.testing.assert_allclose(long(x), short(x), rtol=1e-6, atol=1e-6)
     assert ElitaBackbone.from_config(long.get_config()).decoder_config.position_scale == SIZE["max_sequence_length"]
-    with pytest.raises(ValueError, match=r"`position_scale` must be None or an integer >= 2. Received: position_scale=1"):
+    with pytest.raises(
+        ValueError, match=r"`position_scale` must be None or an integer >= 2. Received: position_scale=1"
+    ):
         ElitaBackbone(vocabulary_size=40, position_scale=1)
