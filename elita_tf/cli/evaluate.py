@@ -1,6 +1,7 @@
 """`elita-evaluate`: a trained run's loss and perplexity on a WikiText split, in float or int8.
 
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --quantize int8
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
 
 The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON object.
 """
@@ -19,6 +20,7 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="a finished elita-train output directory")
     parser.add_argument("--split", default="test", choices=SPLITS)
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="evaluate after Keras' quantize(MODE)")
+    parser.add_argument("--litert", help="score through this LiteRT file of the run (elita-export --format litert)")
     parser.add_argument(
         "--data-dir", default=os.environ.get(DATA_DIR_ENV) or None, help=f"defaults to ${DATA_DIR_ENV}; else downloads"
     )
@@ -39,9 +41,10 @@ def main(argv=None):
             batch_size=args.batch_size,
             eval_batches=args.eval_batches,
             quantize=args.quantize,
+            litert=args.litert,
             verbose=1,
         )
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, ImportError) as error:
         parser.error(str(error))
     print(json.dumps(result, indent=2))
     return 0

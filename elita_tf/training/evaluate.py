@@ -2,6 +2,7 @@
 
     from elita_tf.training.evaluate import evaluate
     evaluate("runs/compare/elita/seed-0", split="test", quantize="int8")
+    evaluate("runs/compare/elita/seed-0", split="test", litert="elita.tflite")  # the exported file
 
 The split is cut into the training run's windows (its `seq_len`, its tokenizer, every line ending
 with the end-of-line id), so the float result equals the run's own `results.json` figure.
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from elita_tf.data import load_wikitext, make_tokenizer, token_windows
 from elita_tf.data.pipeline import lm_dataset
+from elita_tf.litert import litert_loss
 from elita_tf.models import ElitaCausalLM
 
 SPLITS = ("train", "validation", "test")
@@ -24,7 +26,15 @@ QUANTIZATIONS = ("int8",)
 
 
 def evaluate(
-    preset_dir, split="test", data_dir=None, tfds_dir=None, batch_size=None, eval_batches=None, quantize=None, verbose=0
+    preset_dir,
+    split="test",
+    data_dir=None,
+    tfds_dir=None,
+    batch_size=None,
+    eval_batches=None,
+    quantize=None,
+    litert=None,
+    verbose=0,
 ):
     """Mean next-token cross-entropy of the preset's model on a split, as a dict.
 
@@ -36,16 +46,24 @@ def evaluate(
         batch_size: int. Defaults to the run's.
         eval_batches: int or None. A cap on batches.
         quantize: None, or `"int8"` to evaluate the model after `quantize("int8")`.
-        verbose: Keras `evaluate` verbosity.
+        litert: None, or the path of this run's LiteRT file (`elita-export
+            --format litert`) to score the windows through `ai_edge_litert`'s
+            interpreter instead, one token at a time.
+        verbose: Keras `evaluate` verbosity (a progress bar over windows for `litert`).
 
     Returns:
-        `{"split", "loss", "perplexity", "quantize", "windows", "seq_len", "data": {...}, "trained_on": {...}}`.
+        `{"split", "loss", "perplexity", "quantize", "litert", "windows", "seq_len", "data": {...},
+        "trained_on": {...}}`.
         `data` is the split's source and SHA-256; `trained_on` the run's, to compare.
     """
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise ValueError(f"`quantize` must be None or one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
+    if litert is not None and quantize is not None:
+        raise ValueError(
+            f"A LiteRT file carries its own quantization: pass `litert` or `quantize`. Received: quantize={quantize!r}"
+        )
     manifest_path = os.path.join(preset_dir, "run.json")
     if not os.path.exists(manifest_path):
         raise FileNotFoundError(
@@ -73,18 +91,26 @@ def evaluate(
     def as_inputs(x, y):
         return {"token_ids": x, "padding_mask": tf.ones_like(x)}, y
 
-    dataset = lm_dataset(windows, batch_size, shuffle=False).map(as_inputs)
-    if eval_batches:
-        dataset = dataset.take(eval_batches)
-    model = keras.Model(causal_lm.backbone.input, causal_lm.backbone.output)
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    loss = float(model.evaluate(dataset, verbose=verbose))
+    # Whole batches, as in training, capped by eval_batches.
+    batches = len(windows) // batch_size
+    scored = batch_size * (min(batches, eval_batches) if eval_batches else batches)
+    if litert is not None:
+        bar = keras.utils.Progbar(scored) if verbose else None
+        loss = litert_loss(litert, windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
+    else:
+        dataset = lm_dataset(windows, batch_size, shuffle=False).map(as_inputs)
+        if eval_batches:
+            dataset = dataset.take(eval_batches)
+        model = keras.Model(causal_lm.backbone.input, causal_lm.backbone.output)
+        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        loss = float(model.evaluate(dataset, verbose=verbose))
     return {
         "split": split,
         "loss": loss,
         "perplexity": math.exp(loss),
         "quantize": quantize,
-        "windows": len(windows),
+        "litert": litert,
+        "windows": scored,
         "seq_len": seq_len,
         "data": data,
         "trained_on": manifest["data"],
