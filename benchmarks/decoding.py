@@ -9,14 +9,38 @@ microseconds a position). Presets that decode from constant-size states only (EL
 training length; presets with key/value buffers, 3Lin's wide layers or learned positions get
 `context_length = L + 2 * steps` so that the buffers hold the generation.
 
-    python benchmarks/decoding.py --presets elita transformer --contexts 256 1024 4096 16384
+With `--litert`, the same model is also exported as LiteRT files (float32 and int8 weights,
+`elita_tf.litert.export_litert`) and run by the `ai_edge_litert` interpreter: the context is
+prefilled (not timed), then each of `steps` decode calls is timed, the state fed back in.
+
+    python benchmarks/decoding.py --presets elita transformer --contexts 256 1024 4096 16384 --litert
 """
 
 import argparse
 import os
 import platform
 import statistics
+import tempfile
 import time
+
+
+def time_litert(path, prompt, steps, repeats):
+    """Median ms per decode call of a LiteRT file after prefilling `prompt [1, L]` (not timed)."""
+    import numpy as np
+
+    from elita_tf.litert import litert_signatures
+
+    prefill, decode = litert_signatures(path)
+    runs = []
+    for _ in range(repeats):
+        state = prefill(token_ids=np.asarray(prompt, np.int32))
+        token = np.array([[int(state.pop("logits")[0].argmax())]], np.int32)
+        start = time.perf_counter()
+        for _ in range(steps):
+            state = decode(token_ids=token, **state)
+            token = np.array([[int(state.pop("logits")[0].argmax())]], np.int32)
+        runs.append((time.perf_counter() - start) / steps * 1e3)
+    return statistics.median(runs)
 
 
 def main():
@@ -30,6 +54,7 @@ def main():
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--training-length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--litert", action="store_true", help="also time LiteRT float and int8 files")
     args = parser.parse_args()
 
     import keras
@@ -37,13 +62,18 @@ def main():
     import tensorflow as tf
 
     from elita_tf.generation import Generator
+    from elita_tf.litert import export_litert
     from elita_tf.models import ElitaBackbone, ElitaCausalLM, build_decoder, preset
+
+    workdir = tempfile.mkdtemp(prefix="elita-decoding-")
 
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, tensorflow {tf.__version__}, keras {keras.__version__}")
     print(f"# B={args.batch_size} vocab={args.vocab_size} d={args.width} L={args.layers}, greedy, {args.steps} steps")
-    print("| preset | context | context_length | ElitaCausalLM.generate ms / token | Generator ms / token | ratio |")
-    print("|---|---|---|---|---|---|")
+    columns = ["ElitaCausalLM.generate", "Generator"] + (["LiteRT float", "LiteRT int8"] if args.litert else [])
+    print("| preset | context | context_length | " + " | ".join(f"{c} ms / token" for c in columns) + " | ratio |")
+    print("|---" * (len(columns) + 4) + "|")
     per_token = {}
+    exported = {}  # (preset, context_length, quantize) -> file: constant-state presets export once
     for context in args.contexts:
         for name in args.presets:
             config = preset(name, vocab_size=args.vocab_size, width=args.width, num_layers=args.layers)
@@ -81,8 +111,18 @@ def main():
             for path, make in [("causal_lm", through_causal_lm), ("generator", through_generator)]:
                 short, long = timed(make, args.steps), timed(make, 2 * args.steps)
                 per_token[name, context, path] = (long - short) / args.steps * 1e3
-            a, b = per_token[name, context, "causal_lm"], per_token[name, context, "generator"]
-            print(f"| {name} | {context} | {config.context_length} | {a:.2f} | {b:.2f} | {a / b:.2f} |", flush=True)
+            cells = [per_token[name, context, "causal_lm"], per_token[name, context, "generator"]]
+            if args.litert:
+                for quantize in [None, "int8"]:
+                    key = (name, config.context_length, quantize)
+                    if key not in exported:
+                        exported[key] = export_litert(
+                            model, config, os.path.join(workdir, f"{len(exported)}.tflite"), quantize=quantize
+                        )
+                    cells.append(time_litert(exported[key], prompt[:1], args.steps, args.repeats))
+            ratio = cells[0] / cells[1]
+            row = " | ".join(f"{cell:.2f}" for cell in cells)
+            print(f"| {name} | {context} | {config.context_length} | {row} | {ratio:.2f} |", flush=True)
     for name in args.presets:
         rows = [per_token[name, c, "causal_lm"] for c in args.contexts]
         print(f"{name}: ElitaCausalLM.generate ms/token at the longest context / shortest = {rows[-1] / rows[0]:.2f}")

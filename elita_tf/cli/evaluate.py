@@ -3,10 +3,12 @@
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --quantize int8
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
 
-The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON object.
+The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON object on stdout
+(progress goes to stderr).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -33,17 +35,19 @@ def main(argv=None):
         if value is not None and value < 1:
             parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
     try:
-        result = evaluate(
-            args.run_dir,
-            split=args.split,
-            data_dir=args.data_dir,
-            tfds_dir=args.tfds_dir,
-            batch_size=args.batch_size,
-            eval_batches=args.eval_batches,
-            quantize=args.quantize,
-            litert=args.litert,
-            verbose=1,
-        )
+        # Progress goes to stderr: stdout carries the JSON alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            result = evaluate(
+                args.run_dir,
+                split=args.split,
+                data_dir=args.data_dir,
+                tfds_dir=args.tfds_dir,
+                batch_size=args.batch_size,
+                eval_batches=args.eval_batches,
+                quantize=args.quantize,
+                litert=args.litert,
+                verbose=1,
+            )
     except (FileNotFoundError, ValueError, ImportError) as error:
         parser.error(str(error))
     print(json.dumps(result, indent=2))
