@@ -35,9 +35,8 @@ Driving the interpreter (`pip install "elita-tf[litert]"`; `litert_generate` doe
 
 import os
 
-import numpy as np
-
 import keras
+import numpy as np
 import tensorflow as tf
 
 from elita_tf.generation import empty_caches, forward_with_cache

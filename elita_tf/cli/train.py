@@ -12,7 +12,13 @@ import sys
 
 from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.models import PRESETS
-from elita_tf.training import CorruptCheckpointError, DistributedSetupError, RunDirectoryError, TrainSettings, train
+from elita_tf.training import (
+    CorruptCheckpointError,
+    DistributedSetupError,
+    RunDirectoryError,
+    TrainSettings,
+    train,
+)
 from elita_tf.training.settings import OPTIMIZERS, STRATEGIES
 
 _HELP = {

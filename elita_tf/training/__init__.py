@@ -8,6 +8,11 @@ from elita_tf.training.checkpoints import (
     save_checkpoint,
     verify_checkpoint,
 )
-from elita_tf.training.loop import DistributedSetupError, StepLog, make_strategy, train
-from elita_tf.training.run_directory import RunDirectory, RunDirectoryError, write_atomically
+from elita_tf.training.distributed import DistributedSetupError, make_strategy
+from elita_tf.training.loop import StepLog, train
+from elita_tf.training.run_directory import (
+    RunDirectory,
+    RunDirectoryError,
+    write_atomically,
+)
 from elita_tf.training.settings import TrainSettings

@@ -10,7 +10,12 @@ import pytest
 from elita_tf.cli.export import main as export_main
 from elita_tf.cli.train import parse_args
 from elita_tf.generation import Generator, empty_caches
-from elita_tf.litert import export_litert, flatten_state, litert_generate, litert_signatures
+from elita_tf.litert import (
+    export_litert,
+    flatten_state,
+    litert_generate,
+    litert_signatures,
+)
 from elita_tf.models import PRESETS, build_decoder, preset
 from elita_tf.models.config import DecoderConfig
 from elita_tf.training import latest_checkpoint, train
