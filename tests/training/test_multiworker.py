@@ -134,9 +134,13 @@ def test_a_killed_worker_is_relaunched_and_the_run_finishes_exactly(tiny_wikitex
         worker.send_signal(signal.SIGKILL)
         worker.wait()
         assert worker.returncode == -signal.SIGKILL, "the worker ended before it could be killed"
-        # The chief now waits on a collective that will never complete; a cluster manager restarts both.
-        chief.send_signal(signal.SIGKILL)
-        chief.wait()
+        # TensorFlow's peer health checks abort the chief's collectives: it stops by itself, with an error.
+        try:
+            chief.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            chief.kill()
+            pytest.fail("the chief did not stop after its peer died")
+        assert chief.returncode not in (0, None)
     checkpoint_step = list_checkpoints(out)[-1][0]
     assert 2 <= checkpoint_step < 30, (tmp_path / "first.log").read_text()[-3000:]
 
