@@ -1,6 +1,7 @@
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from tests.conftest import write_tiny_wikitext
@@ -14,7 +15,8 @@ def test_committed_notebook_has_no_outputs():
     assert any("parameters" in cell.metadata.get("tags", []) for cell in notebook.cells)
 
 
-def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkeypatch):
+def _run_notebook(tmp_path, monkeypatch):
+    """Executes the notebook in the smoke configuration on a tiny corpus; returns its printed text."""
     data = write_tiny_wikitext(str(tmp_path / "wikitext"))
     monkeypatch.setenv("ELITA_SMOKE", "1")
     monkeypatch.setenv("ELITA_WIKITEXT_DIR", data)
@@ -29,5 +31,30 @@ def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkey
     assert any("image/png" in out.get("data", {}) for out in outputs)  # the plot, inline
     assert any("| elita |" in out.get("data", {}).get("text/markdown", "") for out in outputs)  # the table
     assert os.path.exists(tmp_path / "runs" / "elita_saved_model" / "saved_model.pb")
-    text = "".join(out.get("text", "") for out in outputs if out.get("output_type") == "stream")
+    return "".join(out.get("text", "") for out in outputs if out.get("output_type") == "stream")
+
+
+def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkeypatch):
+    assert "The game was released ->" in _run_notebook(tmp_path, monkeypatch)
+
+
+@pytest.mark.skipif(
+    os.environ.get("ELITA_COLAB_LIKE") != "1",
+    reason="needs a runtime without elita-tf and with its own TensorFlow (.ci/run's Colab-like stage)",
+)
+def test_notebook_installs_itself_and_keeps_the_runtime_tensorflow(tmp_path, monkeypatch):
+    # A runtime like Colab's: TensorFlow and Jupyter preinstalled, elita-tf not. The notebook's
+    # install cell must add the package without replacing that TensorFlow.
+    from importlib import metadata
+
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.version("elita-tf")  # this stage needs a runtime without the package
+    preinstalled = metadata.version("tensorflow")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setenv("ELITA_INSTALL", "1")
+    monkeypatch.setenv("ELITA_REPO_URL", f"file://{repo}")
+    text = _run_notebook(tmp_path, monkeypatch)
+    assert f"| tensorflow {preinstalled} |" in text
     assert "The game was released ->" in text
+    assert metadata.version("tensorflow") == preinstalled  # on disk too, not only the imported module
+    assert metadata.version("elita-tf")
