@@ -9,11 +9,15 @@ microseconds a position). Presets that decode from constant-size states only (EL
 training length; presets with key/value buffers, 3Lin's wide layers or learned positions get
 `context_length = L + 2 * steps` so that the buffers hold the generation.
 
+With `--saved-model`, the same model is also exported as the serving SavedModel
+(`elita_tf.export.export_saved_model`, with a SentencePiece model trained on random words) and
+its `generate` signature is timed on a prompt of L one-piece words, text in and text out.
+
 With `--litert`, the same model is also exported as LiteRT files (float32 and int8 weights,
 `elita_tf.litert.export_litert`) and run by the `ai_edge_litert` interpreter: the context is
 prefilled (not timed), then each of `steps` decode calls is timed, the state fed back in.
 
-    python benchmarks/decoding.py --presets elita transformer --contexts 256 1024 4096 16384 --litert
+    python benchmarks/decoding.py --presets elita transformer --contexts 256 1024 4096 16384 --saved-model --litert
 """
 
 import argparse
@@ -44,6 +48,23 @@ def time_litert(path, prompt, steps, repeats):
     return statistics.median(runs)
 
 
+def random_word_tokenizer(vocab_size, seed=0):
+    """`(proto, word)`: a SentencePiece model of `vocab_size` pieces trained on random words, and a word it keeps whole."""
+    import random
+
+    import sentencepiece
+
+    from elita_tf.data import train_sentencepiece
+
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 6))) for _ in range(4 * vocab_size)]
+    lines = (" ".join(rng.choice(words) for _ in range(12)) for _ in range(20 * vocab_size))
+    proto = train_sentencepiece(lines, vocab_size=vocab_size, seed=seed)
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    whole = [w for w in words if len(processor.encode(w)) == 1]
+    return proto, whole[0]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["elita", "transformer"])
@@ -55,6 +76,7 @@ def main():
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--training-length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--saved-model", action="store_true", help="also time the SavedModel's generate")
     parser.add_argument("--litert", action="store_true", help="also time LiteRT float and int8 files")
     args = parser.parse_args()
 
@@ -70,7 +92,15 @@ def main():
 
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, tensorflow {tf.__version__}, keras {keras.__version__}")
     print(f"# B={args.batch_size} vocab={args.vocab_size} d={args.width} L={args.layers}, greedy, {args.steps} steps")
-    columns = ["ElitaCausalLM.generate", "Generator"] + (["LiteRT float", "LiteRT int8"] if args.litert else [])
+    if args.saved_model:
+        import tensorflow_text  # noqa: F401  (registers the SavedModel's tokenizer ops)
+
+        from elita_tf.export import export_saved_model
+
+        proto, word = random_word_tokenizer(args.vocab_size)
+    columns = ["ElitaCausalLM.generate", "Generator"]
+    columns += ["SavedModel generate"] if args.saved_model else []
+    columns += ["LiteRT float", "LiteRT int8"] if args.litert else []
     print("| preset | context | context_length | " + " | ".join(f"{c} ms / token" for c in columns) + " | ratio |")
     print("|---" * (len(columns) + 4) + "|")
     per_token = {}
@@ -99,6 +129,17 @@ def main():
             def through_generator(steps):
                 return lambda: generator(prompt, steps).numpy()
 
+            def through_saved_model(steps):
+                text = tf.constant([" ".join([word] * context)] * args.batch_size)  # `context` tokens
+                return lambda: saved_generate(prompts=text, max_new_tokens=tf.constant(steps))["token_ids"].numpy()
+
+            paths = [("causal_lm", through_causal_lm), ("generator", through_generator)]
+            if args.saved_model:
+                directory = os.path.join(workdir, f"saved-{name}-{context}")
+                export_saved_model(model, config, proto, directory)
+                saved_generate = tf.saved_model.load(directory).signatures["generate"]
+                paths.append(("saved_model", through_saved_model))
+
             def timed(make, steps):
                 run = make(steps)
                 run()  # traces and compiles for this shape
@@ -109,10 +150,10 @@ def main():
                     times.append(time.perf_counter() - start)
                 return statistics.median(times)
 
-            for path, make in [("causal_lm", through_causal_lm), ("generator", through_generator)]:
+            for path, make in paths:
                 short, long = timed(make, args.steps), timed(make, 2 * args.steps)
                 per_token[name, context, path] = (long - short) / args.steps * 1e3
-            cells = [per_token[name, context, "causal_lm"], per_token[name, context, "generator"]]
+            cells = [per_token[name, context, path] for path, _ in paths]
             if args.litert:
                 for quantize in [None, "int8"]:
                     key = (name, config.context_length, quantize)
