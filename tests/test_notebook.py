@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -45,16 +47,18 @@ def test_notebook_runs_top_to_bottom_in_the_smoke_configuration(tmp_path, monkey
 def test_notebook_installs_itself_and_keeps_the_runtime_tensorflow(tmp_path, monkeypatch):
     # A runtime like Colab's: TensorFlow and Jupyter preinstalled, elita-tf not. The notebook's
     # install cell must add the package without replacing that TensorFlow.
-    from importlib import metadata
+    def installed(package):
+        # Asked from another directory: the repository (on sys.path here) may hold an .egg-info.
+        code = f"import importlib.metadata as m\ntry: print(m.version({package!r}))\nexcept m.PackageNotFoundError: pass"
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
 
-    with pytest.raises(metadata.PackageNotFoundError):
-        metadata.version("elita-tf")  # this stage needs a runtime without the package
-    preinstalled = metadata.version("tensorflow")
+    assert not installed("elita-tf"), "this stage needs a runtime without the package"
+    preinstalled = installed("tensorflow")
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     monkeypatch.setenv("ELITA_INSTALL", "1")
     monkeypatch.setenv("ELITA_REPO_URL", f"file://{repo}")
     text = _run_notebook(tmp_path, monkeypatch)
     assert f"| tensorflow {preinstalled} |" in text
     assert "The game was released ->" in text
-    assert metadata.version("tensorflow") == preinstalled  # on disk too, not only the imported module
-    assert metadata.version("elita-tf")
+    assert installed("tensorflow") == preinstalled  # on disk too, not only the module the kernel imported
+    assert installed("elita-tf")
