@@ -59,26 +59,26 @@ def check_generation_length(prompt_length, max_new_tokens, limit):
 
 
 def empty_caches(config, layers, batch_size):
-    """The decoding cache before any position: one entry per block (`block_{i}`) and the `position` reached."""
+    """The decoding cache before any position: each block's (`block_{i}`) and each row's `position` `[B]`."""
     caches = {f"block_{i}": layers[f"block_{i}"].get_initial_cache(batch_size) for i in range(config.num_layers)}
-    caches["position"] = tf.zeros([], tf.int32)
+    caches["position"] = tf.zeros([batch_size], tf.int32)
     return caches
 
 
 def forward_with_cache(config, layers, tokens, caches, padding_mask=None, head=True):
     """Continues the sequence `caches` summarises with `tokens [B, T]`; returns `(logits [B, T, V], new_caches)`.
 
-    Every row is at `caches["position"]`. With `padding_mask`, positions after
-    the last real one (right padding) are not part of the sequence: the cache
-    ends after the last real position, the same in every row. `head=False`
-    returns the final hidden states `[B, T, d]` in place of the logits.
+    Row `b` continues at `caches["position"][b]`. With `padding_mask`,
+    positions after a row's last real one (right padding) are not part of
+    its sequence: its cache ends after its last real position, and what
+    follows overwrites the padding. `head=False` returns the final hidden
+    states `[B, T, d]` in place of the logits.
     """
     blocks = [caches[f"block_{i}"] for i in range(config.num_layers)]
     position = caches["position"]
-    start = tf.fill(tf.shape(tokens)[:1], position)
-    outputs, blocks = decoder_forward(config, layers, tokens, padding_mask, blocks, start_index=start, head=head)
+    outputs, blocks = decoder_forward(config, layers, tokens, padding_mask, blocks, start_index=position, head=head)
     new_caches = {f"block_{i}": cache for i, cache in enumerate(blocks)}
-    new_caches["position"] = position + tf.reduce_max(real_extent(padding_mask, tf.shape(tokens)[1]))
+    new_caches["position"] = position + real_extent(padding_mask, tf.shape(tokens)[1])
     return outputs, new_caches
 
 

@@ -7,8 +7,8 @@ Signatures (one sequence, batch 1):
 - `decode(token_ids int32 [1, 1], **state) -> {"logits": float32 [1, V], **state}`
 
 `logits` are the next token's, after the last input token. The state is
-every block's decoding cache flattened into named tensors (`block_0_0`,
-`block_0_1`, ..., `position`): the same names and shapes in prefill's
+every block's decoding cache flattened into named tensors (`block_0_log_z`,
+`block_0_mean`, ..., `position`): the same names and shapes in prefill's
 outputs, decode's inputs and decode's outputs, so a caller feeds each
 step's state into the next. For ELiTA, linear and global additive attention
 it is a constant size whatever the context; windowed layers hold a ring
@@ -46,11 +46,11 @@ QUANTIZATIONS = (None, "int8")
 
 
 def flatten_state(caches):
-    """`{name: tensor}` of a decoding cache: `block_{i}_{j}` for the j-th tensor of block i, and `position`."""
+    """`{name: tensor}` of a decoding cache: `block_{i}_{entry}` for each named entry of block i, and `position`."""
     flat = {"position": caches["position"]}
     for name, cache in caches.items():
         if name != "position":
-            flat.update({f"{name}_{j}": tensor for j, tensor in enumerate(tf.nest.flatten(cache))})
+            flat.update({f"{name}_{entry}": tensor for entry, tensor in cache.items()})
     return flat
 
 
@@ -59,8 +59,7 @@ def unflatten_state(flat, template):
     caches = {"position": flat["position"]}
     for name, cache in template.items():
         if name != "position":
-            leaves = [flat[f"{name}_{j}"] for j in range(len(tf.nest.flatten(cache)))]
-            caches[name] = tf.nest.pack_sequence_as(cache, leaves)
+            caches[name] = {entry: flat[f"{name}_{entry}"] for entry in cache}
     return caches
 
 

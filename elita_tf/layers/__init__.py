@@ -1,14 +1,14 @@
-"""Keras layers, one public layer per file."""
+"""Keras layers, one public layer per file: token mixers (`CausalMixer`), feed-forward networks, `DecoderBlock`."""
 
 from elita_tf.layers.additive_attention import AdditiveAttention
 from elita_tf.layers.attention2 import Attention2
+from elita_tf.layers.causal_self_attention import CausalSelfAttention
+from elita_tf.layers.decoder_block import DecoderBlock
 from elita_tf.layers.feedforward2 import FeedForward2
-from elita_tf.layers.gain import Gain
 from elita_tf.layers.linear_attention import LinearAttention
+from elita_tf.layers.mixer import CausalMixer
 from elita_tf.layers.position_embedding import PositionEmbedding
 from elita_tf.layers.shaped_attention import ShapedAttention
-from elita_tf.layers.simplified_block import SimplifiedBlock
 from elita_tf.layers.token_embedding import TokenEmbedding
-from elita_tf.layers.transformer_block import TransformerBlock
 from elita_tf.layers.trilinear import TriLinearAttention
 from elita_tf.layers.wide_feedforward import WideFeedForward

@@ -8,11 +8,11 @@ from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
-    accumulator_dtype,
     causal_softmax_mean,
     causal_softmax_mean_step,
     empty_state,
 )
+from elita_tf.ops.utils import accumulator_dtype
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -73,7 +73,7 @@ class AdditiveAttention(CausalMixer):
         inputs: float tensor `[B, T, d]`, the normalised stream `u`.
         padding_mask: optional bool `[B, T]`, False at padding. Padded
             positions add nothing to either pooling. Defaults to the Keras mask.
-        cache: optional tuple from `get_initial_cache` or a previous call:
+        cache: optional dict from `get_initial_cache` or a previous call:
             the inputs continue the sequence the cache summarises.
         training: bool. Applies dropout when True.
 
@@ -204,14 +204,20 @@ class AdditiveAttention(CausalMixer):
             return outputs
         return outputs, (*query_state, *key_state)
 
-    def get_initial_cache(self, batch_size, dtype=None):
-        """The cache before any position; the layer must be built.
+    @property
+    def cache_names(self):
+        # A global pooling keeps its running normaliser and mean, a windowed one a ring of the last `window`.
+        parts = ("log_z", "mean") if self.window is None else ("logits", "values")
+        return tuple(f"{pooling}_{part}" for pooling in ("query", "key") for part in parts)
+
+    def initial_state(self, batch_size, dtype=None):
+        """The state before any position; the layer must be built.
 
         Returns:
-            A tuple of four fixed-shape tensors (float32, or float64 for a
-            float64 layer): the query pooling's state then the key pooling's.
-            Global: `(log_z [B, H], mean [B, H, D])` each; windowed:
-            `(logits [B, H, window], values [B, H, window, D])` each.
+            Four fixed-shape tensors (float32, or float64 for a float64
+            layer): the query pooling's state then the key pooling's. Global:
+            `(log_z [B, H], mean [B, H, D])` each; windowed: `(logits [B, H,
+            window], values [B, H, window, D])` each.
         """
         if not self.built:
             raise ValueError(

@@ -4,14 +4,13 @@ import tensorflow as tf
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.mixer import CausalMixer
-from elita_tf.ops.utils import real_extent
 from elita_tf.ops.causal_mean import (
     DEFAULT_CHUNK_SIZE,
-    accumulator_dtype,
     causal_softmax_mean,
     causal_softmax_mean_step,
     empty_state,
 )
+from elita_tf.ops.utils import accumulator_dtype, real_extent
 
 POSITION_MODES = ("fixed", "length")
 
@@ -70,8 +69,9 @@ class Attention2(CausalMixer):
         inputs: float tensor `[B, T, d]`.
         padding_mask: optional bool `[B, T]`, False at padding. Padded
             positions add nothing to later rows. Defaults to the Keras mask.
-        cache: optional tuple from `get_initial_cache` or a previous call:
-            the inputs continue the sequence the cache summarises.
+        cache: optional dict from `get_initial_cache` or a previous call
+            (`log_z`, `mean`, `position`): the inputs continue the sequence
+            the cache summarises.
         training: ignored.
 
     Returns:
@@ -246,8 +246,10 @@ class Attention2(CausalMixer):
         # Right padding is not part of the sequence: the next position follows the last real one.
         return outputs, (state[0], state[1], cache[2] + real_extent(padding_mask, length))
 
-    def get_initial_cache(self, batch_size, dtype=None):
-        """The cache before any position.
+    cache_names = ("log_z", "mean", "position")
+
+    def initial_state(self, batch_size, dtype=None):
+        """The state before any position.
 
         Returns:
             `(log_z [B, H], mean [B, H, D], position [B] int32)`: the running

@@ -15,7 +15,7 @@ def check_positive_int(name, value, allow_none=False):
 
 def check_choice(name, value, choices):
     if value not in choices:
-        raise ValueError(f"`{name}` must be one of {sorted(choices)}. Received: {name}={value!r}")
+        raise ValueError(f"`{name}` must be one of {sorted(choices, key=str)}. Received: {name}={value!r}")
 
 
 def check_float_sequence(layer, inputs):
@@ -80,36 +80,36 @@ _CACHE_SHAPES = weakref.WeakKeyDictionary()
 
 
 def _cache_shapes(layer):
-    """The shapes of `layer.get_initial_cache(1)` without the batch axis, computed once per layer."""
+    """`{name: shape}` of `layer.get_initial_cache(1)`, computed once per layer."""
     if layer not in _CACHE_SHAPES:
         with tf.init_scope():
-            _CACHE_SHAPES[layer] = [t.shape for t in tf.nest.flatten(layer.get_initial_cache(1))]
+            _CACHE_SHAPES[layer] = {name: t.shape for name, t in layer.get_initial_cache(1).items()}
     return _CACHE_SHAPES[layer]
 
 
 def _check_cache(layer, cache, batch, static_batch):
     expected = _cache_shapes(layer)
-    given = tf.nest.flatten(cache)
-    if len(given) != len(expected):
+    if not isinstance(cache, dict) or sorted(cache) != sorted(expected):
+        given = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
         raise ValueError(
-            f"Layer '{layer.name}' expects a cache of {len(expected)} tensors, as `get_initial_cache` "
-            f"returns. Received: a cache of {len(given)} tensors"
+            f"Layer '{layer.name}' expects its cache as `get_initial_cache` makes it: a dict of "
+            f"{sorted(expected)}. Received: {given}"
         )
     batch_checked = False
-    for index, (tensor, shape) in enumerate(zip(given, expected)):
-        tensor = tf.convert_to_tensor(tensor)
+    for name, shape in expected.items():
+        tensor = tf.convert_to_tensor(cache[name])
         if shape.rank == 0:
             continue
         if tensor.shape.rank != shape.rank or not tensor.shape[1:].is_compatible_with(shape[1:]):
             raise ValueError(
-                f"Layer '{layer.name}': cache entry {index} must have shape [batch, {', '.join(map(str, shape[1:]))}], "
+                f"Layer '{layer.name}': cache['{name}'] must have shape [batch, {', '.join(map(str, shape[1:]))}], "
                 f"as `get_initial_cache` makes it. Received: shape={tensor.shape}"
             )
         if static_batch is not None and tensor.shape[0] is not None and tensor.shape[0] != static_batch:
             raise ValueError(
                 f"Layer '{layer.name}': the cache was made for batch size {tensor.shape[0]}, but the inputs "
                 f"have batch size {static_batch}. Make it with `get_initial_cache({static_batch})`. "
-                f"Received: cache entry {index} shape={tensor.shape}"
+                f"Received: cache['{name}'].shape={tensor.shape}"
             )
         if not batch_checked:  # one run-time check a cache: its entries share the batch axis
             tf.debugging.assert_equal(

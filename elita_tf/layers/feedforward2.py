@@ -18,7 +18,6 @@ class FeedForward2(keras.layers.Layer):
 
     i.e. an MLP with `a * b` hidden units whose unit `(i, j)` is the product
     `α_i β_j`. It is computed as one outer product and one matrix product.
-    Position-wise: no state, so its decoding cache is the empty tuple.
 
     Args:
         hidden_dim: int or None. Width `a` of the first branch. Defaults to
@@ -33,11 +32,10 @@ class FeedForward2(keras.layers.Layer):
     Call arguments:
         inputs: float tensor `[B, T, d]`.
         padding_mask: ignored (position-wise); accepted for a uniform block API.
-        cache: `()` to get `(outputs, ())` back, as the stateful layers do.
         training: ignored.
 
     Returns:
-        `outputs [B, T, d]`, or `(outputs, ())` when a cache is passed.
+        `outputs [B, T, d]`.
 
     Example:
     >>> layer = FeedForward2(factor=8)
@@ -121,19 +119,14 @@ class FeedForward2(keras.layers.Layer):
     def b3(self):
         return self.w3_dense.bias
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None):
+    def call(self, inputs, padding_mask=None, training=None):
         inputs, _ = check_sequence_call(self, inputs, padding_mask)
         width = inputs.shape[-1]
         x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
         alpha = self.w1_dense(x)  # [B*T, a]
         beta = self.w2_dense(x)  # [B*T, b]
         outputs = self.w3_dense(alpha[:, :, None] * beta[:, None, :])  # [B*T, d]
-        outputs = tf.reshape(outputs, tf.shape(inputs))
-        return outputs if cache is None else (outputs, ())
-
-    def get_initial_cache(self, batch_size, dtype=None):
-        """The empty tuple: a position-wise layer keeps no state."""
-        return ()
+        return tf.reshape(outputs, tf.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

@@ -48,7 +48,7 @@ class LinearAttention(CausalMixer):
         inputs: float tensor `[B, T, d]`.
         padding_mask: optional bool `[B, T]`, False at padding: padded keys add
             nothing. Defaults to the Keras mask.
-        cache: optional `(S, z)` from `get_initial_cache` or a previous call.
+        cache: optional dict `{"S", "z"}` from `get_initial_cache` or a previous call.
         training: ignored.
 
     Returns:
@@ -131,7 +131,9 @@ class LinearAttention(CausalMixer):
         outputs = self.output_dense(tf.cast(to_heads(y), self.compute_dtype))
         return outputs if cache is None else (outputs, state)
 
-    def get_initial_cache(self, batch_size, dtype=None):
+    cache_names = ("S", "z")
+
+    def initial_state(self, batch_size, dtype=None):
         """`(S [B, H, D, D], z [B, H, D])`, zeros (float32, or float64 for a float64 layer)."""
         return empty_linear_state(batch_size, self.num_heads, self.head_dim, self.head_dim, dtype or self.compute_dtype)
 

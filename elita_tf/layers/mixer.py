@@ -8,9 +8,14 @@ from elita_tf.ops.utils import contain_nonfinite
 class CausalMixer(keras.layers.Layer):
     """Base of the causal sequence layers: one place for input checks, masks and non-finite inputs.
 
-    A subclass implements `mix(inputs, padding_mask, cache, training)` on a
-    checked float `[B, T, d]` input in its compute dtype, and
-    `get_initial_cache(batch_size)`. The base:
+    A subclass names its decoding state's tensors in `cache_names`, returns
+    them in that order from `initial_state(batch_size, dtype)`, and
+    implements `mix(inputs, padding_mask, state, training)` on a checked
+    float `[B, T, d]` input in its compute dtype, `state` being that tuple
+    (the ops' form) or None. The base:
+
+    - gives callers the cache as a named dict of fixed-shape tensors
+      (`get_initial_cache`), returned anew by every call, never mutated;
 
     - refuses inputs that are not a float `[B, T, d]` sequence, a padding
       mask that is not `[B, T]`, and a cache of other shapes or another batch
@@ -30,7 +35,7 @@ class CausalMixer(keras.layers.Layer):
         inputs: float tensor `[B, T, d]`.
         padding_mask: optional bool `[B, T]`, False at padding. Defaults to
             the Keras mask.
-        cache: optional cache from `get_initial_cache` or a previous call.
+        cache: optional dict from `get_initial_cache` or a previous call.
         training: bool.
 
     Returns:
@@ -50,15 +55,37 @@ class CausalMixer(keras.layers.Layer):
             inputs = tf.convert_to_tensor(inputs)
         return super().__call__(inputs, *args, **kwargs)
 
+    #: The names of the decoding state's tensors, in the order of `initial_state` and `mix`.
+    cache_names = ()
+
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
-        if cache is not None and inputs.shape[1] == 1:
+        state = None if cache is None else tuple(cache[name] for name in self.cache_names)
+        if state is not None and inputs.shape[1] == 1:
             # One decoding step has no earlier row to protect, and a non-finite input makes the
             # state non-finite by itself; padded steps are selected out by the step ops.
-            return self.mix(inputs, padding_mask, cache, training)
-        return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training), inputs, padding_mask)
+            result = self.mix(inputs, padding_mask, state, training)
+        else:
+            result = contain_nonfinite(lambda x: self.mix(x, padding_mask, state, training), inputs, padding_mask)
+        if state is None:
+            return result
+        outputs, state = result
+        return outputs, dict(zip(self.cache_names, state))
 
-    def mix(self, inputs, padding_mask, cache, training):
+    def get_initial_cache(self, batch_size, dtype=None):
+        """The decoding cache before any position: `{name: tensor}`, batch first, in fixed shapes.
+
+        Args:
+            batch_size: int or scalar tensor.
+            dtype: optional float dtype of the accumulators. Defaults to the
+                layer's (float32 under mixed precision).
+        """
+        return dict(zip(self.cache_names, self.initial_state(batch_size, dtype)))
+
+    def initial_state(self, batch_size, dtype=None):
+        raise NotImplementedError(f"{type(self).__name__} must implement `initial_state`.")
+
+    def mix(self, inputs, padding_mask, state, training):
         raise NotImplementedError(f"{type(self).__name__} must implement `mix`.")
 
     def compute_mask(self, inputs, mask=None):

@@ -4,7 +4,12 @@ import tensorflow as tf
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.mixer import CausalMixer
-from elita_tf.ops.softmax_attention import causal_visibility, empty_kv_cache, softmax_attention, update_kv_cache
+from elita_tf.ops.softmax_attention import (
+    causal_visibility,
+    empty_kv_cache,
+    softmax_attention,
+    update_kv_cache,
+)
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -43,7 +48,7 @@ class ShapedAttention(CausalMixer):
         inputs: float tensor `[B, T, d]` (already normalised).
         padding_mask: optional bool `[B, T]`, False at padding: padded positions
             are neither attended nor averaged. Defaults to the Keras mask.
-        cache: optional `(key, value, valid, index)` from `get_initial_cache`
+        cache: optional dict `{"key", "value", "valid", "position"}` from `get_initial_cache`
             or a previous call.
         training: ignored.
 
@@ -169,8 +174,10 @@ class ShapedAttention(CausalMixer):
         outputs = tf.reshape(tf.cast(y, self.compute_dtype), tf.shape(inputs))
         return outputs if cache is None else (outputs, cache)
 
-    def get_initial_cache(self, batch_size, dtype=None):
-        """`(key [B, L, H, e], value [B, L, H, e], valid [B, L] bool, index [])`, `L = max_length`."""
+    cache_names = ("key", "value", "valid", "position")
+
+    def initial_state(self, batch_size, dtype=None):
+        """`(key [B, L, H, e], value [B, L, H, e], valid [B, L] bool, position [B])`, `L = max_length`."""
         if not self.built:
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
         width, heads, head_dim = self.key_kernel.shape

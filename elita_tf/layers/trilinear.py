@@ -13,7 +13,7 @@ from elita_tf.ops.banded_attention import (
     banded_attention_step,
     empty_banded_state,
 )
-from elita_tf.ops.causal_mean import accumulator_dtype
+from elita_tf.ops.utils import accumulator_dtype
 
 # Products of the Combiner: kv[b * tt + k] = k_t[k xor b] * att_t[k], b < 16.
 COMBINER_REP = 16
@@ -112,8 +112,9 @@ class TriLinearAttention(CausalMixer):
         inputs: float tensor `[B, T, dim]`, the residual state.
         padding_mask: optional bool `[B, T]`, False at padding: a padded
             position is seen by no row. Defaults to the Keras mask.
-        cache: optional tuple from `get_initial_cache` or a previous call:
-            the inputs continue the sequence the cache holds.
+        cache: optional dict from `get_initial_cache` or a previous call
+            (`query_values`, `values`, `valid`, `position`): the inputs
+            continue the sequence the cache holds.
         training: ignored.
 
     Returns:
@@ -271,11 +272,13 @@ class TriLinearAttention(CausalMixer):
         outputs = self.combiner_dense(tf.cast(kv, self.compute_dtype))
         return outputs if cache is None else (outputs, state)
 
-    def get_initial_cache(self, batch_size, dtype=None):
-        """The cache before any position.
+    cache_names = ("query_values", "values", "valid", "position")
+
+    def initial_state(self, batch_size, dtype=None):
+        """The state before any position.
 
         Returns:
-            `(qv [B, 1, S, qdim], v [B, 1, S, tt], valid [B, S] bool, index [] int32)`,
+            `(qv [B, 1, S, qdim], v [B, 1, S, tt], valid [B, S] bool, position [B] int32)`,
             float32 (float64 for a float64 layer). Narrow: `S = window`, slot
             0 the start position, then the last `window - 1` positions. Wide:
             `S = max_length`, slot `n` position `n`.

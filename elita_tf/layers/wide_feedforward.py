@@ -6,19 +6,21 @@ from elita_tf.layers.initializers import clone_initializer
 
 @keras.saving.register_keras_serializable(package="elita_tf")
 class WideFeedForward(keras.layers.Layer):
-    """One Wide FFN (Pires et al. 2023): one feed-forward network shared by every block.
+    """A two-layer MLP, and the One Wide FFN (Pires et al. 2023) when shared by every block.
 
         y = W2 act(W1 x + b1) + b2
 
-    Share it by calling the same instance in every block of a functional
-    model; Keras then holds its weights once, also after `.keras` save/load.
-    The default width `4 * d * num_layers` keeps the parameter count of
-    `num_layers` separate `4d` networks.
+    With `num_layers=1` it is the usual `4d` MLP of a Transformer block. To
+    share it, give the same instance to every `DecoderBlock` (or call it in
+    every block of a functional model); Keras then holds its weights once,
+    also after `.keras` save/load. The default width `4 * d * num_layers`
+    keeps the parameter count of `num_layers` separate `4d` networks.
 
     Args:
         width: int or None. Hidden width. Defaults to `4 * d * num_layers`.
         num_layers: int. Blocks that share it, for the default width. Defaults to `1`.
         activation: activation of the hidden layer. Defaults to `"relu"`.
+        use_bias: bool. Whether both layers have biases. Defaults to `True`.
         kernel_initializer: Defaults to `"glorot_uniform"`.
         bias_initializer: Defaults to `"zeros"`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
@@ -26,11 +28,10 @@ class WideFeedForward(keras.layers.Layer):
     Call arguments:
         inputs: float tensor `[B, T, d]`.
         padding_mask: ignored (position-wise).
-        cache: `()` to get `(outputs, ())` back, as the stateful layers do.
         training: ignored.
 
     Returns:
-        `outputs [B, T, d]`, or `(outputs, ())` when a cache is passed.
+        `outputs [B, T, d]`.
 
     Example:
     >>> shared = WideFeedForward(num_layers=6)
@@ -47,6 +48,7 @@ class WideFeedForward(keras.layers.Layer):
         width=None,
         num_layers=1,
         activation="relu",
+        use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
@@ -57,6 +59,7 @@ class WideFeedForward(keras.layers.Layer):
         self.width = width
         self.num_layers = num_layers
         self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.supports_masking = True
@@ -67,6 +70,7 @@ class WideFeedForward(keras.layers.Layer):
         dense = lambda units, name, activation=None: keras.layers.Dense(  # noqa: E731
             units,
             activation=activation,
+            use_bias=self.use_bias,
             kernel_initializer=clone_initializer(self.kernel_initializer),
             bias_initializer=clone_initializer(self.bias_initializer),
             dtype=self.dtype_policy,
@@ -78,14 +82,9 @@ class WideFeedForward(keras.layers.Layer):
         self.outer.build(tuple(inputs_shape[:-1]) + (hidden,))
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None):
+    def call(self, inputs, padding_mask=None, training=None):
         inputs, _ = check_sequence_call(self, inputs, padding_mask)
-        outputs = self.outer(self.inner(inputs))
-        return outputs if cache is None else (outputs, ())
-
-    def get_initial_cache(self, batch_size, dtype=None):
-        """The empty tuple: a position-wise layer keeps no state."""
-        return ()
+        return self.outer(self.inner(inputs))
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
@@ -97,6 +96,7 @@ class WideFeedForward(keras.layers.Layer):
                 "width": self.width,
                 "num_layers": self.num_layers,
                 "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             }

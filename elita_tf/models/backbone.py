@@ -44,7 +44,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
     Every projection is a Keras `Dense` or `EinsumDense` layer, so
     `quantize("int8")` covers them all and `enable_lora(rank)` adapts them
     all (`default_lora_layer_names`); the documented weights stay reachable
-    by name (`backbone.get_layer("block_0").k1` is the `k1` projection's kernel).
+    by name (`backbone.get_layer("block_0").mixer.k1` is ELiTA's `k1` kernel).
 
     Example:
     >>> backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=100, num_layers=2, hidden_dim=32)
@@ -142,7 +142,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         return [
             *("k1", "k2", "k3", "query", "key", "value", "output", "attention_output"),  # token mixers
             *("query_key", "query_value", "combiner"),  # 3Lin
-            *("w1", "w2", "w3", "inner", "outer", "ffn_inner", "ffn_output"),  # feed-forward networks
+            *("w1", "w2", "w3", "inner", "outer"),  # feed-forward networks
         ]
 
     @classmethod

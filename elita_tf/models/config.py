@@ -25,12 +25,11 @@ class DecoderConfig:
             to. None (the default) uses `context_length`.
         blocks: tuple of str, one block type per layer, each one of
             `BLOCK_TYPES`. A single str is repeated over the layers.
-        ffn: str. Feed-forward network after the attention of `"elita"`,
-            `"linear"` and `"additive"` blocks and instead of the own MLP of
-            `"simplified"` blocks when `"wide"`: `"feedforward2"` (ELiTA),
-            `"mlp"` (4d GELU), `"wide"` (one shared One Wide FFN of width
-            `4 * d * num_layers`) or `"none"`. `"transformer"` blocks keep their
-            own 4d FFN; `"3lin"` blocks have none.
+        ffn: str. The feed-forward network of every block but `"3lin"`
+            (which has none): `"feedforward2"` (ELiTA), `"mlp"` (4d GELU; in
+            `"simplified"` blocks the paper's 4d ReLU MLP without biases),
+            `"wide"` (one One Wide FFN of width `4 * d * num_layers` shared by
+            every block) or `"none"`.
         ffn_factor: int. `FeedForward2`'s second branch width. Defaults to 8.
         position_dim: int. Sinusoid components of ELiTA's position terms.
         position_embedding: bool. Add learned absolute position embeddings.

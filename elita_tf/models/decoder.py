@@ -2,19 +2,21 @@
 
     token ids [B, T] -> embedding (+ learned positions) -> blocks -> final norm -> logits [B, T, V]
 
-Blocks (pre-norm residual unless said otherwise):
+Every block is a `DecoderBlock(mixer, ffn, norm, residual)`; the block type
+picks the recipe (`make_block`):
+
     elita        x += Attention2(LN(x));         x += FFN(LN(x))    (LN without scale/centre, as the reference)
     linear       x += LinearAttention(LN(x));    x += FFN(LN(x))
     additive     x += AdditiveAttention(LN(x));  x += FFN(LN(x))
-    transformer  TransformerBlock (its own norms and 4d GELU FFN)
-    simplified   SimplifiedBlock SAS-P, skip-less; with ffn="wide" its MLP is the shared
-                 One Wide FFN: x = Block(x) + Gain(WideFFN(RMSNorm(x)))
+    transformer  x += CausalSelfAttention(LN(x)); x += FFN(LN(x))   (FFN "mlp": 4d GELU)
+    simplified   SAS-P, skip-less: x = g_M ShapedAttention(RMSNorm(x)) + g_F FFN(RMSNorm(x))
+                 ("mlp": the paper's 4d ReLU MLP without biases; "wide": one One Wide FFN shared by every block)
     3lin         x += TriLinearAttention(x)      (normalises its input itself)
 
-One function, `decoder_forward`, composes the layers: on a `keras.Input` it
-builds the functional model; on token ids with caches it is the decoding step
-(`elita_tf.generation`), so training and decoding can never disagree on the
-architecture.
+One function, `decoder_forward`, runs the blocks in order: on a `keras.Input`
+it builds the functional model; on token ids with caches it is the decoding
+step (`elita_tf.generation`). Nothing in it depends on the block type, so
+training and decoding can never disagree on the architecture.
 """
 
 import keras
@@ -23,22 +25,19 @@ from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 from elita_tf.layers import (
     AdditiveAttention,
     Attention2,
+    CausalSelfAttention,
+    DecoderBlock,
     FeedForward2,
-    Gain,
     LinearAttention,
     PositionEmbedding,
-    SimplifiedBlock,
+    ShapedAttention,
     TokenEmbedding,
-    TransformerBlock,
     TriLinearAttention,
     WideFeedForward,
 )
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.layers.trilinear import alibi_v1
 from elita_tf.models.config import DecoderConfig
-
-# Blocks made of an attention layer and an optional FFN, each pre-normed with a residual.
-PRE_NORM_BLOCKS = ("elita", "linear", "additive")
 
 
 def _additive_window(config, index):
@@ -48,66 +47,88 @@ def _additive_window(config, index):
     return None if index == config.num_layers - 1 else 4 * 2**index
 
 
+def make_mixer(config, index):
+    """The token mixer of block `index`: its block type's attention layer."""
+    block = config.blocks[index]
+    if block == "elita":
+        return Attention2(
+            config.num_heads,
+            config.head_dim,
+            config.position_dim,
+            context_length=config.position_scale or config.context_length,
+            name="mixer",
+        )
+    if block == "linear":
+        return LinearAttention(config.num_heads, config.head_dim, name="mixer")
+    if block == "additive":
+        return AdditiveAttention(
+            config.num_heads, window=_additive_window(config, index), dropout=config.dropout, name="mixer"
+        )
+    if block == "transformer":
+        return CausalSelfAttention(
+            config.num_heads,
+            head_dim=config.head_dim,
+            dropout=config.dropout,
+            max_length=config.context_length,
+            name="mixer",
+        )
+    if block == "simplified":
+        return ShapedAttention(config.num_heads, max_length=config.context_length, name="mixer")
+    slope, hyper, wide = alibi_v1(index)
+    window = 64 if config.windows is None or config.windows[index] is None else config.windows[index]
+    return TriLinearAttention(
+        # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
+        query_dim=max(16, config.width // 2),
+        lowrank_dim=max(16, config.width // 4 // 16 * 16),
+        window=window,
+        slope=slope,
+        hyper=hyper,
+        wide=wide,
+        max_length=config.context_length,
+        name="mixer",
+    )
+
+
+def make_ffn(config, index, shared_ffn=None):
+    """The feed-forward network of block `index`, or None (`ffn="none"`, 3Lin)."""
+    block = config.blocks[index]
+    if config.ffn == "none" or block == "3lin":
+        return None
+    if config.ffn == "wide":
+        return shared_ffn
+    if config.ffn == "feedforward2":
+        return FeedForward2(factor=config.ffn_factor, name="ffn")
+    if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        return WideFeedForward(num_layers=1, use_bias=False, kernel_initializer=init, name="ffn")
+    return WideFeedForward(num_layers=1, activation="gelu", name="ffn")
+
+
+def make_block(config, index, shared_ffn=None):
+    """Block `index` of `config`: a `DecoderBlock` of its block type's mixer, FFN, norm and residual form."""
+    block = config.blocks[index]
+    common = {"dropout": config.dropout, "name": f"block_{index}"}
+    mixer, ffn = make_mixer(config, index), make_ffn(config, index, shared_ffn)
+    if block == "simplified":
+        return DecoderBlock(mixer, ffn, norm="rms_norm", residual="parallel", norm_epsilon=1e-5, **common)
+    if block == "3lin":
+        return DecoderBlock(mixer, ffn, norm=None, **common)
+    if block == "transformer":
+        return DecoderBlock(mixer, ffn, norm="layer_norm", norm_epsilon=1e-5, **common)
+    # ELiTA's LayerNorm has no scale or centre, as the reference; Keras' epsilon for the others.
+    norm = "unscaled_layer_norm" if block == "elita" else "layer_norm"
+    return DecoderBlock(mixer, ffn, norm=norm, norm_epsilon=1e-3, **common)
+
+
 def make_layers(config):
-    """Every layer of the decoder, by its stable name (`block_{i}`, `ffn_{i}`, ...)."""
+    """Every layer of the decoder, by its stable name (`embedding`, `block_{i}`, `final_norm`, ...)."""
     layers = {"embedding": TokenEmbedding(config.vocab_size, config.width, tie_weights=config.tied_embeddings)}
     if config.position_embedding:
         layers["position_embedding"] = PositionEmbedding(config.context_length)
     layers["embedding_dropout"] = keras.layers.Dropout(config.dropout)
-    if config.ffn == "wide":
-        layers["wide_ffn"] = WideFeedForward(num_layers=config.num_layers)
-
-    for i, block in enumerate(config.blocks):
-        if block == "elita":
-            layers[f"block_{i}"] = Attention2(
-                config.num_heads,
-                config.head_dim,
-                config.position_dim,
-                context_length=config.position_scale or config.context_length,
-            )
-        elif block == "linear":
-            layers[f"block_{i}"] = LinearAttention(config.num_heads, config.head_dim)
-        elif block == "additive":
-            layers[f"block_{i}"] = AdditiveAttention(
-                config.num_heads, window=_additive_window(config, i), dropout=config.dropout
-            )
-        elif block == "transformer":
-            layers[f"block_{i}"] = TransformerBlock(
-                config.num_heads, head_dim=config.head_dim, dropout=config.dropout, max_length=config.context_length
-            )
-        elif block == "simplified":
-            layers[f"block_{i}"] = SimplifiedBlock(
-                config.num_heads, feedforward=config.ffn != "wide", max_length=config.context_length
-            )
-            if config.ffn == "wide":
-                layers[f"ffn_norm_{i}"] = keras.layers.RMSNormalization(epsilon=1e-5)
-                layers[f"ffn_gain_{i}"] = Gain(0.1)
-        else:  # 3lin
-            slope, hyper, wide = alibi_v1(i)
-            window = 64 if config.windows is None or config.windows[i] is None else config.windows[i]
-            layers[f"block_{i}"] = TriLinearAttention(
-                # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
-                query_dim=max(16, config.width // 2),
-                lowrank_dim=max(16, config.width // 4 // 16 * 16),
-                window=window,
-                slope=slope,
-                hyper=hyper,
-                wide=wide,
-                max_length=config.context_length,
-            )
-
-        if block in PRE_NORM_BLOCKS:
-            norm = {"center": False, "scale": False, "epsilon": 1e-3} if block == "elita" else {}
-            layers[f"attention_norm_{i}"] = keras.layers.LayerNormalization(**norm)
-            layers[f"attention_dropout_{i}"] = keras.layers.Dropout(config.dropout)
-            if config.ffn != "none":
-                layers[f"ffn_norm_{i}"] = keras.layers.LayerNormalization(**norm)
-                layers[f"ffn_dropout_{i}"] = keras.layers.Dropout(config.dropout)
-                if config.ffn == "feedforward2":
-                    layers[f"ffn_{i}"] = FeedForward2(factor=config.ffn_factor)
-                elif config.ffn == "mlp":
-                    layers[f"ffn_{i}"] = WideFeedForward(num_layers=1, activation="gelu")
-
+    shared_ffn = WideFeedForward(num_layers=config.num_layers, name="wide_ffn") if config.ffn == "wide" else None
+    for i in range(config.num_layers):
+        layers[f"block_{i}"] = make_block(config, i, shared_ffn)
     layers["final_norm"] = keras.layers.LayerNormalization()
     if not config.tied_embeddings:
         layers["logits"] = keras.layers.Dense(config.vocab_size, dtype="float32")
@@ -132,35 +153,18 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
     Returns:
         float32 logits `[B, T, V]`, or `(logits, new_caches)` with caches.
     """
-    kwargs = {} if padding_mask is None else {"padding_mask": padding_mask}
-    new_caches = []
-
-    def run(block_index, x):
-        layer = layers[f"block_{block_index}"]
-        if caches is None:
-            return layer(x, training=training, **kwargs)
-        y, cache = layer(x, cache=caches[block_index], training=training, **kwargs)
-        new_caches.append(cache)
-        return y
-
     x = layers["embedding"](tokens)
     if config.position_embedding:
         x = x + layers["position_embedding"](x, start_index=start_index)
     x = layers["embedding_dropout"](x, training=training)
-    for i, block in enumerate(config.blocks):
-        if block in PRE_NORM_BLOCKS:
-            attended = run(i, layers[f"attention_norm_{i}"](x))
-            x = x + layers[f"attention_dropout_{i}"](attended, training=training)
-            if config.ffn != "none":
-                ffn = layers["wide_ffn"] if config.ffn == "wide" else layers[f"ffn_{i}"]
-                x = x + layers[f"ffn_dropout_{i}"](ffn(layers[f"ffn_norm_{i}"](x)), training=training)
-        elif block == "simplified" and config.ffn == "wide":
-            shared = layers["wide_ffn"](layers[f"ffn_norm_{i}"](x))
-            x = run(i, x) + layers[f"ffn_gain_{i}"](shared)
-        elif block == "3lin":
-            x = x + run(i, x)
-        else:  # transformer, simplified: blocks with their own residuals
-            x = run(i, x)
+    new_caches = []
+    for i in range(config.num_layers):
+        block = layers[f"block_{i}"]
+        if caches is None:
+            x = block(x, padding_mask=padding_mask, training=training)
+        else:
+            x, cache = block(x, padding_mask=padding_mask, cache=caches[i], training=training)
+            new_caches.append(cache)
 
     x = layers["final_norm"](x)
     if not head:

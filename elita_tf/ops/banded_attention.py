@@ -32,10 +32,10 @@ Forms (every tensor `[B, H, T, ...]`; fold 3Lin's single head as `H = 1`):
 - `banded_attention_reference`: the naive O(T^2) definition, for tests.
 
 State (functional, fixed shape): `(keys [B, H, S, Dk], values [B, H, S, Dv],
-valid [B, S] bool, index [] int32)`. With a window, `S = window`: slot 0 holds
+valid [B, S] bool, index [B] int32)`. With a window, `S = window`: slot 0 holds
 the start position, slots `1 .. window - 1` the last `window - 1` positions
 (oldest first). Without, `S = max_length`: slot `n` holds position `n`.
-`index` is the number of positions seen.
+`index` is each row's number of positions seen.
 """
 
 import math
@@ -43,8 +43,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.ops.causal_mean import NEG_INF, accumulator_dtype
-from elita_tf.ops.utils import real_extent, window_after, write_positions
+from elita_tf.ops.utils import NEG_INF, accumulator_dtype, pad_axis, real_extent, window_after, write_positions
 
 DEFAULT_CHUNK_SIZE = 32
 
@@ -70,7 +69,7 @@ def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, m
         dtype: the input dtype; the state is float32 (float64 for float64).
 
     Returns:
-        `(keys [B, H, S, Dk], values [B, H, S, Dv], valid [B, S], index [])`,
+        `(keys [B, H, S, Dk], values [B, H, S, Dv], valid [B, S], index [B])`,
         zeros, all slots invalid, `S = window` or `max_length`.
     """
     _check_window(window)
@@ -84,7 +83,7 @@ def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, m
         tf.zeros([batch_size, num_heads, slots, key_dim], dtype),
         tf.zeros([batch_size, num_heads, slots, value_dim], dtype),
         tf.zeros([batch_size, slots], tf.bool),
-        tf.constant(0, tf.int32),
+        tf.zeros([batch_size], tf.int32),
     )
 
 
@@ -120,26 +119,20 @@ def _null_softmax(scores, values_fn, extra=None):
 
 
 def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale):
-    """Masked attention of `[B, H, T, Dk]` queries at `query_pos [T]` over `[B, H, S, *]` keys at `key_pos [S]`.
+    """Masked attention of `[B, H, T, Dk]` queries at `query_pos [B, T]` over `[B, H, S, *]` keys at `key_pos [B, S]`.
 
     O(T * S): the form without a window, and one decoding step.
     """
     dtype = queries.dtype
-    delta = query_pos[:, None] - key_pos[None, :]  # [T, S]
+    delta = query_pos[:, :, None] - key_pos[:, None, :]  # [B, T, S]
     visible = delta >= 1
     if window is not None:
-        visible &= (delta <= window - 1) | (key_pos == 0)[None, :]
-    visible = visible[None, None] & key_valid[:, None, None, :]  # [B, 1, T, S]
-    bias = distance_bias(tf.cast(delta, dtype), slope, hyper)
+        visible &= (delta <= window - 1) | (key_pos == 0)[:, None, :]
+    visible = visible[:, None] & key_valid[:, None, None, :]  # [B, 1, T, S]
+    bias = distance_bias(tf.cast(delta, dtype), slope, hyper)[:, None]
     scores = tf.einsum("bhtq,bhsq->bhts", queries, keys) * scale + bias
     scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))
     return _null_softmax(scores, lambda w: tf.einsum("bhts,bhsd->bhtd", w, values))
-
-
-def _pad_axis(x, axis, pad, value=0):
-    paddings = [[0, 0]] * x.shape.rank
-    paddings[axis] = [0, pad]
-    return tf.pad(x, paddings, constant_values=value)
 
 
 def _banded(queries, keys, values, key_valid, start, index, window, slope, hyper, scale, chunk_size):
@@ -163,11 +156,11 @@ def _banded(queries, keys, values, key_valid, start, index, window, slope, hyper
     size, span = chunk_size, chunk_size + window - 2
     chunks = (length + size - 1) // size
     pad = chunks * size - length
-    q = tf.reshape(_pad_axis(queries, 2, pad), [batch, heads, chunks, size, key_dim])
+    q = tf.reshape(pad_axis(queries, 2, pad), [batch, heads, chunks, size, key_dim])
     frames = tf.range(chunks)[:, None] * size + tf.range(span)[None, :]  # [K, span]
-    k = tf.gather(_pad_axis(keys, 2, pad), frames, axis=2)  # [B, H, K, span, Dk]
-    v = tf.gather(_pad_axis(values, 2, pad), frames, axis=2)
-    ok = tf.gather(_pad_axis(key_valid, 1, pad, False), frames, axis=1)  # [B, K, span]
+    k = tf.gather(pad_axis(keys, 2, pad), frames, axis=2)  # [B, H, K, span, Dk]
+    v = tf.gather(pad_axis(values, 2, pad), frames, axis=2)
+    ok = tf.gather(pad_axis(key_valid, 1, pad, False), frames, axis=1)  # [B, K, span]
 
     offset = np.arange(size)[:, None] + window - 1 - np.arange(span)[None, :]  # Δ, [C, span]
     band = tf.constant((offset >= 1) & (offset <= window - 1))
@@ -178,12 +171,12 @@ def _banded(queries, keys, values, key_valid, start, index, window, slope, hyper
 
     # The start position: one more slot per row, at distance index + t.
     start_key, start_value, start_valid = start
-    position = index + tf.range(length)
+    position = index[:, None] + tf.range(length)[None, :]  # [B, T]
     start_logit = tf.einsum("bhtq,bhq->bht", queries, start_key) * scale
-    start_logit += distance_bias(tf.cast(position, dtype), slope, hyper)
-    start_visible = start_valid[:, None, None] & (position >= 1)[None, None]
+    start_logit += distance_bias(tf.cast(position, dtype), slope, hyper)[:, None]
+    start_visible = start_valid[:, None, None] & (position >= 1)[:, None]
     start_logit = tf.where(start_visible, start_logit, tf.constant(NEG_INF, dtype))
-    start_logit = tf.reshape(_pad_axis(start_logit, 2, pad, NEG_INF), [batch, heads, chunks, size])
+    start_logit = tf.reshape(pad_axis(start_logit, 2, pad, NEG_INF), [batch, heads, chunks, size])
     start_value = start_value[:, :, None, None, :]
 
     out = _null_softmax(
@@ -235,10 +228,9 @@ def banded_attention(
         hyper: float. Bonus `hyper / Δ`, in nats. Defaults to `0.0`.
         scale: float or None. Multiplies `q·k`. Defaults to `1 / sqrt(Dk)`.
         mask: optional bool `[B, T]`, False at padding: a padded position is
-            no key of any row (its own row is computed as usual). The state
-            ends after the last real position (the latest of any row): right
-            padding is not part of the sequence, so rows continuing from the
-            state must end at the same position.
+            no key of any row (its own row is computed as usual). Each row's
+            state ends after its last real position: right padding is not
+            part of the sequence, and what follows overwrites it.
         initial_state: optional state of the positions before these, from
             `empty_banded_state()` or a previous call (prefill, then continue).
             Needed to continue a sequence without a window (its size is the
@@ -255,19 +247,18 @@ def banded_attention(
     queries, keys, values, valid, scale = _prepare(queries, keys, values, mask, scale)
     batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
     length = tf.shape(keys)[2]
-    # The state ends after the last real position: right padding is overwritten by what follows.
-    end = real_extent(mask, length)
-    advance = tf.reduce_max(end) if mask is not None else end
+    # Each row's state ends after its last real position: right padding is overwritten by what follows.
+    end = tf.broadcast_to(real_extent(mask, length), [batch])
 
     if window is None:
         if initial_state is None:
-            buffer_keys, buffer_values, buffer_valid, index = keys, values, valid, tf.constant(0, tf.int32)
+            buffer_keys, buffer_values, buffer_valid, index = keys, values, valid, tf.zeros([batch], tf.int32)
             slots = length
         else:
             buffer_keys, buffer_values, buffer_valid, index = initial_state
             slots = tf.shape(buffer_keys)[2]
             tf.debugging.assert_less_equal(
-                index + length, slots, message="The state holds fewer positions than the sequence needs"
+                tf.reduce_max(index) + length, slots, message="The state holds fewer positions than the sequence needs"
             )
             buffer_keys = write_positions(buffer_keys, keys, index, axis=2)
             buffer_values = write_positions(buffer_values, values, index, axis=2)
@@ -277,14 +268,14 @@ def banded_attention(
             buffer_keys,
             buffer_values,
             buffer_valid,
-            index + tf.range(length),
-            tf.range(slots),
+            index[:, None] + tf.range(length)[None, :],
+            tf.tile(tf.range(slots)[None, :], [batch, 1]),
             None,
             slope,
             hyper,
             scale,
         )
-        return out, (buffer_keys, buffer_values, buffer_valid, index + advance)
+        return out, (buffer_keys, buffer_values, buffer_valid, index + end)
 
     if initial_state is None:
         initial_state = empty_banded_state(
@@ -292,13 +283,13 @@ def banded_attention(
         )
     state_keys, state_values, state_valid, index = initial_state
     state_keys, state_values = tf.cast(state_keys, keys.dtype), tf.cast(state_values, values.dtype)
-    # The start position is the state's, or the first input when nothing came before.
-    fresh = tf.equal(index, 0)
+    # The start position is the state's, or the first input in a row where nothing came before.
+    fresh = tf.equal(index, 0)  # [B]
 
     def start_of(state_part, new_part, axis):
         first = tf.gather(tf.concat([new_part, state_part], axis=axis), 0, axis=axis)
         own = tf.gather(state_part, 0, axis=axis)
-        return tf.where(fresh, first, own)
+        return tf.where(tf.reshape(fresh, [-1] + [1] * (own.shape.rank - 1)), first, own)
 
     start_key = start_of(state_keys[:, :, :1], keys[:, :, :1], axis=2)
     start_value = start_of(state_values[:, :, :1], values[:, :, :1], axis=2)
@@ -307,8 +298,8 @@ def banded_attention(
     all_keys = tf.concat([state_keys[:, :, 1:], keys], axis=2)  # [B, H, W - 1 + T, Dk]
     all_values = tf.concat([state_values[:, :, 1:], values], axis=2)
     all_valid = tf.concat([state_valid[:, 1:], valid], axis=1)
-    position = index - (window - 1) + tf.range(window - 1 + length)
-    key_valid = all_valid & (position >= 1)[None, :]
+    position = index[:, None] - (window - 1) + tf.range(window - 1 + length)[None, :]  # [B, W - 1 + T]
+    key_valid = all_valid & (position >= 1)
     out = _banded(
         queries,
         all_keys,
@@ -326,7 +317,7 @@ def banded_attention(
         tf.concat([start_key[:, :, None], window_after(all_keys, end, window - 1, axis=2)], axis=2),
         tf.concat([start_value[:, :, None], window_after(all_values, end, window - 1, axis=2)], axis=2),
         tf.concat([start_valid[:, None], window_after(all_valid, end, window - 1, axis=1)], axis=1),
-        index + advance,
+        index + end,
     )
     return out, state
 
@@ -353,25 +344,29 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
     )
     keys, values, slot_valid, index = state
     keys, values = tf.cast(keys, key.dtype), tf.cast(values, value.dtype)
+    batch = tf.shape(keys)[0]
     if window is None:
-        tf.debugging.assert_less(index, tf.shape(keys)[2], message="The state holds fewer positions than needed")
+        tf.debugging.assert_less(
+            tf.reduce_max(index), tf.shape(keys)[2], message="The state holds fewer positions than needed"
+        )
         keys = write_positions(keys, key, index, axis=2)
         values = write_positions(values, value, index, axis=2)
         slot_valid = write_positions(slot_valid, valid, index, axis=1)
-        key_pos = tf.range(tf.shape(keys)[2])
-        out = _dense(query, keys, values, slot_valid, index[None], key_pos, None, slope, hyper, scale)
+        key_pos = tf.tile(tf.range(tf.shape(keys)[2])[None, :], [batch, 1])
+        out = _dense(query, keys, values, slot_valid, index[:, None], key_pos, None, slope, hyper, scale)
         return out[:, :, 0], (keys, values, slot_valid, index + 1)
 
     # Slot 0 is position 0; slot s >= 1 is position index - window + s. Ring
     # slots at positions <= 0 are empty or repeat the start position.
-    key_pos = tf.concat([[0], index - window + tf.range(1, window)], axis=0)
-    key_valid = slot_valid & ((key_pos >= 1) | (tf.range(window) == 0))[None, :]
-    out = _dense(query, keys, values, key_valid, index[None], key_pos, window, slope, hyper, scale)
+    key_pos = tf.concat([tf.zeros([batch, 1], tf.int32), index[:, None] - window + tf.range(1, window)[None, :]], 1)
+    key_valid = slot_valid & ((key_pos >= 1) | (tf.range(window) == 0)[None, :])
+    out = _dense(query, keys, values, key_valid, index[:, None], key_pos, window, slope, hyper, scale)
     fresh = tf.equal(index, 0)
+    fresh_keys = fresh[:, None, None, None]
     new_state = (
-        tf.concat([tf.where(fresh, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
-        tf.concat([tf.where(fresh, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
-        tf.concat([tf.where(fresh, valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
+        tf.concat([tf.where(fresh_keys, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
+        tf.concat([tf.where(fresh_keys, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
+        tf.concat([tf.where(fresh[:, None], valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
         index + 1,
     )
     return out[:, :, 0], new_state

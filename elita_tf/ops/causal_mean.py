@@ -33,21 +33,12 @@ Forms:
 
 import tensorflow as tf
 
-from elita_tf.ops.utils import real_extent, window_after
+from elita_tf.ops.utils import NEG_INF, accumulator_dtype, real_extent, window_after
 
-# A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
-# never makes `-inf - -inf = nan` in a forward or backward pass.
-NEG_INF = -1e30
 # Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
 _TINY = 1e-30
 
 DEFAULT_CHUNK_SIZE = 32
-
-
-def accumulator_dtype(dtype):
-    """float64 stays float64, anything else is accumulated in float32."""
-    dtype = tf.as_dtype(dtype)
-    return tf.float64 if dtype == tf.float64 else tf.float32
 
 
 def logaddexp(a, b):

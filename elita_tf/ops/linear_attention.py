@@ -22,7 +22,7 @@ All sums are float32 (float64 stays float64) whatever the input dtype:
 
 import tensorflow as tf
 
-from elita_tf.ops.causal_mean import accumulator_dtype
+from elita_tf.ops.utils import accumulator_dtype
 
 DEFAULT_CHUNK_SIZE = 64
 

@@ -4,43 +4,42 @@
     row 1: x x . .      every earlier position (and itself), softmax weights
     row 2: x x x .
 
-The cache is `(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, index [])`:
+The cache is `(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`:
 `L` positions allocated once, `valid` False where nothing (or padding) was
-written, `index` the next position. Shapes never grow, so a decoding loop
-compiles once.
+written, `position` each row's next position. Shapes never grow, so a
+decoding loop compiles once.
 """
 
 import tensorflow as tf
 
-from elita_tf.ops.causal_mean import accumulator_dtype
-from elita_tf.ops.utils import real_extent, write_positions
+from elita_tf.ops.utils import accumulator_dtype, real_extent, write_positions
 
 
 def empty_kv_cache(batch_size, max_length, num_heads, head_dim, dtype=tf.float32):
     shape = [batch_size, max_length, num_heads, head_dim]
     valid = tf.zeros([batch_size, max_length], tf.bool)
-    return tf.zeros(shape, dtype), tf.zeros(shape, dtype), valid, tf.constant(0, tf.int32)
+    return tf.zeros(shape, dtype), tf.zeros(shape, dtype), valid, tf.zeros([batch_size], tf.int32)
 
 
 def update_kv_cache(cache, key, value, mask=None, name="layer"):
-    """Writes `T` new positions at `index`.
+    """Writes `T` new positions into each row, at that row's position.
 
     Args:
-        cache: `(key, value, valid, index)`.
+        cache: `(key, value, valid, position)`.
         key, value: `[B, T, H, D]`.
-        mask: optional bool `[B, T]`, False at padding. The index moves
-            past the last real position (the latest of any row): later
-            positions overwrite right padding.
+        mask: optional bool `[B, T]`, False at padding. Each row's position
+            moves past its last real position: what follows overwrites right
+            padding.
         name: the owning layer's name, for the overflow error.
 
     Returns:
         `(new_cache, visible)`: `visible [B, 1, T, L]` bool, True where new
-        row `t` may attend cache slot `s` (written, not padding, `s <= index + t`).
+        row `t` may attend cache slot `s` (written, not padding, `s <= position + t`).
     """
-    key_cache, value_cache, valid, index = cache
+    key_cache, value_cache, valid, position = cache
     batch, length, max_length = tf.shape(key)[0], tf.shape(key)[1], tf.shape(key_cache)[1]
     tf.debugging.assert_less_equal(
-        index + length,
+        tf.reduce_max(position) + length,
         max_length,
         message=f"The decoding cache of '{name}' is full: it holds max_length positions",
     )
@@ -50,14 +49,13 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         key = tf.where(new_valid[:, :, None, None], key, tf.zeros([], key.dtype))
         value = tf.where(new_valid[:, :, None, None], value, tf.zeros([], value.dtype))
     key_cache, value_cache, valid = (
-        write_positions(buffer, new, index, axis=1)
+        write_positions(buffer, new, position, axis=1)
         for buffer, new in ((key_cache, key), (value_cache, value), (valid, new_valid))
     )
-    causal = tf.range(max_length)[None, :] <= index + tf.range(length)[:, None]  # [T, L]
-    visible = causal[None, None] & valid[:, None, None, :]
+    query_position = position[:, None, None] + tf.range(length)[None, :, None]  # [B, T, 1]
+    visible = (tf.range(max_length)[None, None, :] <= query_position)[:, None] & valid[:, None, None, :]
     # Right padding is not part of the sequence: the next positions overwrite it.
-    advance = tf.reduce_max(real_extent(mask, length))
-    return (key_cache, value_cache, valid, index + advance), visible
+    return (key_cache, value_cache, valid, position + real_extent(mask, length)), visible
 
 
 def causal_visibility(length, mask=None):

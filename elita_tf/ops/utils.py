@@ -2,24 +2,47 @@
 
 import tensorflow as tf
 
+# A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
+# never makes `-inf - -inf = nan` in a forward or backward pass.
+NEG_INF = -1e30
+
+
+def accumulator_dtype(dtype):
+    """float64 stays float64, anything else is accumulated in float32."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+def pad_axis(x, axis, pad, value=0):
+    """`x` with `pad` entries of `value` appended along `axis`."""
+    paddings = [[0, 0]] * x.shape.rank
+    paddings[axis] = [0, pad]
+    return tf.pad(x, paddings, constant_values=value)
+
 
 def write_positions(buffer, new, index, axis):
     """`buffer` with positions `index .. index + T` along `axis` replaced by `new` (`T` along `axis`).
 
-    A gather and a select rather than a concatenation of slices, so every
-    shape stays static and XLA compiles a decoding loop around it.
+    `index` is a scalar, or int `[B]` with a position per row (batch axis 0,
+    `axis >= 1`). A gather and a select rather than a concatenation of
+    slices, so every shape stays static and XLA compiles a decoding loop
+    around it.
     """
     new = tf.cast(new, buffer.dtype)
+    index = tf.convert_to_tensor(index, tf.int32)
     length = tf.shape(new)[axis]
-    # One spare entry, so that T = 0 gathers from a non-empty tensor.
-    paddings = [[0, 0]] * new.shape.rank
-    paddings[axis] = [0, 1]
-    new = tf.pad(new, paddings)
-    slot = tf.range(tf.shape(buffer)[axis]) - index
-    written = (slot >= 0) & (slot < length)
-    gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis)
+    new = pad_axis(new, axis, 1)  # one spare entry, so that T = 0 gathers from a non-empty tensor
+    slots = tf.range(tf.shape(buffer)[axis])
     shape = [1] * buffer.shape.rank
-    shape[axis] = -1
+    if index.shape.rank == 0:
+        slot = slots - index
+        gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis)
+        shape[axis] = -1
+    else:
+        slot = slots[None, :] - index[:, None]  # [B, L]
+        gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis, batch_dims=1)
+        shape[0], shape[axis] = -1, tf.shape(buffer)[axis]
+    written = (slot >= 0) & (slot < length)
     return tf.where(tf.reshape(written, shape), gathered, buffer)
 
 

@@ -6,11 +6,11 @@ import pytest
 from elita_tf.layers import (
     AdditiveAttention,
     Attention2,
+    CausalSelfAttention,
+    DecoderBlock,
     FeedForward2,
     LinearAttention,
     ShapedAttention,
-    SimplifiedBlock,
-    TransformerBlock,
     TriLinearAttention,
     WideFeedForward,
 )
@@ -21,8 +21,8 @@ LAYERS = [
     lambda: FeedForward2(factor=8),
     lambda: LinearAttention(num_heads=2, head_dim=8),
     lambda: ShapedAttention(num_heads=2, key_initializer="glorot_uniform", query_initializer="glorot_uniform"),
-    lambda: SimplifiedBlock(num_heads=2),
-    lambda: TransformerBlock(num_heads=2),
+    lambda: DecoderBlock(ShapedAttention(num_heads=2), WideFeedForward(use_bias=False), residual="parallel"),
+    lambda: CausalSelfAttention(num_heads=2),
     lambda: WideFeedForward(width=8),
     lambda: TriLinearAttention(query_dim=8, lowrank_dim=16, combiner_initializer="glorot_uniform"),
 ]

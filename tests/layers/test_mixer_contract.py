@@ -1,5 +1,12 @@
-"""What every causal sequence layer guarantees, whatever it computes: non-finite inputs stay
-causal, padding reaches no output, mixed-precision decoding works, bad calls are refused."""
+"""The one test harness every causal sequence layer runs (each token mixer, and `DecoderBlock` recipes).
+
+What every layer guarantees, whatever it computes: causality; prefill, chunks and
+single steps from a named cache equal the parallel form; padding and the Keras
+mask reach no output; configs and `.keras` files round-trip; mixed precision and
+long inputs stay finite; XLA compiles the forward and the decoding step;
+non-finite inputs stay causal; bad calls are refused with the value. The layer
+files test only their own math against naive references.
+"""
 
 import keras
 import numpy as np
@@ -9,29 +16,48 @@ import tensorflow as tf
 from elita_tf.layers import (
     AdditiveAttention,
     Attention2,
+    CausalSelfAttention,
+    DecoderBlock,
+    FeedForward2,
     LinearAttention,
     ShapedAttention,
-    SimplifiedBlock,
-    TransformerBlock,
     TriLinearAttention,
+    WideFeedForward,
 )
+from tests.layers.reference_check import assert_mixed_precision_finite
 
 WIDTH = 16
 MIXERS = {
-    "attention2": lambda: Attention2(2, 8, 4),
-    "linear": lambda: LinearAttention(2, 8),
-    "additive_global": lambda: AdditiveAttention(2),
+    "attention2": lambda: Attention2(2, 8, 4, context_length=128, logit_clip=20.0, chunk_size=16),
+    "linear": lambda: LinearAttention(2, 8, chunk_size=16),
+    "additive_global": lambda: AdditiveAttention(2, chunk_size=16),
     "additive_window_8": lambda: AdditiveAttention(2, window=8),
-    "additive_window_40": lambda: AdditiveAttention(2, window=40),
-    "transformer": lambda: TransformerBlock(2, max_length=128),
-    "shaped": lambda: ShapedAttention(2, max_length=128),
-    "simplified": lambda: SimplifiedBlock(2, max_length=128),
+    "additive_window_40": lambda: AdditiveAttention(2, window=40, chunk_size=32),
+    "causal_self_attention": lambda: CausalSelfAttention(2, head_dim=4, max_length=128),
+    "shaped": lambda: ShapedAttention(2, value_projection=True, max_length=128),
     # The Combiner starts at zero (the layer is the identity): give it weights that show a leak.
     "3lin": lambda: TriLinearAttention(16, 16, window=8, max_length=128, combiner_initializer="glorot_uniform"),
     "3lin_wide": lambda: TriLinearAttention(
         16, 16, window=8, wide=True, max_length=128, combiner_initializer="glorot_uniform"
     ),
+    # The blocks of the decoder recipes.
+    "block_elita": lambda: DecoderBlock(Attention2(2, 8, 4), FeedForward2(), norm="unscaled_layer_norm"),
+    "block_transformer": lambda: DecoderBlock(
+        CausalSelfAttention(2, max_length=128), WideFeedForward(activation="gelu"), dropout=0.1
+    ),
+    "block_sas_p": lambda: DecoderBlock(
+        ShapedAttention(2, max_length=128), WideFeedForward(use_bias=False), norm="rms_norm", residual="parallel"
+    ),
+    "block_sas": lambda: DecoderBlock(
+        ShapedAttention(2, max_length=128), WideFeedForward(), norm="rms_norm", residual="sequential"
+    ),
+    "block_3lin": lambda: DecoderBlock(
+        TriLinearAttention(16, 16, window=8, max_length=128, combiner_initializer="glorot_uniform"), norm=None
+    ),
 }
+# Long inputs for the mixed-precision check: linear-time layers at 16K, quadratic ones shorter.
+LONG = {"causal_self_attention": 2048, "shaped": 2048, "3lin_wide": 128, "block_transformer": 2048}
+LONG.update({"block_sas_p": 2048, "block_sas": 2048, "block_3lin": 4096, "3lin": 4096})
 
 
 def _mixer(name):
@@ -46,6 +72,61 @@ def _mixer(name):
 
 def _inputs(length=100, batch=2):
     return np.random.default_rng(0).normal(size=(batch, length, WIDTH)).astype("float32")
+
+
+def _decode(layer, x, bounds, mask=None):
+    """Outputs of `layer` fed `x` in the chunks `bounds` from an empty cache, and the last cache."""
+    cache, outputs = layer.get_initial_cache(x.shape[0]), []
+    for start, stop in bounds:
+        kwargs = {} if mask is None else {"padding_mask": mask[:, start:stop]}
+        y, cache = layer(x[:, start:stop], cache=cache, **kwargs)
+        outputs.append(tf.cast(y, tf.float32).numpy())
+    return np.concatenate(outputs, axis=1), cache
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_later_inputs_never_change_earlier_outputs(name):
+    layer = _mixer(name)
+    x = _inputs()
+    changed = x.copy()
+    changed[:, 42:] = changed[:, 42:] * -3.0 + 1.0
+    np.testing.assert_array_equal(layer(x).numpy()[:, :42], layer(changed).numpy()[:, :42])
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_prefill_chunks_and_steps_from_the_named_cache_equal_the_parallel_form(name):
+    layer = _mixer(name)
+    x = _inputs(60)
+    initial = layer.get_initial_cache(2)
+    assert isinstance(initial, dict) and tuple(initial) == tuple(layer.cache_names)
+    decoded, cache = _decode(layer, x, [(0, 30), (30, 41)] + [(t, t + 1) for t in range(41, 60)])
+    np.testing.assert_allclose(decoded, layer(x).numpy(), rtol=1e-4, atol=1e-4)
+    # A new dict of the same fixed shapes and dtypes, whatever the length decoded.
+    assert cache is not initial and tuple(cache) == tuple(initial)
+    for entry in initial:
+        assert (cache[entry].shape, cache[entry].dtype) == (initial[entry].shape, initial[entry].dtype), entry
+    if "position" in cache:
+        np.testing.assert_array_equal(cache["position"], [60, 60])
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_rows_decode_at_their_own_positions(name):
+    """Right padding ends a row's sequence: what follows continues it, in each row separately."""
+    layer = _mixer(name)
+    x = _inputs(40)
+    mask = np.ones((2, 40), bool)
+    mask[1, 20:30] = False  # row 1: 20 real tokens, then right padding, in the first chunk
+    first, cache = layer(x[:, :30], padding_mask=mask[:, :30], cache=layer.get_initial_cache(2))
+    np.testing.assert_allclose(first[0], layer(x[:1, :30])[0], rtol=1e-4, atol=1e-4)
+    if "position" in cache:
+        np.testing.assert_array_equal(cache["position"], [30, 20])
+    # Row 1 continues with its tokens 30.. as positions 20..: as if the padding had never been there.
+    later = [layer(x[:, 30:35], cache=cache)]
+    for t in range(35, 40):
+        later.append(layer(x[:, t : t + 1], cache=later[-1][1]))
+    later = np.concatenate([y.numpy() for y, _ in later], axis=1)
+    row1 = np.concatenate([x[1:, :20], x[1:, 30:]], axis=1)
+    np.testing.assert_allclose(later[1], layer(row1).numpy()[0, 20:], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -75,22 +156,45 @@ def test_padded_positions_reach_no_output_whatever_they_hold(name):
     y, want = layer(noisy, padding_mask=mask).numpy(), layer(zeros, padding_mask=mask).numpy()
     assert np.isfinite(y[mask]).all()
     np.testing.assert_allclose(y[mask], want[mask], rtol=1e-5, atol=1e-5)
+    # Decoding with the mask gives the same outputs at real positions.
+    decoded, _ = _decode(layer, noisy, [(0, 25)] + [(t, t + 1) for t in range(25, 42)] + [(42, 100)], mask)
+    np.testing.assert_allclose(decoded[mask], y[mask], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
-def test_decoding_after_a_nonfinite_input_agrees_with_the_parallel_form(name):
+def test_the_keras_mask_is_used_and_propagated(name):
     layer = _mixer(name)
-    x = _inputs(12)
-    x[:, 5] = np.nan
-    parallel = layer(x).numpy()
-    y, cache = layer(x[:, :8], cache=layer.get_initial_cache(2))
-    steps = [y.numpy()]
-    for t in range(8, 12):
-        y, cache = layer(x[:, t : t + 1], cache=cache)
-        steps.append(y.numpy())
-    decoded = np.concatenate(steps, axis=1)
-    np.testing.assert_allclose(decoded[:, :5], parallel[:, :5], rtol=1e-4, atol=1e-4)
-    assert np.isnan(decoded[:, 5:]).all() and np.isnan(parallel[:, 5:]).all()
+    tokens = keras.Input((None,), dtype="int32")
+    embedding = keras.layers.Embedding(20, WIDTH, mask_zero=True)
+    outputs = layer(embedding(tokens))
+    assert outputs._keras_mask is not None
+    ids = np.array([[3, 4, 0, 0, 5, 6], [0, 4, 7, 9, 5, 1]])
+    want = layer(embedding(ids), padding_mask=ids != 0).numpy()
+    np.testing.assert_allclose(keras.Model(tokens, outputs)(ids).numpy()[ids != 0], want[ids != 0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_config_and_keras_file_round_trip(name, tmp_path):
+    layer = _mixer(name)
+    config = layer.get_config()
+    assert type(layer).from_config(config).get_config() == config
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, layer(inputs))
+    path = str(tmp_path / "layer.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    x = _inputs(33)
+    np.testing.assert_array_equal(model(x), restored(x))
+    assert type(restored.layers[-1]) is type(layer)
+
+
+@pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_mixed_precision_long_input_is_finite(name, policy_name, policy):
+    policy(policy_name)
+    layer = _mixer(name)
+    x = tf.random.stateless_normal([1, LONG.get(name, 16384), WIDTH], seed=[1, 2]) * 3.0
+    assert_mixed_precision_finite(layer, x)
 
 
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
@@ -100,18 +204,52 @@ def test_mixed_precision_prefill_and_steps_equal_the_parallel_form(name, policy_
     layer = _mixer(name)
     x = _inputs(20)
     initial = layer.get_initial_cache(2)
-    y, cache = layer(x[:, :16], cache=initial)
-    rows = [y]
-    for t in range(16, 20):
-        y, cache = layer(x[:, t : t + 1], cache=cache)
-        rows.append(y)
+    decoded, cache = _decode(layer, x, [(0, 16)] + [(t, t + 1) for t in range(16, 20)])
     # A cache keeps the dtypes it was made with (float32 recurrent states, not the compute dtype).
-    assert [t.dtype for t in tf.nest.flatten(cache)] == [t.dtype for t in tf.nest.flatten(initial)]
-    decoded = np.concatenate([tf.cast(r, tf.float32).numpy() for r in rows], axis=1)
+    assert {k: t.dtype for k, t in cache.items()} == {k: t.dtype for k, t in initial.items()}
     parallel = tf.cast(layer(x), tf.float32).numpy()
-    assert decoded.dtype == np.float32 and np.isfinite(decoded).all()
+    assert np.isfinite(decoded).all()
     tolerance = 0.05 if policy_name == "mixed_bfloat16" else 5e-3
     np.testing.assert_allclose(decoded, parallel, rtol=tolerance, atol=tolerance * np.abs(parallel).max())
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_xla_compiles_the_forward_and_the_decoding_step(name):
+    layer = _mixer(name)
+    x = _inputs(40)
+    forward = tf.function(lambda x: layer(x), jit_compile=True)
+    # XLA fuses and orders float32 sums differently: compare at reference tolerance.
+    np.testing.assert_allclose(forward(x), layer(x), rtol=1e-4, atol=1e-4)
+    step = tf.function(lambda x, cache: layer(x, cache=cache), jit_compile=True)
+    y, cache = layer(x[:, :30], cache=layer.get_initial_cache(2))
+    outputs = [y]
+    for t in range(30, 40):
+        y, cache = step(x[:, t : t + 1], cache)
+        outputs.append(y)
+    np.testing.assert_allclose(tf.concat(outputs, 1), layer(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_an_empty_sequence_leaves_the_cache_as_it_was(name):
+    layer = _mixer(name)
+    empty = np.zeros((2, 0, WIDTH), "float32")
+    assert layer(empty).shape == (2, 0, WIDTH)
+    _, cache = _decode(layer, _inputs(5), [(0, 5)])
+    y, after = layer(empty, cache=cache)
+    assert y.shape == (2, 0, WIDTH)
+    for entry in cache:
+        np.testing.assert_array_equal(after[entry], cache[entry])
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_decoding_after_a_nonfinite_input_agrees_with_the_parallel_form(name):
+    layer = _mixer(name)
+    x = _inputs(12)
+    x[:, 5] = np.nan
+    parallel = layer(x).numpy()
+    decoded, _ = _decode(layer, x, [(0, 8)] + [(t, t + 1) for t in range(8, 12)])
+    np.testing.assert_allclose(decoded[:, :5], parallel[:, :5], rtol=1e-4, atol=1e-4)
+    assert np.isnan(decoded[:, 5:]).all() and np.isnan(parallel[:, 5:]).all()
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -120,6 +258,8 @@ def test_bad_calls_are_refused_with_the_value(name):
     x = _inputs(10)
     with pytest.raises(ValueError, match=r"(ndim=3|\[batch, time, width\]).*\(10, 16\)"):
         layer(x[0])
+    with pytest.raises(ValueError, match="axis -1"):
+        layer(np.zeros((2, 10, WIDTH + 1), "float32"))
     with pytest.raises(TypeError, match="int32"):
         layer(tf.zeros([2, 10, WIDTH], tf.int32))
     with pytest.raises(ValueError, match=r"padding_mask.*Received: padding_mask.shape=\(2, 9\)"):
@@ -128,9 +268,11 @@ def test_bad_calls_are_refused_with_the_value(name):
         layer(x, padding_mask=np.ones((2, 10), "float32"))
     with pytest.raises(ValueError, match="made for batch size 1.*batch size 2"):
         layer(x, cache=layer.get_initial_cache(1))
-    cache = tf.nest.flatten(layer.get_initial_cache(2))
-    with pytest.raises(ValueError, match=f"expects a cache of {len(cache)} tensors"):
-        layer(x, cache=tuple(cache) + (tf.zeros([2]),))
+    cache = layer.get_initial_cache(2)
+    with pytest.raises(ValueError, match=r"a dict of \[.*\]. Received: tuple"):
+        layer(x, cache=tuple(cache.values()))
+    with pytest.raises(ValueError, match=r"Received: \[.*'stray'"):
+        layer(x, cache={**cache, "stray": tf.zeros([2])})
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -140,7 +282,7 @@ def test_a_padded_decoding_step_holding_nan_changes_nothing(name):
     y, cache = layer(x[:, :8], cache=layer.get_initial_cache(2))
     _, padded = layer(np.full((2, 1, WIDTH), np.nan, "float32"), padding_mask=np.zeros((2, 1), bool), cache=cache)
     _, zeros = layer(np.zeros((2, 1, WIDTH), "float32"), padding_mask=np.zeros((2, 1), bool), cache=cache)
-    for a, b in zip(tf.nest.flatten(padded), tf.nest.flatten(zeros)):
-        np.testing.assert_array_equal(a, b)
+    for entry in padded:
+        np.testing.assert_array_equal(padded[entry], zeros[entry])
     y, _ = layer(x[:, 8:9], cache=padded)
     assert np.isfinite(y).all()

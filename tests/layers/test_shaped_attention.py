@@ -1,5 +1,4 @@
 import numpy as np
-import keras
 import pytest
 import tensorflow as tf
 
@@ -55,11 +54,9 @@ def test_outputs_and_gradients_match_reference(length, value_projection):
     assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-9, atol=1e-9)
 
 
-def test_causality_padding_and_decoding():
+def test_padding_and_decoding_match_reference():
     layer = _layer()
     x = tf.random.stateless_normal([2, 50, WIDTH], seed=[3, 4])
-    full = layer(x)
-    np.testing.assert_array_equal(layer(tf.concat([x[:, :21], x[:, 21:] * 5], 1))[:, :21], full[:, :21])
     mask = np.ones((2, 50), bool)
     mask[1, 4:9] = False
     masked = layer(x, padding_mask=mask)
@@ -72,28 +69,10 @@ def test_causality_padding_and_decoding():
     np.testing.assert_allclose(tf.concat(outs, 1).numpy()[mask], masked.numpy()[mask], rtol=1e-5, atol=1e-5)
 
 
-def test_config_save_and_errors(tmp_path):
-    layer = ShapedAttention(4, value_projection=True, max_length=77, query_initializer="ones", name="sa")
-    config = layer.get_config()
-    assert ShapedAttention.from_config(config).get_config() == config
-    inputs = keras.Input((None, WIDTH))
-    model = keras.Model(inputs, layer(inputs))
-    model.save(str(tmp_path / "sa.keras"))
-    x = tf.random.stateless_normal([2, 6, WIDTH], seed=[5, 6])
-    np.testing.assert_array_equal(model(x), keras.models.load_model(str(tmp_path / "sa.keras"))(x))
+def test_bad_arguments():
     with pytest.raises(ValueError, match="num_heads=0"):
         ShapedAttention(0)
     with pytest.raises(ValueError, match="divisible"):
         ShapedAttention(3)(tf.zeros([1, 2, WIDTH]))
     with pytest.raises(TypeError, match="float inputs"):
         ShapedAttention(2)(tf.zeros([1, 2, WIDTH], tf.int32))
-    assert ShapedAttention(2)(tf.zeros([1, 0, WIDTH])).shape == (1, 0, WIDTH)
-
-
-@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
-def test_mixed_precision(policy, name):
-    policy(name)
-    layer = ShapedAttention(2)
-    y = layer(tf.random.stateless_normal([1, 2048, 16], seed=[7, 8]) * 10)
-    assert y.dtype == layer.compute_dtype and all(w.dtype == "float32" for w in layer.weights)
-    assert np.all(np.isfinite(tf.cast(y, tf.float32)))

@@ -55,8 +55,9 @@ def test_mixed_blocks_and_wide_ffn_is_shared():
         num_layers=4,
     )
     model = build_decoder(config)
-    wide = [layer for layer in model.layers if layer.name == "wide_ffn"]
-    assert len(wide) == 1 and wide[0].inner.kernel.shape == (32, 4 * 32 * 4)
+    ffns = {id(model.get_layer(f"block_{i}").ffn) for i in range(4)}
+    wide = model.get_layer("block_0").ffn
+    assert len(ffns) == 1 and wide.name == "wide_ffn" and wide.inner.kernel.shape == (32, 4 * 32 * 4)
     assert model(np.zeros((1, 5), int)).shape == (1, 5, 24)
 
 

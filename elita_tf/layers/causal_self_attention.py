@@ -1,0 +1,112 @@
+import keras
+import tensorflow as tf
+
+from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.layers.mixer import CausalMixer
+from elita_tf.ops.softmax_attention import (
+    empty_kv_cache,
+    softmax_attention,
+    update_kv_cache,
+)
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class CausalSelfAttention(CausalMixer):
+    """Causal softmax multi-head self-attention: the standard Transformer's token mixer.
+
+        y = W_O concat_h softmax(causal(Q_h K_hᵀ / sqrt(D))) V_h
+
+        row 0: x . . .
+        row 1: x x . .      every earlier position (and itself)
+        row 2: x x x .
+
+    The parallel form is `keras.layers.MultiHeadAttention` with a causal
+    mask, so the baseline is Keras' own attention. Decoding keeps a
+    key/value cache of fixed size `[B, max_length, H, D]` and each row's
+    next position; a step costs O(max_length).
+
+    Args:
+        num_heads: int. Number of heads `H`.
+        head_dim: int or None. Query/key/value width per head. Defaults to
+            `d // num_heads`.
+        dropout: float. Dropout on the attention weights (training only).
+            Defaults to `0.0`.
+        max_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: optional bool `[B, T]`, False at padding: padded keys
+            get no attention. Defaults to the Keras mask.
+        cache: optional dict `{"key", "value", "valid", "position"}` from
+            `get_initial_cache` or a previous call.
+        training: bool, for dropout.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, new_cache)` when a cache is passed.
+
+    Example:
+    >>> layer = CausalSelfAttention(num_heads=4)
+    >>> layer(tf.zeros([2, 10, 32])).shape
+    TensorShape([2, 10, 32])
+
+    References:
+        - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
+    """
+
+    cache_names = ("key", "value", "valid", "position")
+
+    def __init__(self, num_heads, head_dim=None, dropout=0.0, max_length=1024, **kwargs):
+        super().__init__(**kwargs)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("head_dim", head_dim, allow_none=True)
+        check_positive_int("max_length", max_length)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.dropout = float(dropout)
+        self.max_length = max_length
+
+    def build(self, inputs_shape):
+        width = input_width(inputs_shape)
+        self.attention = keras.layers.MultiHeadAttention(
+            self.num_heads,
+            self.head_dim or max(1, width // self.num_heads),
+            dropout=self.dropout,
+            name="attention",
+            dtype=self.dtype_policy,
+        )
+        self.attention.build(inputs_shape, inputs_shape)
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
+
+    def mix(self, inputs, padding_mask, state, training):
+        attention = self.attention
+        if state is None:
+            attention_mask = None if padding_mask is None else padding_mask[:, None, :]
+            return attention(inputs, inputs, attention_mask=attention_mask, use_causal_mask=True, training=training)
+        # Decoding: the new positions are written into the cache, then attend over it.
+        state, visible = update_kv_cache(
+            state, attention.key_dense(inputs), attention.value_dense(inputs), padding_mask, name=self.name
+        )
+        context = softmax_attention(attention.query_dense(inputs), state[0], state[1], visible)
+        return attention.output_dense(tf.cast(context, self.compute_dtype)), state
+
+    def initial_state(self, batch_size, dtype=None):
+        """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`, `L = max_length`."""
+        if not self.built:
+            raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
+        heads, head_dim = self.attention.key_dense.kernel.shape[-2:]
+        return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "head_dim": self.head_dim,
+                "dropout": self.dropout,
+                "max_length": self.max_length,
+            }
+        )
+        return config

@@ -1,0 +1,200 @@
+import keras
+from keras.src.backend.common import global_state
+
+from elita_tf.layers.checks import check_choice, check_sequence_call
+from elita_tf.layers.mixer import CausalMixer
+
+RESIDUALS = ("pre_norm", "parallel", "sequential")
+NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", None)
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class DecoderBlock(CausalMixer):
+    """One decoder block: a token mixer and an optional feed-forward network, with norms and residuals.
+
+    Every block of every architecture here is one of these, with `n`, `n2`
+    the block's norms (the identity for `norm=None`), `M` the mixer, `F` the
+    feed-forward network and `g_M`, `g_F` trainable scalar gains:
+
+        "pre_norm"    h = x + M(n(x));          y = h + F(n2(h))
+        "parallel"    y = g_M M(n(x)) + g_F F(n(x))          (no skip: SAS-P)
+        "sequential"  h = g_M M(n(x));          y = h + g_F F(n2(h))   (SAS)
+
+    The skip-less forms are the Simplified Transformer's: the identity path
+    lives inside shaped attention (its `α I`), and `g_F` starts small.
+    Without `ffn` the second half is left out. Dropout, when set, is applied
+    to both branches before they are added.
+
+    Recipes (`elita_tf.models.make_layers` builds them):
+
+        ELiTA        DecoderBlock(Attention2, FeedForward2, "unscaled_layer_norm")
+        Transformer  DecoderBlock(CausalSelfAttention, MLP gelu 4d, "layer_norm")
+        SAS-P        DecoderBlock(ShapedAttention, MLP relu 4d, "rms_norm", "parallel")
+        3Lin         DecoderBlock(TriLinearAttention, norm=None)   (it normalises itself)
+
+    `ffn` may be one layer shared by several blocks (the One Wide FFN):
+    Keras then holds its weights once, also through `.keras` save and load.
+    The block's decoding cache is its mixer's.
+
+    Args:
+        mixer: a `CausalMixer` (`Attention2`, `LinearAttention`, ...).
+        ffn: optional position-wise layer `[B, T, d] -> [B, T, d]`.
+        norm: `"layer_norm"`, `"unscaled_layer_norm"` (no scale or centre),
+            `"rms_norm"` or None. Defaults to `"layer_norm"`.
+        residual: `"pre_norm"`, `"parallel"` or `"sequential"`. Defaults to
+            `"pre_norm"`.
+        norm_epsilon: float. Defaults to `1e-5`.
+        dropout: float. Dropout on both branches. Defaults to `0.0`.
+        mixer_gain: float. Initial `g_M` (skip-less forms). Defaults to `1.0`.
+        ffn_gain: float. Initial `g_F` (skip-less forms). Defaults to `0.1`.
+        **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
+
+    Call arguments:
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: optional bool `[B, T]`, False at padding. Defaults to
+            the Keras mask.
+        cache: optional dict from `get_initial_cache` or a previous call.
+        training: bool, for dropout.
+
+    Returns:
+        `outputs [B, T, d]`, or `(outputs, new_cache)` when a cache is passed.
+
+    Example:
+    >>> from elita_tf.layers import Attention2, FeedForward2
+    >>> block = DecoderBlock(Attention2(4, 16, 8), FeedForward2(), norm="unscaled_layer_norm")
+    >>> block(tf.zeros([2, 10, 32])).shape
+    TensorShape([2, 10, 32])
+    """
+
+    def __init__(
+        self,
+        mixer,
+        ffn=None,
+        norm="layer_norm",
+        residual="pre_norm",
+        norm_epsilon=1e-5,
+        dropout=0.0,
+        mixer_gain=1.0,
+        ffn_gain=0.1,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(mixer, CausalMixer):
+            raise TypeError(
+                f"`mixer` must be a CausalMixer layer (Attention2, LinearAttention, ...). Received: mixer={mixer!r}"
+            )
+        if ffn is not None and not isinstance(ffn, keras.layers.Layer):
+            raise TypeError(f"`ffn` must be a Keras layer or None. Received: ffn={ffn!r}")
+        check_choice("norm", norm, NORMS)
+        check_choice("residual", residual, RESIDUALS)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        self.mixer = mixer
+        self.ffn = ffn
+        self.norm = norm
+        self.residual = residual
+        self.norm_epsilon = float(norm_epsilon)
+        self.dropout = float(dropout)
+        self.mixer_gain = float(mixer_gain)
+        self.ffn_gain = float(ffn_gain)
+
+    @property
+    def cache_names(self):
+        return self.mixer.cache_names
+
+    def _make_norm(self, name):
+        sub = {"epsilon": self.norm_epsilon, "name": name, "dtype": self.dtype_policy}
+        if self.norm == "rms_norm":
+            return keras.layers.RMSNormalization(**sub)
+        if self.norm == "unscaled_layer_norm":
+            return keras.layers.LayerNormalization(center=False, scale=False, **sub)
+        return keras.layers.LayerNormalization(**sub)
+
+    def build(self, inputs_shape):
+        self.mixer_norm = self.ffn_norm = None
+        if self.norm is not None:
+            self.mixer_norm = self._make_norm("mixer_norm")
+            self.mixer_norm.build(inputs_shape)
+            # The parallel form feeds both branches the same normalised input.
+            if self.ffn is not None and self.residual != "parallel":
+                self.ffn_norm = self._make_norm("ffn_norm")
+                self.ffn_norm.build(inputs_shape)
+        if not self.mixer.built:
+            self.mixer.build(inputs_shape)
+        if self.ffn is not None and not self.ffn.built:  # a shared FFN is built once
+            self.ffn.build(inputs_shape)
+        self.branch_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
+        if self.residual != "pre_norm":
+            gain = lambda name, value: self.add_weight(  # noqa: E731
+                name=name, shape=(), initializer=keras.initializers.Constant(value), dtype=self.variable_dtype
+            )
+            self.mixer_scale = gain("mixer_gain", self.mixer_gain)
+            if self.ffn is not None:
+                self.ffn_scale = gain("ffn_gain", self.ffn_gain)
+        self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: inputs_shape[-1]})
+
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+        # The mixer checks the cache and contains non-finite inputs; everything else is position-wise.
+        inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask)
+        normed = self.mixer_norm(inputs) if self.mixer_norm is not None else inputs
+        if cache is None:
+            mixed = self.mixer(normed, padding_mask=padding_mask, training=training)
+        else:
+            mixed, cache = self.mixer(normed, padding_mask=padding_mask, cache=cache, training=training)
+        mixed = self.branch_dropout(mixed, training=training)
+
+        if self.residual == "pre_norm":
+            outputs = inputs + mixed
+            if self.ffn is not None:
+                ffn_inputs = self.ffn_norm(outputs) if self.ffn_norm is not None else outputs
+                outputs = outputs + self.branch_dropout(self.ffn(ffn_inputs), training=training)
+        else:
+            outputs = self.mixer_scale * mixed
+            if self.ffn is not None:
+                if self.residual == "parallel":
+                    ffn_inputs = normed
+                else:
+                    ffn_inputs = self.ffn_norm(outputs) if self.ffn_norm is not None else outputs
+                outputs = outputs + self.ffn_scale * self.branch_dropout(self.ffn(ffn_inputs), training=training)
+        return outputs if cache is None else (outputs, cache)
+
+    def get_initial_cache(self, batch_size, dtype=None):
+        """The mixer's cache (`mixer.get_initial_cache`)."""
+        if not self.mixer.built:
+            raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
+        return self.mixer.get_initial_cache(batch_size, dtype)
+
+    def _serialized_ffn(self):
+        if self.ffn is None:
+            return None
+        config = keras.saving.serialize_keras_object(self.ffn)
+        # While saving, Keras marks an object met twice as shared in the config it returns, but the
+        # first block's copy of its config has already been taken by then. Marking the FFN by
+        # identity in every block makes a shared FFN load as one layer again.
+        if global_state.get_global_attribute("shared_objects/id_to_config_map") is not None:
+            config["shared_object_id"] = id(self.ffn)
+        return config
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "mixer": keras.saving.serialize_keras_object(self.mixer),
+                "ffn": self._serialized_ffn(),
+                "norm": self.norm,
+                "residual": self.residual,
+                "norm_epsilon": self.norm_epsilon,
+                "dropout": self.dropout,
+                "mixer_gain": self.mixer_gain,
+                "ffn_gain": self.ffn_gain,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["mixer"] = keras.saving.deserialize_keras_object(config["mixer"])
+        if config.get("ffn") is not None:
+            config["ffn"] = keras.saving.deserialize_keras_object(config["ffn"])
+        return cls(**config)

@@ -1,0 +1,125 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.layers import (
+    Attention2,
+    DecoderBlock,
+    FeedForward2,
+    ShapedAttention,
+    WideFeedForward,
+)
+
+WIDTH = 8
+
+
+def _float64(x):
+    return tf.cast(tf.convert_to_tensor(x), tf.float64)
+
+
+def _rms(x, layer):
+    return x * tf.math.rsqrt(tf.reduce_mean(x**2, -1, keepdims=True) + layer.epsilon) * _float64(layer.scale)
+
+
+def _layer_norm(x, layer):
+    mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
+    normed = (x - mean) / tf.sqrt(var + layer.epsilon)
+    return normed if not layer.scale else normed * _float64(layer.gamma) + _float64(layer.beta)
+
+
+def _randomised(block):
+    block.build((None, None, WIDTH))
+    rng = np.random.default_rng(0)
+    for var in block.weights:
+        var.assign(rng.normal(size=var.shape) * 0.5 + 1.0)
+    return block
+
+
+@pytest.mark.parametrize("residual", ["pre_norm", "parallel", "sequential"])
+@pytest.mark.parametrize("norm", ["layer_norm", "unscaled_layer_norm", "rms_norm", None])
+def test_block_equations(residual, norm):
+    mixer, ffn = ShapedAttention(2, dtype="float64"), WideFeedForward(use_bias=False, dtype="float64")
+    block = _randomised(DecoderBlock(mixer, ffn, norm=norm, residual=residual, dtype="float64"))
+    x = tf.constant(np.random.default_rng(1).normal(size=(2, 37, WIDTH)))
+    n = {
+        "layer_norm": _layer_norm,
+        "unscaled_layer_norm": _layer_norm,
+        "rms_norm": _rms,
+        None: lambda x, layer: x,
+    }[norm]
+    mlp = lambda t: tf.nn.relu(t @ _float64(ffn.inner.kernel)) @ _float64(ffn.outer.kernel)  # noqa: E731
+    xn = n(x, block.mixer_norm)
+    if residual == "pre_norm":
+        h = x + mixer(xn)
+        want = h + mlp(n(h, block.ffn_norm))
+    elif residual == "parallel":
+        want = _float64(block.mixer_scale) * mixer(xn) + _float64(block.ffn_scale) * mlp(xn)
+    else:
+        h = _float64(block.mixer_scale) * mixer(xn)
+        want = h + _float64(block.ffn_scale) * mlp(n(h, block.ffn_norm))
+    np.testing.assert_allclose(block(x), want, rtol=1e-10, atol=1e-10)
+
+
+def test_gains_start_at_their_settings_and_a_block_without_ffn_is_its_mixer_branch():
+    block = DecoderBlock(ShapedAttention(2), WideFeedForward(), norm="rms_norm", residual="parallel")
+    block.build((None, None, WIDTH))
+    assert float(block.mixer_scale) == 1.0 and float(block.ffn_scale) == pytest.approx(0.1)
+    assert not hasattr(DecoderBlock(ShapedAttention(2)), "mixer_scale")  # pre-norm has no gains
+    lone = _randomised(DecoderBlock(Attention2(2, 4, 2), norm=None))
+    x = tf.random.stateless_normal([2, 9, WIDTH], seed=[1, 2])
+    np.testing.assert_allclose(lone(x), x + lone.mixer(x), rtol=1e-6)
+
+
+def _shared_model(layers=3):
+    shared = WideFeedForward(num_layers=layers, name="wide")
+    inputs = keras.Input((None, WIDTH))
+    x = inputs
+    for i in range(layers):
+        x = DecoderBlock(ShapedAttention(2), shared, norm="rms_norm", residual="parallel", name=f"block_{i}")(x)
+    return keras.Model(inputs, x), shared
+
+
+def test_a_shared_ffn_stays_shared_after_save(tmp_path):
+    model, shared = _shared_model()
+    assert shared.inner.kernel.shape == (WIDTH, 4 * WIDTH * 3)
+    wide_params = 2 * 4 * WIDTH * WIDTH * 3 + 4 * WIDTH * 3 + WIDTH
+    assert shared.count_params() == wide_params
+    per_block = sum(w.shape.num_elements() for w in model.get_layer("block_0").weights) - wide_params
+    assert model.count_params() == wide_params + 3 * per_block  # counted once
+    path = str(tmp_path / "wide.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    xs = tf.random.stateless_normal([2, 5, WIDTH], seed=[3, 4])
+    np.testing.assert_allclose(model(xs), restored(xs), rtol=1e-6, atol=1e-6)
+    assert restored.count_params() == model.count_params()
+    assert restored.get_layer("block_0").ffn is restored.get_layer("block_2").ffn
+    kernel = restored.get_layer("block_1").ffn.inner.kernel
+    kernel.assign(tf.zeros_like(kernel))
+    assert not np.allclose(restored(xs), model(xs))  # one kernel drives every block
+
+
+def test_a_shared_ffn_stays_shared_in_a_saved_model(tmp_path):
+    model, _ = _shared_model(2)
+    path = str(tmp_path / "saved")
+    model.export(path)
+    loaded = tf.saved_model.load(path)
+    wide = [v for v in loaded.variables if "wide" in v.name]
+    assert len(wide) == 4  # one kernel and bias per dense layer, not one set per block
+    xs = tf.random.stateless_normal([2, 5, WIDTH], seed=[7, 8])
+    np.testing.assert_allclose(loaded.serve(xs), model(xs), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_arguments_name_the_value():
+    with pytest.raises(TypeError, match="CausalMixer.*Received: mixer="):
+        DecoderBlock(FeedForward2())
+    with pytest.raises(TypeError, match="Received: ffn='mlp'"):
+        DecoderBlock(ShapedAttention(2), "mlp")
+    with pytest.raises(ValueError, match="residual='skip'"):
+        DecoderBlock(ShapedAttention(2), residual="skip")
+    with pytest.raises(ValueError, match="norm='batch_norm'"):
+        DecoderBlock(ShapedAttention(2), norm="batch_norm")
+    with pytest.raises(ValueError, match="dropout=1.0"):
+        DecoderBlock(ShapedAttention(2), dropout=1.0)
+    wide = WideFeedForward(width=33, num_layers=2, activation="gelu", use_bias=False, kernel_initializer="he_normal")
+    assert WideFeedForward.from_config(wide.get_config()).get_config() == wide.get_config()
