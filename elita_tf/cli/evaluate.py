@@ -1,7 +1,9 @@
-"""`elita-evaluate`: a trained run's loss and perplexity on a WikiText split, in float or int8.
+"""`elita-evaluate`: a trained run's loss and perplexity on a WikiText split, and its loss by position.
 
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --quantize int8
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --output elita-4k.json
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --carry-state
 
 The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON object on stdout
 (progress goes to stderr).
@@ -29,11 +31,20 @@ def main(argv=None):
     parser.add_argument("--tfds-dir", help="where tensorflow-datasets keeps prepared data")
     parser.add_argument("--batch-size", type=int, help="defaults to the run's")
     parser.add_argument("--eval-batches", type=int, help="a cap on batches")
+    parser.add_argument("--context-length", type=int, help="window length N; defaults to the run's --seq-len")
+    parser.add_argument(
+        "--carry-state",
+        action="store_true",
+        help="read the split as one stream, N tokens at a time, carrying every block's decoding state",
+    )
+    parser.add_argument("--output", help="also write the JSON to this file")
     args = parser.parse_args(argv)
     for name in ("batch_size", "eval_batches"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
+    if args.context_length is not None and args.context_length < 2:
+        parser.error(f"`context_length` must be an integer >= 2. Received: context_length={args.context_length}")
     try:
         # Progress goes to stderr: stdout carries the JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
@@ -46,11 +57,17 @@ def main(argv=None):
                 eval_batches=args.eval_batches,
                 quantize=args.quantize,
                 litert=args.litert,
+                context_length=args.context_length,
+                carry_state=args.carry_state,
                 verbose=1,
             )
     except (FileNotFoundError, ValueError, ImportError) as error:
         parser.error(str(error))
-    print(json.dumps(result, indent=2))
+    text = json.dumps(result, indent=2)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    print(text)
     return 0
 
 

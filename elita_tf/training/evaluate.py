@@ -3,9 +3,15 @@
     from elita_tf.training.evaluate import evaluate
     evaluate("runs/compare/elita/seed-0", split="test", quantize="int8")
     evaluate("runs/compare/elita/seed-0", split="test", litert="elita.tflite")  # the exported file
+    evaluate("runs/compare/elita/seed-0", context_length=4096)                 # longer windows
+    evaluate("runs/compare/elita/seed-0", context_length=4096, carry_state=True)  # the split as one stream
 
-The split is cut into the training run's windows (its `seq_len`, its tokenizer, every line ending
-with the end-of-line id), so the float result equals the run's own `results.json` figure.
+By default the split is cut into the training run's windows (its `seq_len`, its tokenizer, every
+line ending with the end-of-line id), so the float result equals the run's own `results.json`
+figure. `context_length` cuts windows of another length; `carry_state` reads the whole split as
+one sequence, `context_length` tokens at a time, each segment continuing from the decoding state
+the previous one left (models whose every block carries a constant-size state). Either way the
+result has the loss by position, in log-spaced buckets: does the model use context it has seen?
 """
 
 import json
@@ -14,15 +20,82 @@ import os
 import sys
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from elita_tf.data import load_wikitext, make_tokenizer, token_windows
-from elita_tf.data.pipeline import lm_dataset
+from elita_tf.generation import empty_caches, forward_with_cache
 from elita_tf.litert import litert_loss
 from elita_tf.models import ElitaCausalLM
 
 SPLITS = ("train", "validation", "test")
 QUANTIZATIONS = ("int8",)
+
+
+def position_buckets(length, first=16, factor=4):
+    """Log-spaced `(start, end)` buckets covering positions `[0, length)`: 0-16, 16-64, 64-256, ..."""
+    edges, edge = [0], first
+    while edges[-1] < length:
+        edges.append(min(edge, length))
+        edge *= factor
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _by_position(loss_sums, token_counts):
+    """The `loss_by_position` list from per-position sums of losses and counts of tokens."""
+    return [
+        {
+            "start": start,
+            "end": end,
+            "loss": float(loss_sums[start:end].sum() / token_counts[start:end].sum()),
+            "tokens": int(token_counts[start:end].sum()),
+        }
+        for start, end in position_buckets(len(loss_sums))
+    ]
+
+
+def _windowed_losses(backbone, windows, batch_size, progress):
+    """Per-position sums of the next-token losses over `windows [N, T + 1]`, and token counts `[T]`."""
+
+    @tf.function(reduce_retracing=True)
+    def losses(rows):
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        logits = backbone({"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, training=False)
+        per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))
+        return tf.reduce_sum(tf.cast(per_token, tf.float64), axis=0)
+
+    length = windows.shape[1] - 1
+    sums = np.zeros(length)
+    for start in range(0, len(windows), batch_size):
+        rows = windows[start : start + batch_size]
+        sums += losses(tf.constant(rows)).numpy()
+        progress(len(rows))
+    return sums, np.full(length, float(len(windows)))
+
+
+def _stream_losses(backbone, stream, segment_length, progress):
+    """Per-position losses `[L - 1]` of one token stream `[L]`, read `segment_length` tokens at a time.
+
+    Every segment continues from the decoding state the previous one left, so
+    position `t` is scored with all `t` tokens before it in view.
+    """
+    config, layers = backbone.decoder_config, backbone.decoder_layers
+
+    @tf.function(reduce_retracing=True)
+    def losses(inputs, targets, caches):
+        logits, caches = forward_with_cache(config, layers, inputs, caches)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))[0], caches
+
+    caches = empty_caches(config, layers, 1)
+    scored = []
+    for start in range(0, len(stream) - 1, segment_length):
+        stop = min(start + segment_length, len(stream) - 1)
+        per_token, caches = losses(
+            tf.constant(stream[None, start:stop]), tf.constant(stream[None, start + 1 : stop + 1]), caches
+        )
+        scored.append(per_token.numpy().astype(np.float64))
+        progress(1)
+    return np.concatenate(scored)
 
 
 def evaluate(
@@ -34,27 +107,39 @@ def evaluate(
     eval_batches=None,
     quantize=None,
     litert=None,
+    context_length=None,
+    carry_state=False,
     verbose=0,
 ):
-    """Mean next-token cross-entropy of the preset's model on a split, as a dict.
+    """Mean next-token cross-entropy of the preset's model on a split, with its loss by position, as a dict.
 
     Args:
         preset_dir: a finished `elita-train` run directory (a keras-hub preset with its `run.json`).
         split: `"train"`, `"validation"` or `"test"`. Defaults to `"test"`.
         data_dir: a local WikiText directory; None reads `ELITA_WIKITEXT_DIR`, else downloads.
         tfds_dir: where tensorflow-datasets keeps prepared data (its default when None).
-        batch_size: int. Defaults to the run's.
-        eval_batches: int or None. A cap on batches.
+        batch_size: int. Windows per batch. Defaults to the run's batch size,
+            scaled to keep its tokens per batch with another `context_length`.
+        eval_batches: int or None. A cap on batches (windowed evaluation).
         quantize: None, or `"int8"` to evaluate the model after `quantize("int8")`.
         litert: None, or the path of this run's LiteRT file (`elita-export
             --format litert`) to score the windows through `ai_edge_litert`'s
             interpreter instead, one token at a time.
-        verbose: Keras `evaluate` verbosity (a progress bar over windows for `litert`).
+        context_length: int or None. The window length `N`. Defaults to the
+            run's `seq_len`. Models with learned positions take at most their
+            `max_sequence_length`; ELiTA's sinusoidal positions continue past it.
+        carry_state: bool. Read the split as one stream, `N` tokens at a
+            time, each segment continuing from the decoding state of the one
+            before; needs a model whose every block carries a constant-size
+            state (ELiTA, linear, additive without learned positions).
+        verbose: 1 for a progress bar (on stdout, as Keras').
 
     Returns:
-        `{"split", "loss", "perplexity", "quantize", "litert", "windows", "seq_len", "data": {...},
-        "trained_on": {...}}`.
-        `data` is the split's source and SHA-256; `trained_on` the run's, to compare.
+        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "context_length", "carry_state",
+        "quantize", "litert", "windows", "seq_len", "data": {...}, "trained_on": {...}}`.
+        `loss_by_position` is a list of `{"start", "end", "loss", "tokens"}`
+        over log-spaced buckets of positions (within a window, or in the
+        stream); `data` is the split's source and SHA-256; `trained_on` the run's, to compare.
     """
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
@@ -64,6 +149,15 @@ def evaluate(
         raise ValueError(
             f"A LiteRT file carries its own quantization: pass `litert` or `quantize`. Received: quantize={quantize!r}"
         )
+    if litert is not None and (context_length is not None or carry_state):
+        raise ValueError(
+            "A LiteRT file is scored in the run's own windows: leave `context_length` and `carry_state` unset. "
+            f"Received: context_length={context_length!r}, carry_state={carry_state!r}"
+        )
+    if context_length is not None and (
+        isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 2
+    ):
+        raise ValueError(f"`context_length` must be an integer >= 2. Received: context_length={context_length!r}")
     manifest_path = os.path.join(preset_dir, "run.json")
     if not os.path.exists(manifest_path):
         raise FileNotFoundError(
@@ -73,11 +167,25 @@ def evaluate(
     with open(manifest_path) as f:
         manifest = json.load(f)
     seq_len = manifest["training"]["seq_len"]
-    batch_size = batch_size or manifest["training"]["batch_size"]
+    length = context_length or seq_len
+    batch_size = batch_size or max(1, manifest["training"]["batch_size"] * seq_len // length)
 
     causal_lm = ElitaCausalLM.from_preset(preset_dir)
+    backbone = causal_lm.backbone
+    config = backbone.decoder_config
+    if carry_state and config.decode_limit is not None:
+        raise ValueError(
+            f"`carry_state` needs a model whose every block carries a constant-size state; this one "
+            f"({', '.join(sorted(set(config.blocks)))}, position_embedding={config.position_embedding}) holds at "
+            f"most max_sequence_length={config.decode_limit} positions. Evaluate it in windows instead."
+        )
+    if config.position_embedding and length > config.context_length:
+        raise ValueError(
+            f"This model has learned positions for at most max_sequence_length={config.context_length} tokens. "
+            f"Received: context_length={length}"
+        )
     if quantize:
-        causal_lm.backbone.quantize(quantize)
+        backbone.quantize(quantize)
     splits, data = load_wikitext(manifest["data"]["dataset"], local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
     if data["sha256"] != manifest["data"]["sha256"]:
         print(
@@ -86,28 +194,43 @@ def evaluate(
             file=sys.stderr,
         )
     tokenizer = make_tokenizer(causal_lm.preprocessor.tokenizer.proto)
-    windows = token_windows(splits[split], tokenizer, seq_len, vocabulary_size=causal_lm.backbone.vocabulary_size)
+    # One stream: cut in the shortest windows, so that at most two tokens of the split are left out.
+    cut = 2 if carry_state else length
+    windows = token_windows(splits[split], tokenizer, cut, vocabulary_size=backbone.vocabulary_size)
 
-    def as_inputs(x, y):
-        return {"token_ids": x, "padding_mask": tf.ones_like(x)}, y
-
-    # Whole batches, as in training, capped by eval_batches.
-    batches = len(windows) // batch_size
-    scored = batch_size * (min(batches, eval_batches) if eval_batches else batches)
-    if litert is not None:
-        bar = keras.utils.Progbar(scored) if verbose else None
-        loss = litert_loss(litert, windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
+    by_position = None
+    if carry_state:
+        # Consecutive windows are consecutive tokens: together they are the split as one stream.
+        stream = windows.reshape(-1)
+        bar = keras.utils.Progbar(math.ceil((len(stream) - 1) / length)) if verbose else None
+        sums = _stream_losses(backbone, stream, length, bar.add if bar else lambda n: None)
+        counts, scored = np.ones_like(sums), 1
     else:
-        dataset = lm_dataset(windows, batch_size, shuffle=False).map(as_inputs)
-        if eval_batches:
-            dataset = dataset.take(eval_batches)
-        model = keras.Model(causal_lm.backbone.input, causal_lm.backbone.output)
-        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        loss = float(model.evaluate(dataset, verbose=verbose))
+        # Whole batches, as in training, capped by eval_batches.
+        batches = len(windows) // batch_size
+        scored = batch_size * (min(batches, eval_batches) if eval_batches else batches)
+        if scored == 0:
+            raise ValueError(
+                f"The {split} split makes {len(windows)} windows of {length + 1} tokens, no full batch of "
+                f"{batch_size}: lower `batch_size`. Received: batch_size={batch_size}"
+            )
+        bar = keras.utils.Progbar(scored) if verbose else None
+        if litert is None:
+            sums, counts = _windowed_losses(backbone, windows[:scored], batch_size, bar.add if bar else lambda n: None)
+        else:  # the interpreter scores window by window and gives the mean
+            loss = litert_loss(litert, windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
+            tokens = scored * length
+    if litert is None:
+        loss, tokens = float(sums.sum() / counts.sum()), int(counts.sum())
+        by_position = _by_position(sums, counts)
     return {
         "split": split,
         "loss": loss,
         "perplexity": math.exp(loss),
+        "tokens": tokens,
+        "loss_by_position": by_position,
+        "context_length": length,
+        "carry_state": carry_state,
         "quantize": quantize,
         "litert": litert,
         "windows": scored,
