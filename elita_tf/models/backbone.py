@@ -39,6 +39,10 @@ class ElitaBackbone(keras_hub.models.Backbone):
         windows: None or one window (int or None) per layer, for additive and 3Lin blocks.
         dropout: float. Residual dropout.
         tied_embeddings: bool. The head uses the token embedding matrix.
+        norm_epsilon, embedding_norm, final_norm, scaled_tied_logits, ffn_bias,
+            ffn_init_stddev, first_value_projection: the settings that run a
+            recipe as its original authors did (`DecoderConfig`;
+            `docs/differences.md`).
         dtype: optional dtype policy of every layer (e.g. `"mixed_bfloat16"`).
 
     Every projection is a Keras `Dense` or `EinsumDense` layer, so
@@ -69,6 +73,13 @@ class ElitaBackbone(keras_hub.models.Backbone):
         windows=None,
         dropout=0.0,
         tied_embeddings=False,
+        norm_epsilon=None,
+        embedding_norm=False,
+        final_norm=True,
+        scaled_tied_logits=False,
+        ffn_bias=True,
+        ffn_init_stddev=None,
+        first_value_projection=False,
         dtype=None,
         **kwargs,
     ):
@@ -88,6 +99,13 @@ class ElitaBackbone(keras_hub.models.Backbone):
             windows=windows,
             dropout=dropout,
             tied_embeddings=tied_embeddings,
+            norm_epsilon=norm_epsilon,
+            embedding_norm=embedding_norm,
+            final_norm=final_norm,
+            scaled_tied_logits=scaled_tied_logits,
+            ffn_bias=ffn_bias,
+            ffn_init_stddev=ffn_init_stddev,
+            first_value_projection=first_value_projection,
         )
         # Layers take the global policy when made and built: set it to `dtype` meanwhile,
         # so that sublayers made inside the blocks follow it too.
@@ -161,7 +179,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
 
     @classmethod
     def from_architecture(cls, name, vocabulary_size, **overrides):
-        """One of the seven recipes (`elita_tf.models.PRESETS`), randomly initialised, with overrides.
+        """One of the recipes (`elita_tf.models.PRESETS`), randomly initialised, with overrides.
 
         Example:
         >>> ElitaBackbone.from_architecture("transformer", vocabulary_size=100, num_layers=2).num_layers

@@ -39,6 +39,23 @@ class DecoderConfig:
             for 3Lin.
         dropout: float. Residual dropout.
         tied_embeddings: bool. Output logits use the token embedding matrix.
+        norm_epsilon: float or None. Epsilon of every norm in the blocks
+            (and of `embedding_norm`). None keeps each recipe's: 1e-3 for
+            ELiTA, linear and additive blocks, 1e-5 for the Transformer's and
+            the Simplified Transformer's.
+        embedding_norm: bool. A LayerNorm over `E + P` before the first
+            block, as fastformerLM's. Defaults to `False`.
+        final_norm: bool. A LayerNorm after the last block. Defaults to `True`
+            (fastformerLM has none).
+        scaled_tied_logits: bool. Tied logits divided by `sqrt(width)`, as
+            fastformerLM's. Needs `tied_embeddings`. Defaults to `False`.
+        ffn_bias: bool. Biases in the `"mlp"` FFN of every block but
+            `"simplified"` (whose MLP never has them). Defaults to `True`.
+        ffn_init_stddev: float or None. `N(0, σ²)` init of that FFN's
+            kernels (GPT-2 style, fastformerLM's 0.02); None is Keras' Glorot.
+        first_value_projection: bool. A learned value projection with gains
+            in the first `"simplified"` block, as the Simplified Transformer's
+            official configuration. Defaults to `False`.
     """
 
     vocab_size: int
@@ -56,6 +73,13 @@ class DecoderConfig:
     windows: tuple = None
     dropout: float = 0.0
     tied_embeddings: bool = False
+    norm_epsilon: float = None
+    embedding_norm: bool = False
+    final_norm: bool = True
+    scaled_tied_logits: bool = False
+    ffn_bias: bool = True
+    ffn_init_stddev: float = None
+    first_value_projection: bool = False
 
     def __post_init__(self):
         for name in ["vocab_size", "width", "num_layers", "num_heads", "head_dim", "ffn_factor", "position_dim"]:
@@ -92,6 +116,15 @@ class DecoderConfig:
             object.__setattr__(self, "windows", windows)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={self.dropout!r}")
+        for name in ("norm_epsilon", "ffn_init_stddev"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ValueError(f"`{name}` must be None or a positive number. Received: {name}={value!r}")
+        if self.scaled_tied_logits and not self.tied_embeddings:
+            raise ValueError(
+                "`scaled_tied_logits` scales the tied output layer: set `tied_embeddings=True` too. "
+                f"Received: scaled_tied_logits=True, tied_embeddings={self.tied_embeddings!r}"
+            )
 
     @property
     def decode_limit(self):
@@ -136,6 +169,26 @@ PRESETS = {
     "linear": {"blocks": "linear", "ffn": "mlp", "position_embedding": True},
     "3lin": {"blocks": "3lin", "ffn": "none"},
     "additive": {"blocks": "additive", "ffn": "mlp", "position_embedding": True},
+    # The model wrappers of the originals, where ours depart from them (docs/differences.md).
+    "additive-reference": {
+        "blocks": "additive",
+        "ffn": "mlp",
+        "position_embedding": True,
+        "embedding_norm": True,
+        "final_norm": False,
+        "tied_embeddings": True,
+        "scaled_tied_logits": True,
+        "ffn_bias": False,
+        "ffn_init_stddev": 0.02,
+        "norm_epsilon": 1e-5,
+    },
+    "simplified-reference": {
+        "blocks": "simplified",
+        "ffn": "mlp",
+        "position_embedding": True,
+        "tied_embeddings": True,
+        "first_value_projection": True,
+    },
 }
 
 

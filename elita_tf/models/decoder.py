@@ -73,7 +73,10 @@ def make_mixer(config, index):
             name="mixer",
         )
     if block == "simplified":
-        return ShapedAttention(config.num_heads, max_length=config.context_length, name="mixer")
+        value_projection = config.first_value_projection and index == config.blocks.index("simplified")
+        return ShapedAttention(
+            config.num_heads, value_projection=value_projection, max_length=config.context_length, name="mixer"
+        )
     slope, hyper, wide = alibi_v1(index)
     window = 64 if config.windows is None or config.windows[index] is None else config.windows[index]
     return TriLinearAttention(
@@ -101,23 +104,35 @@ def make_ffn(config, index, shared_ffn=None):
     if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
         init = keras.initializers.RandomNormal(stddev=0.02)
         return WideFeedForward(num_layers=1, use_bias=False, kernel_initializer=init, name="ffn")
-    return WideFeedForward(num_layers=1, activation="gelu", name="ffn")
+    init = (
+        "glorot_uniform"
+        if config.ffn_init_stddev is None
+        else keras.initializers.RandomNormal(stddev=config.ffn_init_stddev)
+    )
+    return WideFeedForward(
+        num_layers=1, activation="gelu", use_bias=config.ffn_bias, kernel_initializer=init, name="ffn"
+    )
 
 
 def make_block(config, index, shared_ffn=None):
     """Block `index` of `config`: a `DecoderBlock` of its block type's mixer, FFN, norm and residual form."""
     block = config.blocks[index]
-    common = {"dropout": config.dropout, "name": f"block_{index}"}
     mixer, ffn = make_mixer(config, index), make_ffn(config, index, shared_ffn)
+
+    def decoder_block(norm, epsilon, **kwargs):
+        epsilon = epsilon if config.norm_epsilon is None else config.norm_epsilon
+        return DecoderBlock(
+            mixer, ffn, norm=norm, norm_epsilon=epsilon, dropout=config.dropout, name=f"block_{index}", **kwargs
+        )
+
     if block == "simplified":
-        return DecoderBlock(mixer, ffn, norm="rms_norm", residual="parallel", norm_epsilon=1e-5, **common)
+        return decoder_block("rms_norm", 1e-5, residual="parallel")
     if block == "3lin":
-        return DecoderBlock(mixer, ffn, norm=None, **common)
+        return decoder_block(None, 1e-5)
     if block == "transformer":
-        return DecoderBlock(mixer, ffn, norm="layer_norm", norm_epsilon=1e-5, **common)
+        return decoder_block("layer_norm", 1e-5)
     # ELiTA's LayerNorm has no scale or centre, as the reference; Keras' epsilon for the others.
-    norm = "unscaled_layer_norm" if block == "elita" else "layer_norm"
-    return DecoderBlock(mixer, ffn, norm=norm, norm_epsilon=1e-3, **common)
+    return decoder_block("unscaled_layer_norm" if block == "elita" else "layer_norm", 1e-3)
 
 
 def make_layers(config):
@@ -125,11 +140,15 @@ def make_layers(config):
     layers = {"embedding": TokenEmbedding(config.vocab_size, config.width, tie_weights=config.tied_embeddings)}
     if config.position_embedding:
         layers["position_embedding"] = PositionEmbedding(config.context_length)
+    if config.embedding_norm:
+        epsilon = 1e-3 if config.norm_epsilon is None else config.norm_epsilon
+        layers["embedding_norm"] = keras.layers.LayerNormalization(epsilon=epsilon)
     layers["embedding_dropout"] = keras.layers.Dropout(config.dropout)
     shared_ffn = WideFeedForward(num_layers=config.num_layers, name="wide_ffn") if config.ffn == "wide" else None
     for i in range(config.num_layers):
         layers[f"block_{i}"] = make_block(config, i, shared_ffn)
-    layers["final_norm"] = keras.layers.LayerNormalization()
+    if config.final_norm:
+        layers["final_norm"] = keras.layers.LayerNormalization()
     if not config.tied_embeddings:
         layers["logits"] = keras.layers.Dense(config.vocab_size, dtype="float32")
     for name, layer in layers.items():
@@ -156,6 +175,8 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
     x = layers["embedding"](tokens)
     if config.position_embedding:
         x = x + layers["position_embedding"](x, start_index=start_index)
+    if config.embedding_norm:
+        x = layers["embedding_norm"](x)
     x = layers["embedding_dropout"](x, training=training)
     new_caches = []
     for i in range(config.num_layers):
@@ -166,7 +187,8 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
             x, cache = block(x, padding_mask=padding_mask, cache=caches[i], training=training)
             new_caches.append(cache)
 
-    x = layers["final_norm"](x)
+    if config.final_norm:
+        x = layers["final_norm"](x)
     if not head:
         return x if caches is None else (x, new_caches)
     logits = decoder_head(config, layers, x)
@@ -176,7 +198,8 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
 def decoder_head(config, layers, hidden):
     """Float32 logits `[B, T, V]` from the final hidden states `[B, T, d]`."""
     logits = layers["embedding"](hidden, reverse=True) if config.tied_embeddings else layers["logits"](hidden)
-    return keras.ops.cast(logits, "float32")
+    logits = keras.ops.cast(logits, "float32")
+    return logits * config.width**-0.5 if config.scaled_tied_logits else logits
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

@@ -29,7 +29,10 @@ def test_every_preset_trains_20_steps(name):
     model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     losses = [float(model.train_on_batch(x, y)) for x, y in _rule_batches()]
     assert all(np.isfinite(losses))
-    assert np.mean(losses[-5:]) < losses[0] - 0.3, losses
+    # fastformerLM's head divides tied logits of N(0, 0.02) embeddings by sqrt(d): it starts
+    # uniform and moves slowly at this learning rate (measured: 3.18 -> 3.08 in 20 steps).
+    drop = 0.05 if name == "additive-reference" else 0.3
+    assert np.mean(losses[-5:]) < losses[0] - drop, losses
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -59,6 +62,28 @@ def test_mixed_blocks_and_wide_ffn_is_shared():
     wide = model.get_layer("block_0").ffn
     assert len(ffns) == 1 and wide.name == "wide_ffn" and wide.inner.kernel.shape == (32, 4 * 32 * 4)
     assert model(np.zeros((1, 5), int)).shape == (1, 5, 24)
+
+
+def test_reference_presets_build_the_originals_wrappers():
+    model = build_decoder(preset("additive-reference", vocab_size=24, **SMALL))
+    names = [layer.name for layer in model.layers]
+    assert "embedding_norm" in names and "final_norm" not in names and "logits" not in names
+    block = model.get_layer("block_0")
+    assert block.mixer_norm.epsilon == block.ffn_norm.epsilon == 1e-5
+    assert not block.ffn.inner.use_bias and block.ffn.inner.kernel_initializer.stddev == 0.02
+    # Tied logits over sqrt(width), after no final norm.
+    ids = np.random.default_rng(2).integers(0, 24, size=(1, 7))
+    hidden = keras.Model(model.input, model.get_layer("block_1").output)(ids)
+    embeddings = model.get_layer("embedding").embeddings
+    np.testing.assert_allclose(model(ids), hidden @ tf.transpose(embeddings) / np.sqrt(32), rtol=1e-5, atol=1e-5)
+    simplified = build_decoder(preset("simplified-reference", vocab_size=24, **SMALL))
+    first, second = (simplified.get_layer(f"block_{i}").mixer for i in range(2))
+    assert first.value_projection and not second.value_projection
+    assert "logits" not in [layer.name for layer in simplified.layers]
+    with pytest.raises(ValueError, match="set `tied_embeddings=True` too"):
+        preset("additive", vocab_size=24, scaled_tied_logits=True)
+    with pytest.raises(ValueError, match="norm_epsilon=0"):
+        preset("additive", vocab_size=24, norm_epsilon=0)
 
 
 def test_config_round_trip_and_errors():
