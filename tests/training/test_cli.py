@@ -133,7 +133,7 @@ def test_step_log_writes_each_batch_loss(tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--preset", "gpt"], "`preset` must be one of ['3lin', 'additive', 'elita'"),
+        (["--preset", "gpt"], "`preset` must be one of ['3lin', 'additive', 'additive-reference', 'elita'"),
         (["--seq-len", "1"], "`seq_len` must be an integer >= 2. Received: seq_len=1"),
         (["--batch-size", "0"], "`batch_size` must be a positive integer. Received: batch_size=0"),
         (["--max-steps", "-5"], "`max_steps` must be a positive integer. Received: max_steps=-5"),
