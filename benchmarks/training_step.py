@@ -30,6 +30,7 @@ def run_one(args):
     with open("/proc/self/statm") as f:
         base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     batch = max(1, args.tokens // args.seq_len)
+    keras.config.set_dtype_policy(args.dtype_policy)
     config = preset(
         args.preset,
         vocab_size=args.vocab_size,
@@ -40,7 +41,10 @@ def run_one(args):
         context_length=args.seq_len,
     )
     model = build_decoder(config)
-    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=args.jit_compile
+    )
+    model.chunked_head = args.output_head == "chunked"
     rng = np.random.default_rng(0)
     x = tf.constant(rng.integers(0, args.vocab_size, size=(batch, args.seq_len)), tf.int32)
     y = tf.constant(rng.integers(0, args.vocab_size, size=(batch, args.seq_len)), tf.int32)
@@ -51,6 +55,9 @@ def run_one(args):
         times.append(time.perf_counter() - start)
     result = {
         "preset": args.preset,
+        "output_head": args.output_head,
+        "jit_compile": args.jit_compile,
+        "dtype_policy": args.dtype_policy,
         "T": args.seq_len,
         "B": batch,
         "params": model.count_params(),
@@ -73,9 +80,19 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--output-heads",
+        nargs="+",
+        choices=["chunked", "full"],
+        default=["chunked"],
+        help="the loss a chunk of tokens at a time (elita-train's), or from the full [B, T, V] logits (Keras')",
+    )
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--jit-compile", action="store_true", help="compile the training step with XLA")
+    parser.add_argument("--dtype-policy", default="float32", help="e.g. mixed_bfloat16")
     parser.add_argument("--preset", help=argparse.SUPPRESS)
     parser.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--output-head", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.preset:
         return run_one(args)
@@ -84,31 +101,36 @@ def main():
     import tensorflow as tf
 
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, tensorflow {tf.__version__}, keras {keras.__version__}")
-    print(f"# tokens/batch={args.tokens} vocab={args.vocab_size} d={args.width} L={args.layers} H={args.heads}")
-    print("| preset | T | B | params | step s | tokens/s | peak MiB | compile s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"# tokens/batch={args.tokens} vocab={args.vocab_size} d={args.width} L={args.layers} H={args.heads} "
+        f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy}"
+    )
+    print("| preset | output head | T | B | params | step s | tokens/s | peak MiB | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results = {}
     for length in args.seq_lens:
-        for name in args.presets:
-            cmd = [sys.executable, __file__, "--preset", name, "--seq-len", str(length)]
-            for flag in ["tokens", "vocab_size", "width", "layers", "heads", "head_dim", "repeats"]:
-                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            r, reason = run_measurement(cmd, args.timeout)
-            if r is None:
-                print(f"| {name} | {length} | | {reason} | | | | |", flush=True)
-                continue
-            results[name, length] = r
-            print(
-                f"| {name} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.2f} | "
-                f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['compile_s']:.1f} |",
-                flush=True,
-            )
+        for head in args.output_heads:
+            for name in args.presets:
+                cmd = [sys.executable, __file__, "--preset", name, "--seq-len", str(length), "--output-head", head]
+                for flag in ["tokens", "vocab_size", "width", "layers", "heads", "head_dim", "repeats"]:
+                    cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+                cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
+                r, reason = run_measurement(cmd, args.timeout)
+                if r is None:
+                    print(f"| {name} | {head} | {length} | | {reason} | | | | |", flush=True)
+                    continue
+                results[name, head, length] = r
+                print(
+                    f"| {name} | {head} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.2f} | "
+                    f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['compile_s']:.1f} |",
+                    flush=True,
+                )
     base = args.presets[-1]
-    for (name, length), r in sorted(results.items(), key=lambda kv: kv[0][1]):
-        if name != base and (base, length) in results:
-            other = results[base, length]
+    for (name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][2]):
+        if name != base and (base, head, length) in results:
+            other = results[base, head, length]
             print(
-                f"T={length}: {name} / {base}: step time {r['step_s'] / other['step_s']:.2f}x, "
+                f"T={length}, {head} head: {name} / {base}: step time {r['step_s'] / other['step_s']:.2f}x, "
                 f"peak memory {r['peak_mib'] / other['peak_mib']:.2f}x"
             )
 

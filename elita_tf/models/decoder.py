@@ -20,6 +20,7 @@ training and decoding can never disagree on the architecture.
 """
 
 import keras
+import tensorflow as tf
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from elita_tf.layers import (
@@ -38,6 +39,7 @@ from elita_tf.layers import (
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.layers.trilinear import alibi_v1
 from elita_tf.models.config import DecoderConfig
+from elita_tf.ops.cross_entropy import chunked_cross_entropy
 
 
 def _additive_window(config, index):
@@ -202,14 +204,40 @@ def decoder_head(config, layers, hidden):
     return logits * config.width**-0.5 if config.scaled_tied_logits else logits
 
 
+def decoder_head_loss(config, layers, hidden, labels):
+    """Per-token cross-entropy `[B, T]` of the head on `hidden [B, T, d]`, without the `[B, T, V]` logits.
+
+    The same logits as `decoder_head` (the tied embedding's transpose or the
+    `logits` layer, and the tied head's scale), taken a chunk of tokens at a
+    time by `chunked_cross_entropy`, float32 whatever the compute dtype.
+    """
+    if config.tied_embeddings:
+        kernel, bias = keras.ops.transpose(layers["embedding"].embeddings), None
+    else:
+        kernel, bias = layers["logits"].kernel, layers["logits"].bias
+    scale = config.width**-0.5 if config.scaled_tied_logits else 1.0
+    return chunked_cross_entropy(hidden, kernel, labels, bias=bias, scale=scale)
+
+
 @keras.saving.register_keras_serializable(package="elita_tf")
 class DecoderModel(keras.Model):
-    """The functional decoder, refusing float token ids before Keras would cast them to int32.
+    """The functional decoder, with a training step that never holds the `[B, T, V]` logits.
 
-    A functional model converts its inputs to the `keras.Input` dtype, so
-    `[[1.5, 2.0]]` would silently become `[[1, 2]]`; here it is a `TypeError`.
-    Ids out of range are refused by the embedding (`check_token_ids`).
+    - Float token ids are refused: a functional model converts its inputs to
+      the `keras.Input` dtype, so `[[1.5, 2.0]]` would silently become
+      `[[1, 2]]`; here it is a `TypeError`. Ids out of range are refused by
+      the embedding (`check_token_ids`).
+    - Compiled with `SparseCategoricalCrossentropy(from_logits=True)` and no
+      metrics (as `elita-train` compiles it), `fit` and `evaluate` take the
+      loss from the final hidden states with `decoder_head_loss`: a chunk of
+      tokens at a time, so the step's peak memory holds one chunk's logits,
+      not all of them with their gradient (docs/math.md §10). It is the same
+      loss as Keras' on the logits `call` returns. Any other loss, metric or
+      sample weight, or `chunked_head = False`, takes Keras' own steps.
     """
+
+    decoder_config = None  # `DecoderConfig`, set by `build_decoder`
+    chunked_head = True
 
     def call(self, inputs, training=None, mask=None):
         # Keras traces with placeholders of guessed dtypes (float64 under a distribution strategy)
@@ -217,6 +245,69 @@ class DecoderModel(keras.Model):
         if not in_symbolic_scope():
             check_integer_ids(inputs, self.get_layer("embedding").input_dim)
         return super().call(inputs, training=training, mask=mask)
+
+    def _chunked_head_applies(self, sample_weight):
+        loss = getattr(self, "loss", None)
+        if not self.chunked_head or self.decoder_config is None:
+            return False
+        if sample_weight is not None or self._compile_metrics is not None:
+            return False
+        if not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+            return False
+        loss_config = loss.get_config()
+        return (
+            loss_config["from_logits"]
+            and loss_config.get("ignore_class") is None
+            and loss_config["reduction"] == "sum_over_batch_size"
+        )
+
+    def _chunked_head_loss(self, tokens, labels, training):
+        """The batch's mean loss, scaled for the replicas as Keras scales a compiled loss."""
+        check_integer_ids(tokens, self.get_layer("embedding").input_dim)
+        layers = {layer.name: layer for layer in self.layers}
+        hidden = decoder_forward(self.decoder_config, layers, tokens, training=training, head=False)
+        loss = keras.ops.mean(decoder_head_loss(self.decoder_config, layers, hidden, labels))
+        for extra in self.losses:  # regularisers, as `compute_loss` adds them
+            loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
+        return loss / tf.distribute.get_strategy().num_replicas_in_sync
+
+    def _track_loss(self, loss, tokens):
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self._loss_tracker.update_state(loss * replicas, sample_weight=tf.shape(tokens)[0])
+
+    def train_step(self, data):
+        tokens, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if not self._chunked_head_applies(sample_weight):
+            return super().train_step(data)
+        with tf.GradientTape() as tape:
+            loss = self._chunked_head_loss(tokens, labels, training=True)
+            self._track_loss(loss, tokens)
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
+        return self.get_metrics_result()
+
+    def test_step(self, data):
+        tokens, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if not self._chunked_head_applies(sample_weight):
+            return super().test_step(data)
+        self._track_loss(self._chunked_head_loss(tokens, labels, training=False), tokens)
+        return self.get_metrics_result()
+
+    def get_config(self):
+        config = super().get_config()
+        if self.decoder_config is not None:
+            config["decoder_config"] = self.decoder_config.get_config()
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        decoder_config = config.pop("decoder_config", None)
+        model = super().from_config(config, custom_objects=custom_objects)
+        if decoder_config is not None:
+            model.decoder_config = DecoderConfig.from_config(decoder_config)
+        return model
 
 
 def build_decoder(config, name=None):
@@ -237,4 +328,6 @@ def build_decoder(config, name=None):
         config = DecoderConfig.from_config(config)
     tokens = keras.Input((None,), dtype="int32", name="token_ids")
     logits = decoder_forward(config, make_layers(config), tokens)
-    return DecoderModel(tokens, logits, name=name or "decoder")
+    model = DecoderModel(tokens, logits, name=name or "decoder")
+    model.decoder_config = config
+    return model

@@ -7,5 +7,6 @@ from elita_tf.ops.causal_mean import (
     causal_softmax_mean_step,
     empty_state,
 )
+from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.linear_attention import causal_linear_attention, causal_linear_attention_step, empty_linear_state
 from elita_tf.ops.softmax_attention import empty_kv_cache, softmax_attention, update_kv_cache

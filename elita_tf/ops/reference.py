@@ -63,3 +63,10 @@ def causal_linear_attention_reference(query_features, key_features, values, mask
     weights = tf.where(visible, tf.einsum("bhik,bhjk->bhij", query_features, key_features), 0.0)
     weights = tf.cast(weights, values.dtype)
     return tf.einsum("bhij,bhjv->bhiv", weights, values) / (tf.reduce_sum(weights, -1, keepdims=True) + epsilon)
+
+
+def cross_entropy_reference(hidden, kernel, labels, bias=None, scale=1.0):
+    """Softmax cross-entropy (docs/math.md §10) from the full `[..., V]` logits, `logsumexp(z) - z[label]`."""
+    logits = tf.matmul(hidden, kernel) * scale if bias is None else (tf.matmul(hidden, kernel) + bias) * scale
+    label_logit = tf.gather(logits, labels, axis=-1, batch_dims=labels.shape.rank)
+    return tf.reduce_logsumexp(logits, axis=-1) - label_logit

@@ -282,7 +282,6 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
             model.compile(
                 optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=[],
             )
     adapt_to_multi_worker(model, strategy, [settings.batch_size // replicas, settings.seq_len])
     start = int(model.optimizer.iterations.numpy())

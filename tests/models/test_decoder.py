@@ -35,6 +35,52 @@ def test_every_preset_trains_20_steps(name):
     assert np.mean(losses[-5:]) < losses[0] - drop, losses
 
 
+def _keras_and_chunked_models(name):
+    """Two copies of one model: compiled as `elita-train` does, with the chunked head and with Keras' step."""
+    config = preset(name, vocab_size=24, **SMALL)
+    keras.utils.set_random_seed(0)
+    chunked, plain = build_decoder(config), build_decoder(config)
+    plain.set_weights(chunked.get_weights())
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    # Plain SGD: the weights move by the gradients themselves (Adam would magnify round-off
+    # in gradients that are zero in exact arithmetic, such as a softmax key bias's).
+    chunked.compile(keras.optimizers.SGD(0.5), loss)
+    plain.compile(keras.optimizers.SGD(0.5), loss)
+    plain.chunked_head = False
+    assert chunked._chunked_head_applies(None) and not plain._chunked_head_applies(None)
+    return chunked, plain
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_chunked_head_trains_and_evaluates_as_keras_loss_on_the_logits(name):
+    chunked, plain = _keras_and_chunked_models(name)
+    for x, y in _rule_batches(steps=3):
+        got, want = chunked.train_on_batch(x, y), plain.train_on_batch(x, y)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    for got, want in zip(chunked.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    x, y = _rule_batches(steps=1, seed=1)[0]
+    np.testing.assert_allclose(chunked.evaluate(x, y, verbose=0), plain.evaluate(x, y, verbose=0), rtol=1e-5)
+
+
+def test_chunked_head_survives_a_checkpoint_and_refuses_float_ids(tmp_path):
+    chunked, _ = _keras_and_chunked_models("elita")
+    path = str(tmp_path / "model.keras")
+    chunked.save(path)
+    restored = keras.models.load_model(path)
+    assert restored._chunked_head_applies(None)
+    assert restored.decoder_config == chunked.decoder_config
+    restored.compile(
+        keras.optimizers.SGD(0.5), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
+    assert not restored._chunked_head_applies(None)  # a metric needs the logits
+    restored = keras.models.load_model(path)
+    x, y = _rule_batches(steps=1)[0]
+    np.testing.assert_allclose(restored.train_on_batch(x, y), chunked.train_on_batch(x, y), rtol=1e-6)
+    with pytest.raises(TypeError, match="float32"):
+        restored.train_on_batch(x.astype("float32"), y)
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_is_causal_and_round_trips_keras(name, tmp_path):
     model = build_decoder(preset(name, vocab_size=24, **SMALL))

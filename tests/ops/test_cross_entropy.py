@@ -1,0 +1,97 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.ops.cross_entropy import chunked_cross_entropy
+from elita_tf.ops.reference import cross_entropy_reference
+
+CHUNK = 16
+
+
+def _inputs(length, batch=2, width=8, vocab=37, seed=0, dtype=tf.float64, spread=1.0):
+    rng = np.random.default_rng(seed)
+    hidden = tf.constant(rng.normal(size=(batch, length, width)) * spread, dtype)
+    kernel = tf.constant(rng.normal(size=(width, vocab)), dtype)
+    bias = tf.constant(rng.normal(size=(vocab,)), dtype)
+    labels = tf.constant(rng.integers(0, vocab, size=(batch, length)), tf.int32)
+    return hidden, kernel, bias, labels
+
+
+def _loss_and_gradients(fn, hidden, kernel, bias, labels, **kwargs):
+    cotangent = tf.constant(np.random.default_rng(1).normal(size=labels.shape), hidden.dtype)
+    with tf.GradientTape() as tape:
+        tape.watch([hidden, kernel, bias])
+        loss = fn(hidden, kernel, labels, bias=bias, **kwargs)
+        total = tf.reduce_sum(tf.cast(loss, hidden.dtype) * cotangent)
+    return [loss] + tape.gradient(total, [hidden, kernel, bias])
+
+
+@pytest.mark.parametrize("length", [1, 63, 100, 257])
+@pytest.mark.parametrize("scale", [1.0, 8**-0.5])
+def test_loss_and_gradients_match_reference(length, scale):
+    inputs = _inputs(length)
+    got = _loss_and_gradients(lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k), *inputs, scale=scale)
+    want = _loss_and_gradients(cross_entropy_reference, *inputs, scale=scale)
+    assert got[0].shape == inputs[3].shape
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_without_bias_equals_a_zero_bias():
+    hidden, kernel, bias, labels = _inputs(20)
+    np.testing.assert_allclose(
+        chunked_cross_entropy(hidden, kernel, labels, chunk_size=CHUNK),
+        chunked_cross_entropy(hidden, kernel, labels, bias=tf.zeros_like(bias), chunk_size=CHUNK),
+    )
+
+
+def test_custom_gradient_passes_numerical_check():
+    hidden, kernel, bias, labels = _inputs(5, width=3, vocab=7)
+    theoretical, numerical = tf.test.compute_gradient(
+        lambda h, w, b: chunked_cross_entropy(h, w, labels, bias=b, scale=0.7, chunk_size=2), [hidden, kernel, bias]
+    )
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-7)
+
+
+def test_large_logits_stay_finite_and_exact():
+    # Logits of order 1e4 would overflow exp() in float32 without the log-sum-exp shift.
+    hidden, kernel, bias, labels = _inputs(40, spread=3000.0, dtype=tf.float32)
+    got = _loss_and_gradients(
+        lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k), hidden, kernel, bias, labels
+    )
+    want = _loss_and_gradients(cross_entropy_reference, hidden, kernel, bias, labels)
+    assert np.all(np.isfinite(got[0])) and np.max(got[0]) > 1e3
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_low_precision_inputs_accumulate_in_float32(dtype):
+    hidden, kernel, bias, labels = _inputs(50, dtype=tf.float32)
+    low = tf.cast(hidden, dtype)
+    got = _loss_and_gradients(
+        lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k), low, kernel, bias, labels
+    )
+    assert got[0].dtype == tf.float32 and got[1].dtype == dtype and got[2].dtype == tf.float32
+    want = cross_entropy_reference(tf.cast(low, tf.float32), kernel, labels, bias=bias)
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_under_xla_matches_eager():
+    hidden, kernel, bias, labels = _inputs(70, dtype=tf.float32)
+    run = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k)  # noqa: E731
+    eager = _loss_and_gradients(run, hidden, kernel, bias, labels)
+    compiled = tf.function(lambda *a: _loss_and_gradients(run, *a), jit_compile=True)(hidden, kernel, bias, labels)
+    for e, c in zip(eager, compiled):
+        np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-5)
+
+
+def test_refuses_a_width_other_than_the_kernels():
+    hidden, kernel, _, labels = _inputs(4)
+    with pytest.raises(ValueError, match=r"hidden.shape=\(2, 4, 5\)"):
+        chunked_cross_entropy(hidden[..., :5], kernel, labels)
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        chunked_cross_entropy(hidden, kernel, labels, chunk_size=0)
