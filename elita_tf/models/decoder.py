@@ -204,19 +204,23 @@ def decoder_head(config, layers, hidden):
     return logits * config.width**-0.5 if config.scaled_tied_logits else logits
 
 
-def decoder_head_loss(config, layers, hidden, labels):
+def decoder_head_loss(config, layers, hidden, labels, gradient_in_forward=False):
     """Per-token cross-entropy `[B, T]` of the head on `hidden [B, T, d]`, without the `[B, T, V]` logits.
 
     The same logits as `decoder_head` (the tied embedding's transpose or the
     `logits` layer, and the tied head's scale), taken a chunk of tokens at a
     time by `chunked_cross_entropy`, float32 whatever the compute dtype.
+    `gradient_in_forward=True` (training a mean loss) saves the backward
+    pass its recomputation of the logits.
     """
     if config.tied_embeddings:
         kernel, bias = keras.ops.transpose(layers["embedding"].embeddings), None
     else:
         kernel, bias = layers["logits"].kernel, layers["logits"].bias
     scale = config.width**-0.5 if config.scaled_tied_logits else 1.0
-    return chunked_cross_entropy(hidden, kernel, labels, bias=bias, scale=scale)
+    return chunked_cross_entropy(
+        hidden, kernel, labels, bias=bias, scale=scale, gradient_in_forward=gradient_in_forward
+    )
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -266,7 +270,8 @@ class DecoderModel(keras.Model):
         check_integer_ids(tokens, self.get_layer("embedding").input_dim)
         layers = {layer.name: layer for layer in self.layers}
         hidden = decoder_forward(self.decoder_config, layers, tokens, training=training, head=False)
-        loss = keras.ops.mean(decoder_head_loss(self.decoder_config, layers, hidden, labels))
+        per_token = decoder_head_loss(self.decoder_config, layers, hidden, labels, gradient_in_forward=training)
+        loss = keras.ops.mean(per_token)
         for extra in self.losses:  # regularisers, as `compute_loss` adds them
             loss = loss + keras.ops.cast(keras.ops.sum(extra), loss.dtype)
         return loss / tf.distribute.get_strategy().num_replicas_in_sync

@@ -16,8 +16,14 @@ forms its gradient at once,
     dh_n = s dz_n Wᵀ,   dW = s Σ_n h_nᵀ dz_n,   db = s Σ_n dz_n
 
 so no more than one chunk's `[C, V]` logits exist at a time. The price is
-one more `[N, d] x [d, V]` product (the recomputation). All arithmetic is
-float32 (float64 stays float64) whatever the input dtype.
+one more `[N, d] x [d, V]` product (the recomputation).
+
+With `gradient_in_forward=True` (training) the forward pass also forms the
+gradients for `g_n = 1` while it holds each chunk's logits; the backward pass
+multiplies them by `g`, which is exact for `dh` token by token and, for `dW`
+and `db`, whenever `g` is one number on every token (a mean loss). That is
+three `[N, d] x [d, V]` products in all, as many as with the full logits.
+All arithmetic is float32 (float64 stays float64) whatever the input dtype.
 """
 
 import tensorflow as tf
@@ -31,46 +37,78 @@ def _chunk_logits(hidden, kernel, bias, scale):
     return (tf.matmul(hidden, kernel) + bias) * scale  # [C, V]
 
 
-def _chunked_loss(hidden, kernel, bias, labels, scale, parallel_iterations):
+def _logit_gradient(logits, log_z, labels, weight, scale):
+    """`d loss / d (h W + b)` of one chunk `[C, V]`, row `n` weighted by `weight [C]`: `s g_n (softmax - onehot)`."""
+    probs = tf.exp(logits - log_z[:, None])
+    onehot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=probs.dtype)
+    return (probs - onehot) * (weight * scale)[:, None]
+
+
+def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations):
     """Per-token loss `[K, C]` of hidden `[K, C, d]` and labels `[K, C]`, with its custom gradient."""
+
+    def loop(body, arrays, accumulators=()):
+        num_chunks = tf.shape(hidden)[0]
+        return tf.while_loop(
+            lambda k, *_: k < num_chunks, body, [0, *arrays, *accumulators], parallel_iterations=parallel_iterations
+        )[1:]
+
+    def array(element_shape):
+        return tf.TensorArray(hidden.dtype, size=tf.shape(hidden)[0], element_shape=element_shape)
+
+    def gradients_step(k, logits, log_z, weights, d_hidden, d_kernel, d_bias):
+        """Adds chunk `k`'s share, its logit gradient weighted by `weights [C]`, to the three gradients."""
+        d_logits = _logit_gradient(logits, log_z, labels[k], weights, scale)
+        if d_hidden is not None:
+            d_hidden = d_hidden.write(k, tf.matmul(d_logits, kernel, transpose_b=True))
+        d_kernel = d_kernel + tf.matmul(hidden[k], d_logits, transpose_a=True)
+        return d_hidden, d_kernel, d_bias + tf.reduce_sum(d_logits, axis=0)
 
     @tf.custom_gradient
     def loss_fn(hidden, kernel, bias):
-        num_chunks = tf.shape(hidden)[0]
-
-        def forward(k, losses, log_z):
+        def forward(k, losses, log_z, *gradients):
             logits = _chunk_logits(hidden[k], kernel, bias, scale)
             chunk_log_z = tf.reduce_logsumexp(logits, axis=-1)
             label_logit = tf.gather(logits, labels[k], axis=1, batch_dims=1)
-            return k + 1, losses.write(k, chunk_log_z - label_logit), log_z.write(k, chunk_log_z)
+            outputs = [losses.write(k, chunk_log_z - label_logit), log_z.write(k, chunk_log_z)]
+            if gradient_in_forward:  # the gradient for a weight of 1 on every real token, while the logits are here
+                outputs += gradients_step(k, logits, chunk_log_z, valid[k], *gradients)
+            return [k + 1, *outputs]
 
-        arrays = [tf.TensorArray(hidden.dtype, size=num_chunks, element_shape=labels.shape[1:]) for _ in range(2)]
-        _, losses, log_z = tf.while_loop(
-            lambda k, *_: k < num_chunks, forward, [0, *arrays], parallel_iterations=parallel_iterations
-        )
+        arrays, accumulators = [array(labels.shape[1:]), array(labels.shape[1:])], []
+        if gradient_in_forward:
+            arrays.append(array(hidden.shape[1:]))
+            accumulators = [tf.zeros_like(kernel), tf.zeros_like(bias)]
+        losses, log_z, *unit_gradients = loop(forward, arrays, accumulators)
         log_z = log_z.stack()
 
-        def grad(upstream):
-            def backward(k, d_hidden, d_kernel, d_bias):
+        def recomputed_gradients(upstream, with_hidden):
+            def backward(k, *gradients):
                 logits = _chunk_logits(hidden[k], kernel, bias, scale)
-                probs = tf.exp(logits - log_z[k][:, None])
-                onehot = tf.one_hot(labels[k], tf.shape(logits)[-1], dtype=probs.dtype)
-                d_logits = (probs - onehot) * (upstream[k][:, None] * scale)  # [C, V]
-                return (
-                    k + 1,
-                    d_hidden.write(k, tf.matmul(d_logits, kernel, transpose_b=True)),
-                    d_kernel + tf.matmul(hidden[k], d_logits, transpose_a=True),
-                    d_bias + tf.reduce_sum(d_logits, axis=0),
-                )
+                gradients = gradients if with_hidden else (None, *gradients)
+                d_hidden, d_kernel, d_bias = gradients_step(k, logits, log_z[k], upstream[k], *gradients)
+                return [k + 1, d_kernel, d_bias] if d_hidden is None else [k + 1, d_hidden, d_kernel, d_bias]
 
-            d_hidden = tf.TensorArray(hidden.dtype, size=num_chunks, element_shape=hidden.shape[1:])
-            _, d_hidden, d_kernel, d_bias = tf.while_loop(
-                lambda k, *_: k < num_chunks,
-                backward,
-                [0, d_hidden, tf.zeros_like(kernel), tf.zeros_like(bias)],
-                parallel_iterations=parallel_iterations,
+            arrays = [array(hidden.shape[1:])] if with_hidden else []
+            return loop(backward, arrays, [tf.zeros_like(kernel), tf.zeros_like(bias)])
+
+        def grad(upstream):
+            if not gradient_in_forward:
+                d_hidden, d_kernel, d_bias = recomputed_gradients(upstream, with_hidden=True)
+                return d_hidden.stack(), d_kernel, d_bias
+            d_hidden, d_kernel, d_bias = unit_gradients
+            # dz_n = g_n * (unit gradient)_n: exact for the hidden states, token by token. For the
+            # kernel and bias, sums over tokens, it is exact when g is one number on every real token
+            # (a mean loss, as in training); other weights recompute the logits.
+            real = tf.cast(valid, tf.bool)
+            largest = tf.reduce_max(tf.where(real, upstream, tf.constant(-float("inf"), upstream.dtype)))
+            smallest = tf.reduce_min(tf.where(real, upstream, tf.constant(float("inf"), upstream.dtype)))
+            d_kernel, d_bias = tf.cond(
+                tf.equal(largest, smallest),
+                lambda: (largest * d_kernel, largest * d_bias),
+                lambda: tuple(recomputed_gradients(upstream, with_hidden=False)),
             )
-            return d_hidden.stack(), d_kernel, d_bias
+            return d_hidden.stack() * upstream[..., None], d_kernel, d_bias
 
         return losses.stack(), grad
 
@@ -78,7 +116,14 @@ def _chunked_loss(hidden, kernel, bias, labels, scale, parallel_iterations):
 
 
 def chunked_cross_entropy(
-    hidden, kernel, labels, bias=None, scale=1.0, chunk_size=DEFAULT_CROSS_ENTROPY_CHUNK, parallel_iterations=1
+    hidden,
+    kernel,
+    labels,
+    bias=None,
+    scale=1.0,
+    chunk_size=DEFAULT_CROSS_ENTROPY_CHUNK,
+    gradient_in_forward=False,
+    parallel_iterations=1,
 ):
     """Per-token softmax cross-entropy of `s (hidden @ kernel + bias)`, without all the logits at once.
 
@@ -90,6 +135,13 @@ def chunked_cross_entropy(
         scale: float. Multiplies the logits (a tied head's `1/sqrt(d)`). Defaults to `1.0`.
         chunk_size: int. Tokens per chunk `C`: the peak holds `C x V` logits.
             Defaults to `1024`.
+        gradient_in_forward: bool. Also form the gradient in the forward pass,
+            while each chunk's logits are at hand, so that the backward pass
+            needs no second pass over the logits: one matrix product fewer
+            when the loss is a mean (every token's upstream gradient the
+            same, as in training). Other upstream gradients stay exact, at
+            the cost of a recomputation. Leave it off for a loss that is not
+            differentiated (evaluation). Defaults to `False`.
         parallel_iterations: int. Chunks in flight at once. Defaults to `1`.
 
     Returns:
@@ -116,8 +168,10 @@ def chunked_cross_entropy(
     num_chunks = (count + chunk_size - 1) // chunk_size
     pad = num_chunks * chunk_size - count  # padded tokens get a zero upstream gradient: they add nothing
     hidden = tf.reshape(tf.pad(hidden, [[0, pad], [0, 0]]), [-1, chunk_size, width])
+    valid = tf.reshape(tf.sequence_mask(count, num_chunks * chunk_size, dtype), [-1, chunk_size])
     labels = tf.reshape(tf.pad(labels, [[0, pad]]), [-1, chunk_size])
     bias = tf.zeros([vocab_size], dtype) if bias is None else tf.cast(bias, dtype)
     scale = tf.cast(scale, dtype) if tf.is_tensor(scale) else tf.constant(scale, dtype)  # a Python float stays exact
-    losses = _chunked_loss(hidden, tf.cast(kernel, dtype), bias, labels, scale, parallel_iterations)
+    kernel = tf.cast(kernel, dtype)
+    losses = _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations)
     return tf.reshape(tf.reshape(losses, [-1])[:count], out_shape)

@@ -129,3 +129,23 @@ def window_after(sequence, end, size, axis):
     end = tf.broadcast_to(tf.convert_to_tensor(end, tf.int32), tf.shape(sequence)[:1])
     index = end[:, None] + tf.range(size)[None, :]  # [B, size]
     return tf.gather(sequence, index, axis=axis, batch_dims=1)
+
+
+@tf.custom_gradient
+def pairwise_product(alpha, beta):
+    """`alpha [N, a]` and `beta [N, b]` to their per-row outer product `[N, a, b]`: `alpha_i beta_j`.
+
+    The gradient is two batched matrix-vector products, `dalpha = dP beta`
+    and `dbeta = alphaᵀ dP` per row, rather than the broadcast multiplies
+    and reductions TensorFlow derives for `alpha[:, :, None] * beta[:, None, :]`:
+    each reads the `[N, a, b]` gradient once (about a third less time for
+    `FeedForward2`'s backward pass on a CPU).
+    """
+    product = tf.expand_dims(alpha, 2) * tf.expand_dims(beta, 1)
+
+    def grad(upstream):
+        d_alpha = tf.squeeze(tf.matmul(upstream, tf.expand_dims(beta, 2)), 2)
+        d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), upstream), 1)
+        return d_alpha, d_beta
+
+    return product, grad

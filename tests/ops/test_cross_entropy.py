@@ -26,16 +26,36 @@ def _loss_and_gradients(fn, hidden, kernel, bias, labels, **kwargs):
     return [loss] + tape.gradient(total, [hidden, kernel, bias])
 
 
+@pytest.mark.parametrize("gradient_in_forward", [False, True])
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 @pytest.mark.parametrize("scale", [1.0, 8**-0.5])
-def test_loss_and_gradients_match_reference(length, scale):
+def test_loss_and_gradients_match_reference(length, scale, gradient_in_forward):
+    # Per-token upstream gradients: with gradient_in_forward, the kernel and bias are recomputed.
     inputs = _inputs(length)
-    got = _loss_and_gradients(lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k), *inputs, scale=scale)
+    chunked = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward, **k)  # noqa: E731
+    got = _loss_and_gradients(chunked, *inputs, scale=scale)
     want = _loss_and_gradients(cross_entropy_reference, *inputs, scale=scale)
     assert got[0].shape == inputs[3].shape
     for g, w in zip(got, want):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("length", [1, 63, 100])
+def test_gradient_in_forward_of_a_mean_matches_reference(length):
+    # A mean gives every token the same upstream gradient: the forward pass's gradients are scaled, not recomputed.
+    hidden, kernel, bias, labels = _inputs(length)
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([hidden, kernel, bias])
+            loss = 3.0 * tf.reduce_mean(fn(hidden, kernel, labels, bias=bias, scale=0.5))
+        return [loss] + tape.gradient(loss, [hidden, kernel, bias])
+
+    got = run(lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, gradient_in_forward=True, **k))
+    want = run(cross_entropy_reference)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
 def test_without_bias_equals_a_zero_bias():
@@ -48,11 +68,15 @@ def test_without_bias_equals_a_zero_bias():
 
 def test_custom_gradient_passes_numerical_check():
     hidden, kernel, bias, labels = _inputs(5, width=3, vocab=7)
-    theoretical, numerical = tf.test.compute_gradient(
-        lambda h, w, b: chunked_cross_entropy(h, w, labels, bias=b, scale=0.7, chunk_size=2), [hidden, kernel, bias]
-    )
-    for t, n in zip(theoretical, numerical):
-        np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-7)
+    for gradient_in_forward in (False, True):
+        theoretical, numerical = tf.test.compute_gradient(
+            lambda h, w, b: chunked_cross_entropy(
+                h, w, labels, bias=b, scale=0.7, chunk_size=2, gradient_in_forward=gradient_in_forward
+            ),
+            [hidden, kernel, bias],
+        )
+        for t, n in zip(theoretical, numerical):
+            np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-7)
 
 
 def test_large_logits_stay_finite_and_exact():
@@ -80,9 +104,10 @@ def test_low_precision_inputs_accumulate_in_float32(dtype):
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
 
 
-def test_under_xla_matches_eager():
+@pytest.mark.parametrize("gradient_in_forward", [False, True])
+def test_under_xla_matches_eager(gradient_in_forward):
     hidden, kernel, bias, labels = _inputs(70, dtype=tf.float32)
-    run = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k)  # noqa: E731
+    run = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward, **k)  # noqa: E731
     eager = _loss_and_gradients(run, hidden, kernel, bias, labels)
     compiled = tf.function(lambda *a: _loss_and_gradients(run, *a), jit_compile=True)(hidden, kernel, bias, labels)
     for e, c in zip(eager, compiled):

@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.ops.utils import pairwise_product
+
+
+@pytest.mark.parametrize("rows", [1, 63, 100])
+def test_pairwise_product_and_its_gradient_match_broadcasting(rows):
+    rng = np.random.default_rng(0)
+    alpha = tf.constant(rng.normal(size=(rows, 5)))
+    beta = tf.constant(rng.normal(size=(rows, 3)))
+    cotangent = tf.constant(rng.normal(size=(rows, 5, 3)))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([alpha, beta])
+            product = fn(alpha, beta)
+            loss = tf.reduce_sum(product * cotangent)
+        return [product] + tape.gradient(loss, [alpha, beta])
+
+    got = run(pairwise_product)
+    want = run(lambda a, b: a[:, :, None] * b[:, None, :])
+    for g, w in zip(got, want):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_pairwise_product_gradient_passes_numerical_check():
+    rng = np.random.default_rng(1)
+    alpha, beta = tf.constant(rng.normal(size=(4, 3))), tf.constant(rng.normal(size=(4, 2)))
+    theoretical, numerical = tf.test.compute_gradient(pairwise_product, [alpha, beta])
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=1e-7, atol=1e-8)
+
+
+def test_pairwise_product_keeps_a_low_precision_dtype():
+    alpha, beta = tf.ones([2, 3], tf.bfloat16), tf.ones([2, 4], tf.bfloat16)
+    with tf.GradientTape() as tape:
+        tape.watch([alpha, beta])
+        product = pairwise_product(alpha, beta)
+    grads = tape.gradient(product, [alpha, beta])
+    assert product.dtype == tf.bfloat16 and all(g.dtype == tf.bfloat16 for g in grads)
+    np.testing.assert_array_equal(grads[0], 4 * np.ones([2, 3]))  # each alpha_i meets 4 betas
+    np.testing.assert_array_equal(grads[1], 3 * np.ones([2, 4]))
