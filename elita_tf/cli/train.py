@@ -19,7 +19,7 @@ from elita_tf.training import (
     TrainSettings,
     train,
 )
-from elita_tf.training.settings import OPTIMIZERS, STRATEGIES
+from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES
 
 _HELP = {
     "preset": f"one of {sorted(PRESETS)}",
@@ -31,8 +31,9 @@ _HELP = {
     "force_new": "discard the run already in --output-dir instead of resuming it",
     "eval_batches": "cap on validation/test batches (default: all)",
     "verbose": "Keras fit verbosity (1: progress bar)",
+    "dtype_policy": "Keras dtype policy of the layers (weights stay float32)",
 }
-_CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES, "optimizer": OPTIMIZERS}
+_CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES, "optimizer": OPTIMIZERS, "dtype_policy": DTYPE_POLICIES}
 
 
 def add_settings_flags(parser, exclude=(), defaults=True):

@@ -43,7 +43,14 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.ops.utils import NEG_INF, accumulator_dtype, pad_axis, real_extent, window_after, write_positions
+from elita_tf.ops.utils import (
+    NEG_INF,
+    accumulator_dtype,
+    pad_axis,
+    real_extent,
+    window_after,
+    write_positions,
+)
 
 DEFAULT_CHUNK_SIZE = 32
 

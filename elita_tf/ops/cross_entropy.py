@@ -30,18 +30,30 @@ import tensorflow as tf
 
 from elita_tf.ops.utils import accumulator_dtype
 
-DEFAULT_CROSS_ENTROPY_CHUNK = 1024
+DEFAULT_CROSS_ENTROPY_CHUNK = 512
 
 
 def _chunk_logits(hidden, kernel, bias, scale):
-    return (tf.matmul(hidden, kernel) + bias) * scale  # [C, V]
+    logits = tf.matmul(hidden, kernel) + bias  # [C, V]
+    return logits if scale is None else logits * scale
 
 
-def _logit_gradient(logits, log_z, labels, weight, scale):
-    """`d loss / d (h W + b)` of one chunk `[C, V]`, row `n` weighted by `weight [C]`: `s g_n (softmax - onehot)`."""
-    probs = tf.exp(logits - log_z[:, None])
-    onehot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=probs.dtype)
-    return (probs - onehot) * (weight * scale)[:, None]
+def _logit_gradient(logits, labels, weights, log_z=None):
+    """`(weights_n (softmax(z_n) - onehot(y_n)) [C, V], logsumexp(z) [C])` of one chunk.
+
+    Without `log_z` it is computed here, from the same exponentials as the
+    softmax. The one-hot term is a scatter of `C` entries, not a `[C, V]` pass.
+    """
+    if log_z is None:
+        top = tf.reduce_max(logits, axis=-1)
+        exp = tf.exp(logits - top[:, None])
+        total = tf.reduce_sum(exp, axis=-1)
+        log_z = top + tf.math.log(total)
+        d_logits = exp * (weights / total)[:, None]
+    else:
+        d_logits = tf.exp(logits - log_z[:, None]) * weights[:, None]
+    label_slots = tf.stack([tf.range(tf.shape(labels)[0]), labels], axis=1)
+    return tf.tensor_scatter_nd_sub(d_logits, label_slots, weights), log_z
 
 
 def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations):
@@ -56,23 +68,27 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
     def array(element_shape):
         return tf.TensorArray(hidden.dtype, size=tf.shape(hidden)[0], element_shape=element_shape)
 
-    def gradients_step(k, logits, log_z, weights, d_hidden, d_kernel, d_bias):
-        """Adds chunk `k`'s share, its logit gradient weighted by `weights [C]`, to the three gradients."""
-        d_logits = _logit_gradient(logits, log_z, labels[k], weights, scale)
+    def gradients_step(k, d_logits, d_hidden, d_kernel, d_bias):
+        """Adds chunk `k`'s share, from its logit gradient `[C, V]`, to the three gradients."""
         if d_hidden is not None:
             d_hidden = d_hidden.write(k, tf.matmul(d_logits, kernel, transpose_b=True))
         d_kernel = d_kernel + tf.matmul(hidden[k], d_logits, transpose_a=True)
         return d_hidden, d_kernel, d_bias + tf.reduce_sum(d_logits, axis=0)
 
+    def weights(g):
+        return g if scale is None else g * scale  # d z / d (h W + b) = s
+
     @tf.custom_gradient
     def loss_fn(hidden, kernel, bias):
         def forward(k, losses, log_z, *gradients):
             logits = _chunk_logits(hidden[k], kernel, bias, scale)
-            chunk_log_z = tf.reduce_logsumexp(logits, axis=-1)
             label_logit = tf.gather(logits, labels[k], axis=1, batch_dims=1)
-            outputs = [losses.write(k, chunk_log_z - label_logit), log_z.write(k, chunk_log_z)]
             if gradient_in_forward:  # the gradient for a weight of 1 on every real token, while the logits are here
-                outputs += gradients_step(k, logits, chunk_log_z, valid[k], *gradients)
+                d_logits, chunk_log_z = _logit_gradient(logits, labels[k], weights(valid[k]))
+                gradients = gradients_step(k, d_logits, *gradients)
+            else:
+                chunk_log_z = tf.reduce_logsumexp(logits, axis=-1)
+            outputs = [losses.write(k, chunk_log_z - label_logit), log_z.write(k, chunk_log_z), *gradients]
             return [k + 1, *outputs]
 
         arrays, accumulators = [array(labels.shape[1:]), array(labels.shape[1:])], []
@@ -85,14 +101,19 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
         def recomputed_gradients(upstream, with_hidden):
             def backward(k, *gradients):
                 logits = _chunk_logits(hidden[k], kernel, bias, scale)
+                d_logits, _ = _logit_gradient(logits, labels[k], weights(upstream[k]), log_z[k])
                 gradients = gradients if with_hidden else (None, *gradients)
-                d_hidden, d_kernel, d_bias = gradients_step(k, logits, log_z[k], upstream[k], *gradients)
+                d_hidden, d_kernel, d_bias = gradients_step(k, d_logits, *gradients)
                 return [k + 1, d_kernel, d_bias] if d_hidden is None else [k + 1, d_hidden, d_kernel, d_bias]
 
             arrays = [array(hidden.shape[1:])] if with_hidden else []
             return loop(backward, arrays, [tf.zeros_like(kernel), tf.zeros_like(bias)])
 
         def grad(upstream):
+            with tf.name_scope("chunked_cross_entropy_gradient"):
+                return gradients(upstream)
+
+        def gradients(upstream):
             if not gradient_in_forward:
                 d_hidden, d_kernel, d_bias = recomputed_gradients(upstream, with_hidden=True)
                 return d_hidden.stack(), d_kernel, d_bias
@@ -112,7 +133,8 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
 
         return losses.stack(), grad
 
-    return loss_fn(hidden, kernel, bias)
+    with tf.name_scope("chunked_cross_entropy"):
+        return loss_fn(hidden, kernel, bias)
 
 
 def chunked_cross_entropy(
@@ -134,7 +156,7 @@ def chunked_cross_entropy(
         bias: optional float `[V]`.
         scale: float. Multiplies the logits (a tied head's `1/sqrt(d)`). Defaults to `1.0`.
         chunk_size: int. Tokens per chunk `C`: the peak holds `C x V` logits.
-            Defaults to `1024`.
+            Defaults to `512`.
         gradient_in_forward: bool. Also form the gradient in the forward pass,
             while each chunk's logits are at hand, so that the backward pass
             needs no second pass over the logits: one matrix product fewer
@@ -170,8 +192,12 @@ def chunked_cross_entropy(
     hidden = tf.reshape(tf.pad(hidden, [[0, pad], [0, 0]]), [-1, chunk_size, width])
     valid = tf.reshape(tf.sequence_mask(count, num_chunks * chunk_size, dtype), [-1, chunk_size])
     labels = tf.reshape(tf.pad(labels, [[0, pad]]), [-1, chunk_size])
-    bias = tf.zeros([vocab_size], dtype) if bias is None else tf.cast(bias, dtype)
-    scale = tf.cast(scale, dtype) if tf.is_tensor(scale) else tf.constant(scale, dtype)  # a Python float stays exact
-    kernel = tf.cast(kernel, dtype)
+    # Read variables here: the custom gradient is taken with respect to these tensors.
+    bias = tf.zeros([vocab_size], dtype) if bias is None else tf.convert_to_tensor(tf.cast(bias, dtype))
+    if tf.is_tensor(scale):
+        scale = tf.cast(scale, dtype)
+    else:  # a Python float stays exact; 1 costs nothing
+        scale = None if scale == 1 else tf.constant(scale, dtype)
+    kernel = tf.convert_to_tensor(tf.cast(kernel, dtype))
     losses = _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations)
     return tf.reshape(tf.reshape(losses, [-1])[:count], out_shape)

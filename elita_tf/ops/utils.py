@@ -144,8 +144,9 @@ def pairwise_product(alpha, beta):
     product = tf.expand_dims(alpha, 2) * tf.expand_dims(beta, 1)
 
     def grad(upstream):
-        d_alpha = tf.squeeze(tf.matmul(upstream, tf.expand_dims(beta, 2)), 2)
-        d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), upstream), 1)
+        with tf.name_scope("pairwise_product_gradient"):
+            d_alpha = tf.squeeze(tf.matmul(upstream, tf.expand_dims(beta, 2)), 2)
+            d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), upstream), 1)
         return d_alpha, d_beta
 
     return product, grad

@@ -112,6 +112,7 @@ def requested_manifest(settings, config, data):
             "batch_size": settings.batch_size,
             "seed": settings.seed,
             "optimizer": settings.optimizer,
+            "dtype_policy": settings.dtype_policy,
         },
     }
 
@@ -278,7 +279,13 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
     with strategy.scope():
         model, checkpoint = load_latest_checkpoint(checkpoints)
         if model is None:
-            model = build_decoder(config, name=settings.preset)
+            # The layers take the global policy when made: set it for them alone.
+            previous_policy = keras.config.dtype_policy()
+            keras.config.set_dtype_policy(settings.dtype_policy)
+            try:
+                model = build_decoder(config, name=settings.preset)
+            finally:
+                keras.config.set_dtype_policy(previous_policy)
             model.compile(
                 optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

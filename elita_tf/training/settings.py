@@ -7,6 +7,7 @@ from elita_tf.models import PRESETS
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 OPTIMIZERS = ("adam", "normalized-sgd")
+DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,10 @@ class TrainSettings:
             beta1 0.9, beta2 0.99) or `"normalized-sgd"` (3Lin's: every
             matrix moves by 0.1 in norm per step, linearly to 0 over the
             last tenth of the run). Defaults to `"adam"`.
+        dtype_policy: str. `"float32"`, or Keras' `"mixed_bfloat16"` or
+            `"mixed_float16"`: float32 weights, the layers computing in 16
+            bits (the recurrent states, the loss and the head stay float32).
+            Defaults to `"float32"`.
         seed: int. Data order, tokenizer and weights. Defaults to `0`.
         checkpoint_every: int. Steps between checkpoints. Defaults to `20`.
         keep_checkpoints: int. Newest checkpoints kept. Defaults to `2`.
@@ -60,6 +65,7 @@ class TrainSettings:
     head_dim: int = 16
     dropout: float = 0.0
     optimizer: str = "adam"
+    dtype_policy: str = "float32"
     seed: int = 0
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
@@ -81,6 +87,8 @@ class TrainSettings:
             fail("strategy", f"one of {list(STRATEGIES)}")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"one of {list(OPTIMIZERS)}")
+        if self.dtype_policy not in DTYPE_POLICIES:
+            fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
         positive = ["vocab_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "width", "layers"]
         for name in positive + ["heads", "head_dim", "max_steps", "eval_batches"]:
             value = getattr(self, name)

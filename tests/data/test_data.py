@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.data import lm_dataset, load_wikitext, make_tokenizer, split_files, token_windows, train_sentencepiece
+from elita_tf.data import (
+    lm_dataset,
+    load_wikitext,
+    make_tokenizer,
+    split_files,
+    token_windows,
+    train_sentencepiece,
+)
 from tests.conftest import write_tiny_wikitext
 
 

@@ -12,7 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from elita_tf.data import sources
-from elita_tf.data.sources import SPLIT_FILES, DownloadError, check_counts, fetch_wikitext
+from elita_tf.data.sources import (
+    SPLIT_FILES,
+    DownloadError,
+    check_counts,
+    fetch_wikitext,
+)
 from elita_tf.data.wikitext import CONFIGS, load_wikitext
 from tests.conftest import write_tiny_wikitext
 

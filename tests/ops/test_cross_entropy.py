@@ -114,6 +114,27 @@ def test_under_xla_matches_eager(gradient_in_forward):
         np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("gradient_in_forward", [False, True])
+def test_variables_get_their_gradients_inside_a_tf_function(gradient_in_forward):
+    hidden, kernel, bias, labels = _inputs(30, dtype=tf.float32)
+    kernel_var, bias_var = tf.Variable(kernel), tf.Variable(bias)
+
+    @tf.function
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = chunked_cross_entropy(
+                hidden, kernel_var, labels, bias=bias_var, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward
+            )
+            loss = tf.reduce_mean(loss)
+        return tape.gradient(loss, [kernel_var, bias_var])
+
+    with tf.GradientTape() as tape:
+        tape.watch([kernel, bias])
+        loss = tf.reduce_mean(cross_entropy_reference(hidden, kernel, labels, bias=bias))
+    for got, want in zip(gradients(), tape.gradient(loss, [kernel, bias])):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
 def test_refuses_a_width_other_than_the_kernels():
     hidden, kernel, _, labels = _inputs(4)
     with pytest.raises(ValueError, match=r"hidden.shape=\(2, 4, 5\)"):

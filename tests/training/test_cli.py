@@ -8,11 +8,11 @@ import keras
 import numpy as np
 import pytest
 
+from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
-from elita_tf.cli.evaluate import main as evaluate_main
-from elita_tf.training.evaluate import evaluate
 from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, train
+from elita_tf.training.evaluate import evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -14,19 +14,24 @@ import keras
 import numpy as np
 import pytest
 
-from elita_tf.data import load_wikitext, make_tokenizer, token_windows, train_sentencepiece
+from elita_tf.cli.train import main, parse_args
+from elita_tf.data import (
+    load_wikitext,
+    make_tokenizer,
+    token_windows,
+    train_sentencepiece,
+)
 from elita_tf.training import (
     CorruptCheckpointError,
     RunDirectory,
     RunDirectoryError,
     latest_checkpoint,
     list_checkpoints,
+    train,
     verify_checkpoint,
 )
 from tests.conftest import write_tiny_wikitext
 from tests.training.test_cli import REPO, Interrupt, _args
-from elita_tf.cli.train import main, parse_args
-from elita_tf.training import train
 
 
 def _run(data_dir, out, *extra, callbacks=()):
@@ -226,3 +231,20 @@ def test_normalized_sgd_trains_3lin_and_is_part_of_the_run(tiny_wikitext, tmp_pa
     assert results["config"]["settings"]["optimizer"] == "normalized-sgd"
     with pytest.raises(RunDirectoryError, match=r"training.optimizer: stored 'normalized-sgd', requested 'adam'"):
         _run(tiny_wikitext, out, "--preset", "3lin")
+
+
+def test_mixed_bfloat16_trains_with_float32_weights_and_is_part_of_the_run(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    results = _run(tiny_wikitext, out, "--dtype-policy", "mixed_bfloat16")
+    model = keras.models.load_model(latest_checkpoint(out))
+    # The blocks compute in bfloat16 after loading too; the logits stay float32.
+    assert model.get_layer("block_0").compute_dtype == "bfloat16"
+    assert model.get_layer("logits").compute_dtype == "float32"
+    assert {weight.dtype for weight in model.trainable_weights} == {"float32"}
+    losses = [float(row["loss"]) for row in csv.DictReader(open(out / "steps.csv"))]
+    assert np.isfinite(results["test_loss"]) and losses[-1] < losses[0]
+    assert results["config"]["settings"]["dtype_policy"] == "mixed_bfloat16"
+    # The global policy is left as it was.
+    assert keras.config.dtype_policy().name == "float32"
+    with pytest.raises(RunDirectoryError, match=r"training.dtype_policy: stored 'mixed_bfloat16', requested 'float32'"):
+        _run(tiny_wikitext, out)

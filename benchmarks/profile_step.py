@@ -1,0 +1,131 @@
+"""Where a training step's time goes: the TensorFlow profiler's op times, grouped by part of the model.
+
+Runs `--warmup` steps of a preset at the seed configuration (the same compiled `train_on_batch`
+as `training_step.py`), traces `--steps` more with `tf.profiler`, and reads the trace
+(`*.xplane.pb`) back: every TensorFlow op's time on the executor threads, grouped into the
+token mixers, the feed-forward networks, the norms, the output head with its loss, the
+optimizer and the rest, forward and backward apart, and the most expensive ops. Times are
+op time summed over threads, per step; the wall-clock step is printed beside them.
+
+    python benchmarks/profile_step.py --preset elita
+    python benchmarks/profile_step.py --preset transformer --output-head full
+"""
+
+import argparse
+import collections
+import glob
+import re
+import tempfile
+import time
+
+PARTS = [
+    ("mixer norm", r"block_\d+(?:_\d+)?/mixer_norm"),
+    ("ffn norm", r"block_\d+(?:_\d+)?/ffn_norm"),
+    ("token mixers", r"block_\d+(?:_\d+)?/mixer"),
+    ("feed-forward", r"block_\d+(?:_\d+)?/ffn|wide_ffn|pairwise_product"),
+    ("output head and loss", r"cross_entropy|/logits|sparse_categorical|final_norm"),
+    ("optimizer", r"adam|Adam|optimizer|AssignVariable|ReadVariable"),
+    ("embedding", r"embedding"),
+]
+
+
+def part_of(op_name):
+    for part, pattern in PARTS:
+        if re.search(pattern, op_name):
+            return part
+    return "other"
+
+
+def read_op_times(logdir):
+    """`{(op name, op type): picoseconds}` over the executor threads of the host trace."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    (path,) = glob.glob(f"{logdir}/plugins/profile/*/*.xplane.pb")
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    times = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" in name and not name.startswith("ExecutorState"):
+                    times[tuple(name.rsplit(":", 1))] += event.duration_ps
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="elita")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--vocab-size", type=int, default=5000)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--output-head", choices=["chunked", "full"], default="chunked")
+    parser.add_argument("--dtype-policy", default="float32")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=15, help="how many of the most expensive ops to list")
+    args = parser.parse_args()
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from elita_tf.models import build_decoder, preset
+    from elita_tf.schedules import elita_adam
+
+    keras.config.set_dtype_policy(args.dtype_policy)
+    config = preset(
+        args.preset, vocab_size=args.vocab_size, width=args.width, num_layers=args.layers, context_length=args.seq_len
+    )
+    model = build_decoder(config)
+    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.chunked_head = args.output_head == "chunked"
+    rng = np.random.default_rng(0)
+    x, y = (
+        tf.constant(rng.integers(0, args.vocab_size, size=(args.batch_size, args.seq_len)), tf.int32) for _ in range(2)
+    )
+    for _ in range(args.warmup):
+        model.train_on_batch(x, y)
+    logdir = tempfile.mkdtemp(prefix="elita-profile-")
+    tf.profiler.experimental.start(logdir)
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        model.train_on_batch(x, y)
+    wall = (time.perf_counter() - start) / args.steps
+    tf.profiler.experimental.stop()
+
+    times = read_op_times(logdir)
+    total = sum(times.values())
+    per_part = collections.Counter()
+    for (name, _), ps in times.items():
+        direction = "backward" if "gradient" in name else "forward"  # tape gradients and custom ones
+        per_part[part_of(name), direction] += ps
+    ms = lambda ps: ps / 1e9 / args.steps  # noqa: E731  (per step)
+
+    print(
+        f"# {args.preset}, B={args.batch_size} T={args.seq_len} V={args.vocab_size} d={args.width} "
+        f"L={args.layers}, {args.output_head} head, {args.dtype_policy}"
+    )
+    print(f"# wall-clock step (profiled) {wall * 1000:.0f} ms; op time over all threads {ms(total):.0f} ms a step")
+    print("| part | forward ms | backward ms | share of op time |")
+    print("|---|---|---|---|")
+    for part in [p for p, _ in PARTS] + ["other"]:
+        forward, backward = per_part[part, "forward"], per_part[part, "backward"]
+        if forward + backward:
+            share = 100 * (forward + backward) / total
+            print(f"| {part} | {ms(forward):.0f} | {ms(backward):.0f} | {share:.0f}% |")
+    print(f"\nThe {args.top} most expensive ops (numbered copies of one op summed):")
+    by_op = collections.Counter()
+    for (name, kind), ps in times.items():
+        by_op[re.sub(r"block_\d+(_\d+)?", "block_*", re.sub(r"_\d+(?=/|$)", "", name)), kind] += ps
+    for (name, kind), ps in by_op.most_common(args.top):
+        print(f"{ms(ps):7.1f} ms  {kind:28s} {name}")
+
+
+if __name__ == "__main__":
+    main()
