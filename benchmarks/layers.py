@@ -10,7 +10,7 @@ Subjects:
   elementwise     one elementwise pass over the same values tensor (the memory-bound floor)
   attention2      Attention2 at width d
   linear          LinearAttention
-  additive        AdditiveAttention, global; additive-w4 / additive-w1024 windowed
+  additive        AdditiveAttention, global; additive-w4 / additive-w1000 / additive-w1024 windowed
   trilinear       TriLinearAttention, narrow (window 64; qdim d/2, tt d/4)
   shaped          ShapedAttention (softmax attention, quadratic)
   mha             keras.layers.MultiHeadAttention(use_causal_mask=True), same heads and head width
@@ -31,7 +31,17 @@ import time
 from measure import run_measurement
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
-LAYERS = ["attention2", "linear", "additive", "additive-w4", "additive-w1024", "trilinear", "shaped", "mha"]
+LAYERS = [
+    "attention2",
+    "linear",
+    "additive",
+    "additive-w4",
+    "additive-w1000",
+    "additive-w1024",
+    "trilinear",
+    "shaped",
+    "mha",
+]
 QUADRATIC = ["mha", "shaped"]
 
 

@@ -26,7 +26,8 @@ Forms:
   scheme one level up (chunks of chunks), and the few top-level blocks by a
   `cumulative_logsumexp`. Time and memory are O(T * C * D) for the global
   case and for every window size (windowed: banded chunks for
-  `window <= C`, block prefixes and suffixes beyond).
+  `window <= C`; beyond, a prefix and a suffix inside chunks with a
+  windowed mean over the whole chunks between, the same cost).
 - `causal_softmax_mean_step`: the one-step recurrent form for decoding, from a
   constant-size state (global) or a ring buffer of `window` entries.
 """
@@ -90,20 +91,15 @@ def _pad_time(logits, values, multiple):
     return logits, values
 
 
-def _shift_right(x, axis, fill=0.0):
-    """`x` moved one step along `axis`, `fill` entering at index 0 (safe for size 0)."""
-    pad = [[0, 0]] * x.shape.rank
-    pad[axis] = [1, 0]
-    padded = tf.pad(x, pad, constant_values=fill)
-    return tf.gather(padded, tf.range(tf.shape(x)[axis]), axis=axis)
+def _shift_right(x, axis, fill=0.0, steps=1):
+    """`x` moved `steps` along `axis`, `fill` entering at the start (safe for any size).
 
-
-def _shift_left(x, axis, fill=0.0):
-    """`x` moved one step back along `axis`, `fill` entering at the end."""
+    A pad and a slice: their gradients are a slice and a pad, not a scatter.
+    """
     pad = [[0, 0]] * x.shape.rank
-    pad[axis] = [0, 1]
+    pad[axis] = [steps, 0]
     padded = tf.pad(x, pad, constant_values=fill)
-    return tf.gather(padded, tf.range(1, tf.shape(x)[axis] + 1), axis=axis)
+    return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
 
 
 def _decayed_prefix(log_norm, items, block_size, levels):
@@ -192,37 +188,83 @@ def _banded(logits, values, window, chunk_size):
     return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
 
 
-def _blockwise(logits, values, window, chunk_size):
-    """Windowed mean for any window, from blocks of exactly `window` positions.
+def _merge(parts):
+    """`(log_z, mean)` of the union of disjoint key sets, from each set's `(log_z, mean)`."""
+    log_z = tf.reduce_logsumexp(tf.stack([lz for lz, _ in parts], axis=-1), axis=-1)
+    mean = sum(tf.exp(lz - log_z)[..., None] * m for lz, m in parts)
+    return log_z, mean
 
-    The window of row `i` (offset `r` in block `b`) is the suffix of block
-    `b - 1` after offset `r` and the prefix of block `b` up to `r`. Prefixes
-    and suffixes are global means inside each block; they are merged with a
-    log-sum-exp, so the cost is independent of the window.
+
+def _block_banded(logits, values, window, chunk_size):
+    """Windowed mean for `window > chunk_size`, at the cost of one banded pass whatever the window.
+
+    With `window = m C + w` (`0 <= w < C`), the window of row `r` of chunk
+    `k` is the prefix of chunk `k` up to `r`, a suffix of an earlier chunk,
+    and the whole chunks between:
+
+        r >= w - 1:  suffix of chunk k - m from r - w + 1,     m - 1 whole chunks
+        r <  w - 1:  suffix of chunk k - m - 1 from r - w + 1 + C,   m whole chunks
+
+    Prefixes and suffixes inside a chunk are `C x C` products; the whole
+    chunks are the windowed mean of the chunks' own `(log_z, mean)`, a
+    sequence `C` times shorter (this function again, or a banded pass).
+    The parts are merged with a log-sum-exp, so every weight stays `<= 1`.
     """
     b, h, length, depth = (tf.shape(values)[k] for k in range(4))
-    logits, values = _pad_time(logits, values, window)
-    l = tf.reshape(logits, [-1, window])  # [B*H*NB, W]
-    v = tf.reshape(values, [-1, window, depth])
-    # Inner chunks between C/2 and C that tile the block with little padding.
-    inner = -(-window // -(-window // chunk_size))
-    pre_mean, pre_lz = _global_chunked(l, v, inner)
-    suf_mean, suf_lz = _global_chunked(l[:, ::-1], v[:, ::-1], inner)
-    suf_mean, suf_lz = suf_mean[:, ::-1], suf_lz[:, ::-1]
+    whole, rest = divmod(window, chunk_size)
+    logits, values = _pad_time(logits, values, chunk_size)
+    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
+    neg_inf = tf.constant(NEG_INF, l.dtype)
 
-    # Row r of block b takes the suffix from offset r + 1 of block b - 1.
-    blocks = tf.shape(logits)[-1] // window
-    suf_lz = tf.reshape(suf_lz, [b, h, blocks, window])
-    suf_mean = tf.reshape(suf_mean, [b, h, blocks, window, depth])
-    suf_lz = _shift_right(_shift_left(suf_lz, 3, NEG_INF), 2, NEG_INF)
-    suf_mean = _shift_right(_shift_left(suf_mean, 3), 2)
-    pre_lz = tf.reshape(pre_lz, [b, h, blocks, window])
-    pre_mean = tf.reshape(pre_mean, [b, h, blocks, window, depth])
+    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]: key j <= row i
+    pre_lz = tf.math.cumulative_logsumexp(l, axis=-1)
+    pre_mean = tf.matmul(tf.exp(tf.where(causal, l[..., None, :] - pre_lz[..., None], neg_inf)), v)
+    suf_lz = tf.math.cumulative_logsumexp(l, axis=-1, reverse=True)
+    suf_mean = tf.matmul(tf.exp(tf.where(tf.transpose(causal), l[..., None, :] - suf_lz[..., None], neg_inf)), v)
 
-    log_z = logaddexp(pre_lz, suf_lz)
-    mean = tf.exp(pre_lz - log_z)[..., None] * pre_mean + tf.exp(suf_lz - log_z)[..., None] * suf_mean
+    # Row r takes the suffix from offset (r - w + 1) mod C, `whole` chunks back (or `whole + 1`:
+    # rows r < w - 1, which exist for w >= 2); with w = 0, row C - 1 takes an empty suffix (offset C).
+    if rest:
+        suf_lz, suf_mean = tf.roll(suf_lz, rest - 1, axis=3), tf.roll(suf_mean, rest - 1, axis=3)
+    else:
+        suf_lz = tf.pad(suf_lz[..., 1:], [[0, 0]] * 3 + [[0, 1]], constant_values=NEG_INF)
+        suf_mean = tf.pad(suf_mean[..., 1:, :], [[0, 0]] * 3 + [[0, 1], [0, 0]])
+    suffix = (_shift_right(suf_lz, 2, NEG_INF, whole), _shift_right(suf_mean, 2, 0.0, whole))
+
+    # Whole chunks k - m + 1 .. k - 1 (and k - m for rows r < w - 1).
+    chunk_lz, chunk_mean = pre_lz[..., -1], pre_mean[..., -1, :]  # [B, H, K], [B, H, K, D]
+    if whole > 1:
+        span_mean, span_lz = _windowed(chunk_lz, chunk_mean, whole - 1, chunk_size)
+        span = (_shift_right(span_lz, 2, NEG_INF), _shift_right(span_mean, 2))
+    else:
+        span = (tf.fill(tf.shape(chunk_lz), neg_inf), tf.zeros_like(chunk_mean))
+
+    def to_rows(part):  # a chunk's (log_z, mean), for each of its rows
+        return tf.broadcast_to(part[0][..., None], tf.shape(pre_lz)), part[1][:, :, :, None]
+
+    if rest >= 2:
+        second_case = tf.range(chunk_size) < rest - 1
+        suffix = (
+            tf.where(second_case, _shift_right(suf_lz, 2, NEG_INF, whole + 1), suffix[0]),
+            tf.where(second_case[:, None], _shift_right(suf_mean, 2, 0.0, whole + 1), suffix[1]),
+        )
+        oldest = (_shift_right(chunk_lz, 2, NEG_INF, whole), _shift_right(chunk_mean, 2, 0.0, whole))
+        longer, span = to_rows(_merge([span, oldest])), to_rows(span)
+        span = (tf.where(second_case, longer[0], span[0]), tf.where(second_case[:, None], longer[1], span[1]))
+    else:
+        span = to_rows(span)
+
+    log_z, mean = _merge([(pre_lz, pre_mean), suffix, span])
     mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
     return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
+
+
+def _windowed(logits, values, window, chunk_size):
+    """Windowed mean and log-normaliser of `[B, H, T]` logits and `[B, H, T, D]` values."""
+    if window <= chunk_size:
+        return _banded(logits, values, window, chunk_size)
+    return _block_banded(logits, values, window, chunk_size)
 
 
 def causal_softmax_mean(
@@ -263,15 +305,8 @@ def causal_softmax_mean(
         values = tf.concat([tf.cast(buf_v, values.dtype), values], axis=-2)
     if window is None:
         mean, log_z = _global(logits, values, chunk_size)
-    elif window <= chunk_size:
-        mean, log_z = _banded(logits, values, window, chunk_size)
     else:
-        # A window as long as the sequence is the global mean: no padding to a whole block.
-        mean, log_z = tf.cond(
-            tf.shape(logits)[-1] <= window,
-            lambda: _global(logits, values, chunk_size),
-            lambda: _blockwise(logits, values, window, chunk_size),
-        )
+        mean, log_z = _windowed(logits, values, window, chunk_size)
 
     if window is not None:
         if initial_state is None:

@@ -6,8 +6,9 @@ from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_st
 from elita_tf.ops.reference import causal_softmax_mean_reference
 
 LENGTHS = [1, 63, 100, 257]
-# Smaller and larger than the chunk (16 in these tests, 64 by default).
-WINDOWS = [None, 1, 5, 16, 40, 300]
+# Smaller and larger than the chunk (16 in these tests, 32 by default): whole chunks (32), one
+# chunk and a part (21), and more chunks than a chunk holds (300: whole chunks in windows again).
+WINDOWS = [None, 1, 5, 16, 21, 32, 40, 300]
 CHUNK = 16
 
 
