@@ -16,7 +16,7 @@ import tensorflow as tf
 from elita_tf.layers.checks import check_token_ids
 from elita_tf.models.config import DecoderConfig
 from elita_tf.models.decoder import decoder_forward
-from elita_tf.ops.utils import real_extent
+from elita_tf.ops.utils import document_positions, position_after, real_extent
 
 SAMPLERS = ("greedy", "top_k", "top_p")
 
@@ -65,20 +65,29 @@ def empty_caches(config, layers, batch_size):
     return caches
 
 
-def forward_with_cache(config, layers, tokens, caches, padding_mask=None, head=True):
+def forward_with_cache(config, layers, tokens, caches, padding_mask=None, head=True, resets=None, training=None):
     """Continues the sequence `caches` summarises with `tokens [B, T]`; returns `(logits [B, T, V], new_caches)`.
 
     Row `b` continues at `caches["position"][b]`. With `padding_mask`,
     positions after a row's last real one (right padding) are not part of
     its sequence: its cache ends after its last real position, and what
     follows overwrites the padding. `head=False` returns the final hidden
-    states `[B, T, d]` in place of the logits.
+    states `[B, T, d]` in place of the logits. With `resets [B, T]` (True
+    where a new document starts) no position sees an earlier document, and
+    positions restart at 0 there (`decoder_forward`).
     """
     blocks = [caches[f"block_{i}"] for i in range(config.num_layers)]
     position = caches["position"]
-    outputs, blocks = decoder_forward(config, layers, tokens, padding_mask, blocks, start_index=position, head=head)
+    outputs, blocks = decoder_forward(
+        config, layers, tokens, padding_mask, blocks, start_index=position, training=training, head=head, resets=resets
+    )
     new_caches = {f"block_{i}": cache for i, cache in enumerate(blocks)}
-    new_caches["position"] = position + real_extent(padding_mask, tf.shape(tokens)[1])
+    length = tf.shape(tokens)[1]
+    end = real_extent(padding_mask, length)
+    if resets is None:
+        new_caches["position"] = position + end
+    else:
+        new_caches["position"] = position_after(document_positions(length, position, resets), position, end)
     return outputs, new_caches
 
 

@@ -1,17 +1,22 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from elita_tf.generation import Generator, generate, right_pad
+from elita_tf.generation import (
+    Generator,
+    empty_caches,
+    forward_with_cache,
+    generate,
+    right_pad,
+)
 from elita_tf.models import PRESETS, build_decoder, preset
 
 CONFIG = {"width": 32, "num_layers": 3, "num_heads": 2, "head_dim": 8, "context_length": 48}
 
 
-def _model(name):
+def _model(name, **overrides):
     keras.utils.set_random_seed(0)
-    config = preset(name, vocab_size=30, **CONFIG)
+    config = preset(name, vocab_size=30, **{**CONFIG, **overrides})
     model = build_decoder(config)
     rng = np.random.default_rng(0)
     for w in model.weights:  # zero-initialised parts (3Lin Combiner, pooling vectors, queries) made non-trivial
@@ -100,3 +105,36 @@ def test_errors():
         generate(model, config, np.array([[1.5, 2.0]]), max_new_tokens=2)
     # No new tokens is an empty result, not an error.
     assert generate(model, config, [[1, 2], [3]], max_new_tokens=0).shape == (2, 0)
+
+
+@pytest.mark.parametrize("name", ["elita", "linear", "additive"])
+def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_never_meet(name):
+    # Linear and additive attention keep constant-size states once their learned positions are off.
+    model, config = _model(name, position_embedding=False)
+    layers = {layer.name: layer for layer in model.layers}
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 30, size=(2, 70)).astype("int32")
+    resets = np.zeros((2, 70), bool)
+    resets[0, [12, 13, 50]] = True  # a one-token document; a document across the segment boundary at 30
+    resets[1, [30, 64]] = True  # a document starting exactly at a segment boundary
+    whole, _ = forward_with_cache(config, layers, tokens, empty_caches(config, layers, 2), resets=resets)
+    caches, pieces = empty_caches(config, layers, 2), []
+    for start, stop in [(0, 30), (30, 31), (31, 70)]:
+        logits, caches = forward_with_cache(config, layers, tokens[:, start:stop], caches, resets=resets[:, start:stop])
+        pieces.append(logits.numpy())
+    np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole.numpy(), rtol=1e-4, atol=1e-4)
+    # Each document equals the model run on it alone: nothing leaks across a reset.
+    for row, starts in [(0, [0, 12, 13, 50, 70]), (1, [0, 30, 64, 70])]:
+        for start, stop in zip(starts[:-1], starts[1:]):
+            alone = model(tokens[row : row + 1, start:stop]).numpy()[0]
+            np.testing.assert_allclose(whole.numpy()[row, start:stop], alone, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(caches["position"], [20, 6])  # positions restart at each document
+
+
+def test_resets_are_refused_by_models_with_finite_buffers():
+    model, config = _model("transformer")
+    layers = {layer.name: layer for layer in model.layers}
+    with pytest.raises(ValueError, match="constant-size state"):
+        forward_with_cache(
+            config, layers, np.zeros((1, 4), "int32"), empty_caches(config, layers, 1), resets=np.zeros((1, 4), bool)
+        )

@@ -49,7 +49,9 @@ def test_notebook_installs_itself_and_keeps_the_runtime_tensorflow(tmp_path, mon
     # install cell must add the package without replacing that TensorFlow.
     def installed(package):
         # Asked from another directory: the repository (on sys.path here) may hold an .egg-info.
-        code = f"import importlib.metadata as m\ntry: print(m.version({package!r}))\nexcept m.PackageNotFoundError: pass"
+        code = (
+            f"import importlib.metadata as m\ntry: print(m.version({package!r}))\nexcept m.PackageNotFoundError: pass"
+        )
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
 
     assert not installed("elita-tf"), "this stage needs a runtime without the package"

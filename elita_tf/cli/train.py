@@ -19,6 +19,7 @@ from elita_tf.training import (
     TrainSettings,
     train,
 )
+from elita_tf.training.loop import check_carry_state
 from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES
 
 _HELP = {
@@ -32,6 +33,9 @@ _HELP = {
     "eval_batches": "cap on validation/test batches (default: all)",
     "verbose": "Keras fit verbosity (1: progress bar)",
     "dtype_policy": "Keras dtype policy of the layers (weights stay float32)",
+    "carry_state": "truncated backpropagation through time: each batch row reads its own stream, every block's "
+    "state carries over from step to step and restarts at each article (elita; linear and additive have learned "
+    "positions)",
 }
 _CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES, "optimizer": OPTIMIZERS, "dtype_policy": DTYPE_POLICIES}
 
@@ -72,6 +76,11 @@ def parse_args(argv=None):
         settings = TrainSettings(**vars(parser.parse_args(argv)))
     except ValueError as error:
         parser.error(str(error))
+    if settings.carry_state:
+        try:
+            check_carry_state(settings)
+        except ValueError as error:
+            parser.error(str(error))
     if settings.data_dir is not None:
         try:
             split_files(settings.data_dir, settings.dataset)

@@ -103,3 +103,88 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
 
     steps = tf.data.Dataset.range(start_step, end) if end is not None else tf.data.Dataset.range(start_step, 2**62)
     return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+# WikiText's article titles, ` = Title = ` (sections are ` = = Section = = `), on stripped lines.
+ARTICLE_TITLE = r"= [^=].* ="
+
+
+def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
+    """A split as one stream of token ids, with the positions where articles start.
+
+    Args:
+        lines: `tf.data.Dataset` of `tf.string` lines (stripped, as `load_wikitext` gives them).
+        tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
+        vocabulary_size: optional int: every id must be below it.
+
+    Returns:
+        `(ids, resets)`: int32 `[N]` and bool `[N]`, True at the first token
+        of each article's title line (`ARTICLE_TITLE`).
+    """
+
+    def tokenize(text):
+        pieces = tokenizer.tokenize(text)
+        title = tf.strings.regex_full_match(text, ARTICLE_TITLE)
+        first = tf.sequence_mask(tf.minimum(pieces.row_lengths(), 1), tf.reduce_max(pieces.row_lengths()))
+        starts = tf.RaggedTensor.from_tensor(first & title[:, None], lengths=pieces.row_lengths())
+        return pieces.flat_values, starts.flat_values
+
+    chunks = list(lines.batch(lines_per_batch).map(tokenize).as_numpy_iterator())
+    if not chunks:
+        raise ValueError("The corpus is empty: it has no line to read.")
+    ids = np.concatenate([ids for ids, _ in chunks]).astype(np.int32)
+    resets = np.concatenate([starts for _, starts in chunks]).astype(bool)
+    if vocabulary_size is not None and len(ids) and (ids.min() < 0 or ids.max() >= vocabulary_size):
+        raise ValueError(
+            f"The tokenizer produced ids in [{ids.min()}, {ids.max()}], outside the model's vocabulary "
+            f"[0, {vocabulary_size}): its vocabulary is larger than the model's. "
+            f"Received: vocabulary_size={vocabulary_size}"
+        )
+    return ids, resets
+
+
+def stream_steps_per_epoch(length, batch_size, seq_len):
+    """Steps of `stream_dataset` in one pass over a stream of `length` tokens."""
+    steps = (length // batch_size - 1) // seq_len
+    if steps <= 0:
+        raise ValueError(
+            f"A stream of {length} tokens cut into {batch_size} rows holds no segment of {seq_len + 1} tokens: "
+            "lower the batch size or sequence length."
+        )
+    return steps
+
+
+def stream_dataset(ids, resets, batch_size, seq_len, epochs=1, start_step=0):
+    """Batches of consecutive segments of `batch_size` parallel streams, for training with carried state.
+
+    The stream is cut into `batch_size` contiguous rows; step `k` of an epoch
+    is the `k`-th segment of `seq_len` tokens of every row, so the state a
+    model carries from step `k` continues into step `k + 1`. Each epoch reads
+    the rows again from their start, which is marked as a reset, as is every
+    article start (`token_stream`).
+
+    Args:
+        ids: int32 `[N]`, `resets`: bool `[N]`, from `token_stream`.
+        batch_size: int `B`, the parallel rows.
+        seq_len: int `T`.
+        epochs: int, or None to repeat forever.
+        start_step: int. The first (global) step to produce: resuming.
+
+    Returns:
+        A `tf.data.Dataset` of `((tokens [B, T], resets [B, T]), targets [B, T])`, prefetched.
+    """
+    per_epoch = stream_steps_per_epoch(len(ids), batch_size, seq_len)
+    row_length = len(ids) // batch_size
+    rows = tf.constant(ids[: batch_size * row_length].reshape(batch_size, row_length))
+    row_resets = resets[: batch_size * row_length].reshape(batch_size, row_length).copy()
+    row_resets[:, 0] = True  # a row's start begins a state, whatever it is
+    row_resets = tf.constant(row_resets)
+    end = None if epochs is None else epochs * per_epoch
+
+    def batch(step):
+        start = tf.cast(step % per_epoch, tf.int32) * seq_len
+        tokens = rows[:, start : start + seq_len + 1]
+        return (tokens[:, :-1], row_resets[:, start : start + seq_len]), tokens[:, 1:]
+
+    steps = tf.data.Dataset.range(start_step, end if end is not None else 2**62)
+    return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)

@@ -157,7 +157,7 @@ class AdditiveAttention(CausalMixer):
         )
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def _pool(self, x, pooling, padding_mask, state, step):
+    def _pool(self, x, pooling, padding_mask, state, step, resets=None):
         """`AA(x, w)` of `x [B, T, d]`, in the compute dtype, and the new pooling state."""
         acc = accumulator_dtype(self.compute_dtype)
         width = x.shape[-1]
@@ -181,11 +181,14 @@ class AdditiveAttention(CausalMixer):
                 mask=padding_mask,
                 initial_state=state,
                 chunk_size=self.chunk_size,
+                resets=resets,
             )
         mean = tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, width])
         return tf.cast(mean, self.compute_dtype), state
 
-    def mix(self, inputs, padding_mask, cache, training):
+    supports_resets = True
+
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         step = cache is not None and inputs.shape[1] == 1
         query_state = None if cache is None else tuple(cache[:2])
         key_state = None if cache is None else tuple(cache[2:])
@@ -193,11 +196,11 @@ class AdditiveAttention(CausalMixer):
         query = self.query_dense(inputs)
         keys = self.key_dense(inputs)
         values = self.value_dense(inputs)
-        pooled_query, query_state = self._pool(query, self.query_pooling, padding_mask, query_state, step)
+        pooled_query, query_state = self._pool(query, self.query_pooling, padding_mask, query_state, step, resets)
         pooled_query = self.output_dense(self.pooling_dropout(pooled_query, training=training))
         mixed = pooled_query * keys
         mid = self.mid_norm(inputs + mixed)
-        pooled_key, key_state = self._pool(mid, self.key_pooling, padding_mask, key_state, step)
+        pooled_key, key_state = self._pool(mid, self.key_pooling, padding_mask, key_state, step, resets)
         pooled_key = self.pooling_dropout(pooled_key, training=training)
         outputs = mixed + pooled_key * values
         if cache is None:

@@ -10,7 +10,12 @@ from elita_tf.ops.causal_mean import (
     causal_softmax_mean_step,
     empty_state,
 )
-from elita_tf.ops.utils import accumulator_dtype, real_extent
+from elita_tf.ops.utils import (
+    accumulator_dtype,
+    document_positions,
+    position_after,
+    real_extent,
+)
 
 POSITION_MODES = ("fixed", "length")
 
@@ -184,12 +189,18 @@ class Attention2(CausalMixer):
     def output_kernel(self):
         return self.output_dense.kernel
 
-    def _positions(self, length, start):
-        """`u [B or 1, T]` in the accumulator dtype."""
+    def _position_index(self, length, start, resets):
+        """int32 `[B or 1, T]`: each position's index, from `start`, restarting at 0 where a document starts."""
+        if resets is not None and self.position_mode != "fixed":
+            raise ValueError(
+                "Documents restarting inside a sequence need positions that do not move with the length: "
+                f"use position_mode='fixed'. Received: position_mode={self.position_mode!r}"
+            )
+        return document_positions(length, start, resets)
+
+    def _positions(self, index, length):
+        """`u [B or 1, T]` in the accumulator dtype, from the position index."""
         dtype = accumulator_dtype(self.compute_dtype)
-        index = tf.range(length)[None, :]
-        if start is not None:
-            index = index + start[:, None]
         index = tf.cast(index, dtype)
         if self.position_mode == "fixed":
             return index / (self.context_length - 1)
@@ -207,7 +218,9 @@ class Attention2(CausalMixer):
 
         return sinusoids(self.a1, self.b1), sinusoids(self.a2, self.b2)
 
-    def mix(self, inputs, padding_mask, cache, training):
+    supports_resets = True
+
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         if cache is not None and self.position_mode != "fixed":
             raise ValueError(
                 "Decoding with a cache needs positions that do not move with the length: "
@@ -215,7 +228,8 @@ class Attention2(CausalMixer):
             )
         length = tf.shape(inputs)[1]
         start = None if cache is None else cache[2]
-        p1, p2 = self._position_terms(self._positions(length, start))
+        index = self._position_index(length, start, resets)
+        p1, p2 = self._position_terms(self._positions(index, length))
 
         acc = p1.dtype
         kappa, delta, rho = (
@@ -237,6 +251,7 @@ class Attention2(CausalMixer):
                 mask=padding_mask,
                 initial_state=None if cache is None else cache[:2],
                 chunk_size=self.chunk_size,
+                resets=resets,
             )
         gate = tf.expand_dims(tf.sigmoid(delta - rho - log_z), -1)  # expand_dims: a cheaper gradient than [..., None]
         mixed = gate * tf.cast(values, acc) + (1.0 - gate) * mean
@@ -244,7 +259,9 @@ class Attention2(CausalMixer):
         if cache is None:
             return outputs
         # Right padding is not part of the sequence: the next position follows the last real one.
-        return outputs, (state[0], state[1], cache[2] + real_extent(padding_mask, length))
+        end = real_extent(padding_mask, length)
+        position = cache[2] + end if resets is None else position_after(index, cache[2], end)
+        return outputs, (state[0], state[1], position)
 
     cache_names = ("log_z", "mean", "position")
 

@@ -133,14 +133,15 @@ class DecoderBlock(CausalMixer):
                 self.ffn_scale = gain("ffn_gain", self.ffn_gain)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: inputs_shape[-1]})
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, resets=None):
         # The mixer checks the cache and contains non-finite inputs; everything else is position-wise.
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask)
         normed = self.mixer_norm(inputs) if self.mixer_norm is not None else inputs
+        extra = {} if resets is None else {"resets": resets}
         if cache is None:
-            mixed = self.mixer(normed, padding_mask=padding_mask, training=training)
+            mixed = self.mixer(normed, padding_mask=padding_mask, training=training, **extra)
         else:
-            mixed, cache = self.mixer(normed, padding_mask=padding_mask, cache=cache, training=training)
+            mixed, cache = self.mixer(normed, padding_mask=padding_mask, cache=cache, training=training, **extra)
         mixed = self.branch_dropout(mixed, training=training)
 
         if self.residual == "pre_norm":

@@ -112,7 +112,9 @@ class LinearAttention(CausalMixer):
         self.output_dense = dense("output", "bthe,hed->btd", (None, width), "d")
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def mix(self, inputs, padding_mask, cache, training):
+    supports_resets = True
+
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         phi = FEATURE_MAPS[self.feature_map]
         to_heads = lambda t: tf.transpose(t, [0, 2, 1, 3])  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
         q = to_heads(phi(self.query_dense(inputs)))
@@ -126,7 +128,14 @@ class LinearAttention(CausalMixer):
             y = y[:, :, None]
         else:
             y, state = causal_linear_attention(
-                q, k, v, mask=padding_mask, initial_state=cache, epsilon=self.epsilon, chunk_size=self.chunk_size
+                q,
+                k,
+                v,
+                mask=padding_mask,
+                initial_state=cache,
+                epsilon=self.epsilon,
+                chunk_size=self.chunk_size,
+                resets=resets,
             )
         outputs = self.output_dense(tf.cast(to_heads(y), self.compute_dtype))
         return outputs if cache is None else (outputs, state)

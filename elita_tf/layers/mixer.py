@@ -36,6 +36,12 @@ class CausalMixer(keras.layers.Layer):
         padding_mask: optional bool `[B, T]`, False at padding. Defaults to
             the Keras mask.
         cache: optional dict from `get_initial_cache` or a previous call.
+        resets: optional bool `[B, T]`, True where a new document starts:
+            no position sees anything before the start of its own document,
+            the cache included (packed documents, or a stream carried from
+            call to call). Only mixers with `supports_resets` (a
+            constant-size state) take it; a single decoding step with a
+            reset starts again from `get_initial_cache`.
         training: bool.
 
     Returns:
@@ -57,20 +63,53 @@ class CausalMixer(keras.layers.Layer):
 
     #: The names of the decoding state's tensors, in the order of `initial_state` and `mix`.
     cache_names = ()
+    #: Whether `mix` takes `resets` (documents starting inside the sequence).
+    supports_resets = False
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None):
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, resets=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
         state = None if cache is None else tuple(cache[name] for name in self.cache_names)
+        extra = {}
+        if resets is not None:
+            resets = self._check_resets(inputs, resets)
+            extra["resets"] = resets
         if state is not None and inputs.shape[1] == 1:
+            if resets is not None:  # a step that starts a document starts from the empty state
+                empty = self.initial_state(tf.shape(inputs)[0], state[0].dtype)
+                state = tuple(_select_rows(resets[:, 0], e, s) for e, s in zip(empty, state))
+                extra = {}
             # One decoding step has no earlier row to protect, and a non-finite input makes the
             # state non-finite by itself; padded steps are selected out by the step ops.
-            result = self.mix(inputs, padding_mask, state, training)
+            result = self.mix(inputs, padding_mask, state, training, **extra)
         else:
-            result = contain_nonfinite(lambda x: self.mix(x, padding_mask, state, training), inputs, padding_mask)
+            result = contain_nonfinite(
+                lambda x: self.mix(x, padding_mask, state, training, **extra), inputs, padding_mask
+            )
         if state is None:
             return result
         outputs, state = result
         return outputs, dict(zip(self.cache_names, state))
+
+    def _check_resets(self, inputs, resets):
+        if not self.supports_resets:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}' cannot take `resets`: only the mixers with a constant-size "
+                "state (Attention2, LinearAttention, AdditiveAttention) restart at document boundaries. "
+                f"Received: resets={resets!r}"
+            )
+        resets = tf.convert_to_tensor(resets)
+        if resets.dtype != tf.bool or resets.shape.rank != 2:
+            raise ValueError(
+                f"`resets` must be a bool tensor [B, T]. Received: resets with dtype {resets.dtype} "
+                f"and shape {resets.shape}"
+            )
+        for axis, (got, want) in enumerate(zip(resets.shape, inputs.shape[:2])):
+            if got is not None and want is not None and got != want:
+                raise ValueError(
+                    f"`resets` must have the inputs' [B, T] = {list(inputs.shape[:2])}. "
+                    f"Received: resets with shape {resets.shape}"
+                )
+        return resets
 
     def get_initial_cache(self, batch_size, dtype=None):
         """The decoding cache before any position: `{name: tensor}`, batch first, in fixed shapes.
@@ -93,3 +132,9 @@ class CausalMixer(keras.layers.Layer):
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape
+
+
+def _select_rows(rows, where_true, where_false):
+    """`where_true` in the rows (batch axis 0) where `rows [B]` holds, else `where_false`."""
+    shape = tf.concat([tf.shape(rows), tf.ones([where_false.shape.rank - 1], tf.int32)], 0)
+    return tf.where(tf.reshape(rows, shape), tf.cast(where_true, where_false.dtype), where_false)

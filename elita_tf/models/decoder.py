@@ -158,7 +158,9 @@ def make_layers(config):
     return layers
 
 
-def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, start_index=None, training=None, head=True):
+def decoder_forward(
+    config, layers, tokens, padding_mask=None, caches=None, start_index=None, training=None, head=True, resets=None
+):
     """The decoder on token ids, from `make_layers` (or a built model's layers by name).
 
     Args:
@@ -170,10 +172,20 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
         start_index: optional int `[B]`, the position of `tokens[:, 0]` (decoding).
         training: bool.
         head: bool. False returns the final hidden states `[B, T, d]` in place of the logits.
+        resets: optional bool `[B, T]`, True where a new document starts: no
+            position sees anything of an earlier document (packed documents,
+            or a stream carried in `caches`). Models whose every block keeps
+            a constant-size state, without learned positions, take it.
 
     Returns:
         float32 logits `[B, T, V]`, or `(logits, new_caches)` with caches.
     """
+    if resets is not None and config.decode_limit is not None:
+        raise ValueError(
+            "Documents restarting inside a sequence (`resets`) need blocks that keep a constant-size state and no "
+            f"learned positions (elita, linear, additive). Received: blocks={sorted(set(config.blocks))}, "
+            f"position_embedding={config.position_embedding}"
+        )
     x = layers["embedding"](tokens)
     if config.position_embedding:
         x = x + layers["position_embedding"](x, start_index=start_index)
@@ -183,10 +195,11 @@ def decoder_forward(config, layers, tokens, padding_mask=None, caches=None, star
     new_caches = []
     for i in range(config.num_layers):
         block = layers[f"block_{i}"]
+        extra = {} if resets is None else {"resets": resets}
         if caches is None:
-            x = block(x, padding_mask=padding_mask, training=training)
+            x = block(x, padding_mask=padding_mask, training=training, **extra)
         else:
-            x, cache = block(x, padding_mask=padding_mask, cache=caches[i], training=training)
+            x, cache = block(x, padding_mask=padding_mask, cache=caches[i], training=training, **extra)
             new_caches.append(cache)
 
     if config.final_norm:
@@ -242,6 +255,39 @@ class DecoderModel(keras.Model):
 
     decoder_config = None  # `DecoderConfig`, set by `build_decoder`
     chunked_head = True
+    carried_state = None  # the caches `fit` carries from batch to batch (`enable_carried_state`)
+
+    def enable_carried_state(self, batch_size):
+        """Makes `fit` carry every block's decoding state from one batch to the next.
+
+        Truncated backpropagation through time: `fit` then takes batches
+        `((token_ids [B, T], resets [B, T]), labels [B, T])` of consecutive
+        segments of `batch_size` streams (`elita_tf.data.stream_dataset`).
+        Each step continues from the state the previous one left (a
+        constant, with no gradient: gradients stop at segment boundaries), and
+        no position sees anything before its document's start (`resets`). The
+        state is saved with the model, so a resumed run continues exactly.
+
+        Raises:
+            ValueError: for a model with a block that keeps no constant-size
+                state, or learned positions.
+        """
+        from elita_tf.generation import empty_caches
+
+        config = self.decoder_config
+        if config is None or config.decode_limit is not None:
+            raise ValueError(
+                "Carrying the state needs blocks that keep a constant-size state and no learned positions "
+                "(elita, linear, additive). Received: "
+                + (
+                    "no decoder_config"
+                    if config is None
+                    else f"blocks={sorted(set(config.blocks))}, position_embedding={config.position_embedding}"
+                )
+            )
+        caches = empty_caches(config, {layer.name: layer for layer in self.layers}, batch_size)
+        with tf.init_scope():
+            self.carried_state = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), caches)
 
     def call(self, inputs, training=None, mask=None):
         # Keras traces with placeholders of guessed dtypes (float64 under a distribution strategy)
@@ -265,11 +311,23 @@ class DecoderModel(keras.Model):
             and loss_config["reduction"] == "sum_over_batch_size"
         )
 
-    def _chunked_head_loss(self, tokens, labels, training):
-        """The batch's mean loss, scaled for the replicas as Keras scales a compiled loss."""
+    def _chunked_head_loss(self, tokens, labels, training, resets=None):
+        """The batch's mean loss, scaled for the replicas as Keras scales a compiled loss.
+
+        With `resets`, the forward continues from the carried state, which it updates.
+        """
         check_integer_ids(tokens, self.get_layer("embedding").input_dim)
         layers = {layer.name: layer for layer in self.layers}
-        hidden = decoder_forward(self.decoder_config, layers, tokens, training=training, head=False)
+        if resets is None:
+            hidden = decoder_forward(self.decoder_config, layers, tokens, training=training, head=False)
+        else:
+            from elita_tf.generation import forward_with_cache
+
+            caches = tf.nest.map_structure(lambda v: v.read_value(), self.carried_state)
+            hidden, caches = forward_with_cache(
+                self.decoder_config, layers, tokens, caches, head=False, resets=resets, training=training
+            )
+            tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, caches)
         per_token = decoder_head_loss(self.decoder_config, layers, hidden, labels, gradient_in_forward=training)
         loss = keras.ops.mean(per_token)
         for extra in self.losses:  # regularisers, as `compute_loss` adds them
@@ -282,10 +340,21 @@ class DecoderModel(keras.Model):
 
     def train_step(self, data):
         tokens, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if not self._chunked_head_applies(sample_weight):
+        resets = None
+        if self.carried_state is not None:
+            if not (
+                isinstance(tokens, (tuple, list)) and len(tokens) == 2 and self._chunked_head_applies(sample_weight)
+            ):
+                raise ValueError(
+                    "With a carried state, `fit` takes `((token_ids, resets), labels)` batches (stream_dataset), "
+                    "compiled with SparseCategoricalCrossentropy(from_logits=True), no metrics and no sample weight. "
+                    f"Received: inputs {tokens!r}"
+                )
+            tokens, resets = tokens
+        elif not self._chunked_head_applies(sample_weight):
             return super().train_step(data)
         with tf.GradientTape() as tape:
-            loss = self._chunked_head_loss(tokens, labels, training=True)
+            loss = self._chunked_head_loss(tokens, labels, training=True, resets=resets)
             self._track_loss(loss, tokens)
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.trainable_weights)
@@ -299,19 +368,38 @@ class DecoderModel(keras.Model):
         self._track_loss(self._chunked_head_loss(tokens, labels, training=False), tokens)
         return self.get_metrics_result()
 
+    def _carried_variables(self):
+        return tf.nest.flatten(self.carried_state) if self.carried_state is not None else []
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for i, variable in enumerate(self._carried_variables()):
+            store[f"carried_state_{i}"] = variable.numpy()
+
+    def load_own_variables(self, store):
+        carried = {key for key in store.keys() if key.startswith("carried_state_")}
+        super().load_own_variables({key: store[key] for key in store.keys() if key not in carried})
+        for i, variable in enumerate(self._carried_variables()):
+            variable.assign(store[f"carried_state_{i}"])
+
     def get_config(self):
         config = super().get_config()
         if self.decoder_config is not None:
             config["decoder_config"] = self.decoder_config.get_config()
+        if self.carried_state is not None:
+            config["carried_state_batch_size"] = int(self.carried_state["position"].shape[0])
         return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         decoder_config = config.pop("decoder_config", None)
+        carried_batch_size = config.pop("carried_state_batch_size", None)
         model = super().from_config(config, custom_objects=custom_objects)
         if decoder_config is not None:
             model.decoder_config = DecoderConfig.from_config(decoder_config)
+        if carried_batch_size is not None:
+            model.enable_carried_state(carried_batch_size)
         return model
 
 

@@ -34,7 +34,14 @@ Forms:
 
 import tensorflow as tf
 
-from elita_tf.ops.utils import NEG_INF, accumulator_dtype, real_extent, window_after
+from elita_tf.ops.utils import (
+    NEG_INF,
+    accumulator_dtype,
+    gated_scan,
+    real_extent,
+    segment_ids,
+    window_after,
+)
 
 # Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
 _TINY = 1e-30
@@ -163,11 +170,11 @@ def _global(logits, values, chunk_size):
     return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
 
 
-def _banded(logits, values, window, chunk_size):
+def _banded(logits, values, window, chunk_size, resets=None):
     """Windowed mean for `window <= chunk_size`: each chunk sees itself and the one before.
 
     Row `i` of a chunk sits at key slot `C + i` of `[previous chunk, chunk]`
-    and sees slots `(C + i - window, C + i]`.
+    and sees slots `(C + i - window, C + i]` (of its own document, with `resets [B, T]`).
     """
     b, h, length, depth = (tf.shape(values)[k] for k in range(4))
     logits, values = _pad_time(logits, values, chunk_size)
@@ -180,6 +187,10 @@ def _banded(logits, values, window, chunk_size):
     row = tf.range(chunk_size)[:, None] + chunk_size
     col = tf.range(2 * chunk_size)[None, :]
     band = (col <= row) & (col > row - window)  # [C, 2C]
+    if resets is not None:
+        seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+        keys_seg = tf.concat([_shift_right(seg, axis=2, fill=-1), seg], axis=-1)
+        band = band & tf.equal(seg[..., :, None], keys_seg[..., None, :])  # [B, 1, K, C, 2C]
     scores = tf.where(band, keys_l[..., None, :], tf.constant(NEG_INF, l.dtype))
     log_z = tf.reduce_logsumexp(scores, axis=-1)  # [B, H, K, C]
     weights = tf.exp(scores - log_z[..., None])
@@ -260,6 +271,45 @@ def _block_banded(logits, values, window, chunk_size):
     return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
 
 
+def _global_with_resets(logits, values, resets, initial_state, chunk_size):
+    """Global mean where documents start at `resets [B, T]`; returns `(mean, log_z, state)`.
+
+    Inside a chunk, a `C x C` product over the keys of the row's own
+    document. Between chunks, each chunk's last-document statistics are
+    merged by a `gated_scan` that restarts at every chunk with a reset; a
+    row reads the state before its chunk only if its document was open
+    then. Every exponent is still `<= 0`.
+    """
+    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
+    lz0, mean0 = (tf.cast(t, values.dtype) for t in initial_state)
+    logits, values = _pad_time(logits, values, chunk_size)
+    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
+    seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]
+    visible = causal & tf.equal(seg[..., :, None], seg[..., None, :])
+    scores = tf.where(visible, l[..., None, :], tf.constant(NEG_INF, l.dtype))  # [B, H, K, C, C]
+    log_z = tf.reduce_logsumexp(scores, axis=-1)
+    mean = tf.matmul(tf.exp(scores - log_z[..., None]), v)
+
+    last = seg[..., -1]  # each chunk's last document; before the first chunk, the initial state's (0)
+    before_last = tf.pad(last, [[0, 0], [0, 0], [1, 0]])[..., :-1]
+    gates = tf.concat([tf.zeros_like(last[..., :1], tf.bool), tf.equal(last, before_last)], axis=2)
+    gates = tf.broadcast_to(gates, tf.concat([[b, h], tf.shape(gates)[2:]], 0))
+    after_lz, after_mean = gated_scan(
+        gates,
+        (tf.concat([lz0[:, :, None], log_z[..., -1]], 2), tf.concat([mean0[:, :, None], mean[..., -1, :]], 2)),
+        lambda earlier, later: _merge([earlier, later]),
+        axis=2,
+    )
+    carried = tf.equal(seg, before_last[..., None])  # [B, 1, K, C]
+    previous = (tf.where(carried, after_lz[:, :, :-1, None], NEG_INF), after_mean[:, :, :-1, None, :])
+    log_z, mean = _merge([previous, (log_z, mean)])
+    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    log_z = tf.reshape(log_z, [b, h, -1])[:, :, :length]
+    return mean, log_z, (after_lz[:, :, -1], after_mean[:, :, -1])
+
+
 def _windowed(logits, values, window, chunk_size):
     """Windowed mean and log-normaliser of `[B, H, T]` logits and `[B, H, T, D]` values."""
     if window <= chunk_size:
@@ -274,6 +324,7 @@ def causal_softmax_mean(
     mask=None,
     initial_state=None,
     chunk_size=DEFAULT_CHUNK_SIZE,
+    resets=None,
 ):
     """Causal (windowed) softmax-weighted mean, parallel over time.
 
@@ -289,6 +340,11 @@ def causal_softmax_mean(
         initial_state: optional state of the positions before these, as from
             `empty_state()` or a previous call (prefill then continue).
         chunk_size: int `C`, positions per matrix-product chunk.
+        resets: optional bool `[B, T]`, True where a new document starts:
+            from there on nothing before it (the initial state included) is
+            seen, and the returned state holds the last document alone.
+            Windows longer than `C` then take banded chunks of the window's
+            length (cost growing with the window).
 
     Returns:
         `(mean, log_z, state)`: `mean [B, H, T, D]` in the accumulator dtype
@@ -298,6 +354,8 @@ def causal_softmax_mean(
     _check_window(window)
     end = real_extent(mask, tf.shape(logits)[-1])
     logits, values = _prepare(logits, values, mask)
+    if resets is not None:
+        return _with_resets(logits, values, window, initial_state, chunk_size, resets, end)
     if window is not None and initial_state is not None:
         # The ring buffer holds the `window` positions before these.
         buf_l, buf_v = initial_state
@@ -335,6 +393,29 @@ def causal_softmax_mean(
         tf.concat([initial_state[1][:, :, None], mean], axis=2)[:, :, -1],
     )
     return mean, log_z, state
+
+
+def _with_resets(logits, values, window, initial_state, chunk_size, resets, end):
+    """`causal_softmax_mean` on prepared inputs where documents start at `resets`."""
+    b, h, d = tf.shape(values)[0], tf.shape(values)[1], tf.shape(values)[3]
+    if initial_state is None:
+        initial_state = empty_state(b, h, d, window, values.dtype)
+    if window is None:
+        return _global_with_resets(logits, values, resets, initial_state, chunk_size)
+    # The ring buffer first, as the initial state's document (no reset in it).
+    logits = tf.concat([tf.cast(initial_state[0], logits.dtype), logits], axis=-1)
+    values = tf.concat([tf.cast(initial_state[1], values.dtype), values], axis=-2)
+    resets = tf.concat([tf.zeros([b, window], tf.bool), tf.cast(resets, tf.bool)], axis=1)
+    mean, log_z = _banded(logits, values, window, max(window, chunk_size), resets)
+    # The state keeps the last document's positions alone.
+    seg = segment_ids(resets)
+    end = tf.broadcast_to(end, [b])
+    last = tf.gather(seg, end + window - 1, batch_dims=1)
+    own = tf.equal(seg, last[:, None])[:, None]  # [B, 1, window + T]
+    logits = tf.where(own, logits, NEG_INF)
+    values = tf.where(own[..., None], values, tf.zeros([], values.dtype))
+    state = (window_after(logits, end, window, axis=2), window_after(values, end, window, axis=2))
+    return mean[:, :, window:], log_z[:, :, window:], state
 
 
 def causal_softmax_mean_step(state, logit, value, window=None, mask=None):

@@ -22,7 +22,7 @@ All sums are float32 (float64 stays float64) whatever the input dtype:
 
 import tensorflow as tf
 
-from elita_tf.ops.utils import accumulator_dtype
+from elita_tf.ops.utils import accumulator_dtype, gated_scan, segment_ids
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -53,6 +53,7 @@ def causal_linear_attention(
     initial_state=None,
     epsilon=1e-6,
     chunk_size=DEFAULT_CHUNK_SIZE,
+    resets=None,
 ):
     """Causal linear attention over feature-mapped queries and keys, parallel over time.
 
@@ -65,6 +66,9 @@ def causal_linear_attention(
         initial_state: optional `(S, z)` of earlier positions.
         epsilon: float added to the denominator.
         chunk_size: int `C`.
+        resets: optional bool `[B, T]`, True where a new document starts:
+            from there on nothing before it (the initial state included) is
+            seen, and the returned state holds the last document alone.
 
     Returns:
         `(outputs [B, H, T, Dv], state)` with `state = (S, z)` after the
@@ -90,15 +94,43 @@ def causal_linear_attention(
     paddings = [[0, 0], [0, 0], [0, pad], [0, 0]]
     q, k, v = (tf.reshape(tf.pad(t, paddings), [b, h, -1, chunk_size, tf.shape(t)[3]]) for t in (q, k, v))
 
-    chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
-    state_before = tf.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
     causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]
-    scores = tf.where(causal, tf.matmul(q, k, transpose_b=True), tf.zeros([], dtype))
-    numerator = tf.matmul(scores, v) + tf.matmul(q, state_before)  # [B, H, N, C, Dv + 1]
+    if resets is None:
+        chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
+        state_before = tf.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
+        scores = tf.where(causal, tf.matmul(q, k, transpose_b=True), tf.zeros([], dtype))
+        numerator = tf.matmul(scores, v) + tf.matmul(q, state_before)  # [B, H, N, C, Dv + 1]
+        final = initial + tf.reduce_sum(chunk_kv, axis=2)
+    else:
+        numerator, final = _with_resets(q, k, v, initial, resets, causal, chunk_size)
     outputs = _normalise(tf.reshape(numerator, [b, h, -1, dv])[:, :, :length], epsilon)
-
-    final = initial + tf.reduce_sum(chunk_kv, axis=2)
     return outputs, (final[..., :-1], final[..., -1])
+
+
+def _with_resets(q, k, v, initial, resets, causal, chunk_size):
+    """The chunked form where documents start at `resets`: the numerator `[B, H, N, C, Dv + 1]` and the final state.
+
+    Inside a chunk a key is seen from its own document only; a chunk's state
+    holds its last document's keys, and the state carried between chunks
+    restarts at every chunk with a reset (`gated_scan`, exact: no differences of sums).
+    """
+    seg = tf.reshape(segment_ids(resets, chunk_size), [tf.shape(q)[0], 1, -1, chunk_size])  # [B, 1, N, C]
+    same = tf.equal(seg[..., :, None], seg[..., None, :])
+    scores = tf.where(causal & same, tf.matmul(q, k, transpose_b=True), tf.zeros([], q.dtype))
+    last = seg[..., -1]  # each chunk's last document [B, 1, N]; before the first, the initial state's (0)
+    before_last = tf.pad(last, [[0, 0], [0, 0], [1, 0]])[..., :-1]
+    tail = tf.equal(seg, last[..., None])[..., None]
+    chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", tf.where(tail, k, tf.zeros([], k.dtype)), v)
+    # Entry 0 is the initial state; chunk n continues the state unless a document starts in it.
+    gates = tf.concat([tf.zeros_like(last[..., :1], tf.bool), tf.equal(last, before_last)], axis=2)
+    gates = tf.broadcast_to(gates, tf.concat([tf.shape(q)[:2], tf.shape(gates)[2:]], 0))  # every head
+    (after,) = gated_scan(
+        gates, (tf.concat([initial[:, :, None], chunk_kv], axis=2),), lambda a, b: (a[0] + b[0],), axis=2
+    )
+    # Rows of the document that was open before the chunk read the state before it.
+    carried = tf.equal(seg, before_last[..., None])[..., None]
+    numerator = tf.matmul(scores, v) + tf.where(carried, tf.matmul(q, after[:, :, :-1]), tf.zeros([], q.dtype))
+    return numerator, after[:, :, -1]
 
 
 def causal_linear_attention_step(state, query_features, key_features, value, mask=None, epsilon=1e-6):

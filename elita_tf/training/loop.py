@@ -41,6 +41,9 @@ from elita_tf.data import (
     load_wikitext,
     make_tokenizer,
     steps_per_epoch,
+    stream_dataset,
+    stream_steps_per_epoch,
+    token_stream,
     token_windows,
     train_sentencepiece,
 )
@@ -101,6 +104,17 @@ def model_config(settings):
     )
 
 
+def check_carry_state(settings):
+    """Raises `ValueError` unless the preset can carry its state (`TrainSettings.carry_state`)."""
+    config = model_config(settings)
+    if config.decode_limit is not None:
+        raise ValueError(
+            "--carry-state needs a model whose every block keeps a constant-size state and no learned positions "
+            f"(elita). Received: preset={settings.preset!r} (blocks {sorted(set(config.blocks))}, "
+            f"position_embedding={config.position_embedding})"
+        )
+
+
 def requested_manifest(settings, config, data):
     """What makes this run this run: a resumed run must match it field by field."""
     return {
@@ -113,6 +127,7 @@ def requested_manifest(settings, config, data):
             "seed": settings.seed,
             "optimizer": settings.optimizer,
             "dtype_policy": settings.dtype_policy,
+            "carry_state": settings.carry_state,
         },
     }
 
@@ -148,6 +163,8 @@ def prepare_run(settings, run_dir):
         split: token_windows(lines, tokenizer, settings.seq_len, vocabulary_size=settings.vocab_size)
         for split, lines in splits.items()
     }
+    if settings.carry_state:  # the train split as one stream, with its article starts
+        windows["train_stream"] = token_stream(splits["train"], tokenizer, vocabulary_size=settings.vocab_size)
     return config, windows, data
 
 
@@ -262,8 +279,13 @@ def train(settings, callbacks=(), strategy=None):
 def _train(settings, strategy, run_dir, checkpoints, callbacks):
     chief = strategy.extended.should_checkpoint
     keras.utils.set_random_seed(settings.seed)
+    if settings.carry_state:
+        check_carry_state(settings)
     config, windows, data = prepare_run(settings, run_dir)
-    per_epoch = steps_per_epoch(windows["train"], settings.batch_size)
+    if settings.carry_state:
+        per_epoch = stream_steps_per_epoch(len(windows["train_stream"][0]), settings.batch_size, settings.seq_len)
+    else:
+        per_epoch = steps_per_epoch(windows["train"], settings.batch_size)
     total = (
         settings.epochs * per_epoch
         if settings.max_steps is None
@@ -286,6 +308,8 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
                 model = build_decoder(config, name=settings.preset)
             finally:
                 keras.config.set_dtype_policy(previous_policy)
+            if settings.carry_state:
+                model.enable_carried_state(settings.batch_size)
             model.compile(
                 optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -326,9 +350,15 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         epoch = step // per_epoch
         # A resumed epoch first runs its remaining steps, then epochs are whole again.
         steps = min(per_epoch - step % per_epoch, total - step)
-        stream = functools.partial(
-            lm_dataset, windows["train"], settings.batch_size, seed=settings.seed, epochs=None, start_step=step
-        )
+        if settings.carry_state:  # one process (checked): the batch's rows are the streams
+            ids, resets = windows["train_stream"]
+            stream = lambda shard, num_shards: stream_dataset(  # noqa: E731
+                ids, resets, settings.batch_size, settings.seq_len, epochs=None, start_step=step
+            )
+        else:
+            stream = functools.partial(
+                lm_dataset, windows["train"], settings.batch_size, seed=settings.seed, epochs=None, start_step=step
+            )
         model.fit(
             distributed_dataset(
                 strategy, lambda index, count: stream(shard=index, num_shards=count), settings.batch_size

@@ -36,6 +36,13 @@ class TrainSettings:
             `"mixed_float16"`: float32 weights, the layers computing in 16
             bits (the recurrent states, the loss and the head stay float32).
             Defaults to `"float32"`.
+        carry_state: bool. Truncated backpropagation through time: each batch
+            row reads its own contiguous stream of the split, and every
+            block's decoding state carries over from one step to the next,
+            restarting at each article (gradients stop at segment
+            boundaries; the state is checkpointed). Needs a model whose every
+            block keeps a constant-size state, without learned positions
+            (`elita`), and the default strategy. Defaults to `False`.
         seed: int. Data order, tokenizer and weights. Defaults to `0`.
         checkpoint_every: int. Steps between checkpoints. Defaults to `20`.
         keep_checkpoints: int. Newest checkpoints kept. Defaults to `2`.
@@ -66,6 +73,7 @@ class TrainSettings:
     dropout: float = 0.0
     optimizer: str = "adam"
     dtype_policy: str = "float32"
+    carry_state: bool = False
     seed: int = 0
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
@@ -104,3 +112,8 @@ class TrainSettings:
             fail("seed", "a non-negative integer")
         if self.verbose not in (0, 1, 2):
             fail("verbose", "0, 1 or 2")
+        if self.carry_state and self.strategy != "default":
+            raise ValueError(
+                "A carried state is one batch of streams in one process: `carry_state` needs strategy='default'. "
+                f"Received: strategy={self.strategy!r}"
+            )

@@ -286,3 +286,61 @@ def test_a_padded_decoding_step_holding_nan_changes_nothing(name):
         np.testing.assert_array_equal(padded[entry], zeros[entry])
     y, _ = layer(x[:, 8:9], cache=padded)
     assert np.isfinite(y).all()
+
+
+def _takes_resets(name):
+    layer = MIXERS[name]()
+    return getattr(layer, "mixer", layer).supports_resets
+
+
+RESETTING = [name for name in sorted(MIXERS) if _takes_resets(name)]
+
+
+@pytest.mark.parametrize("name", RESETTING)
+def test_resets_equal_each_document_run_apart_in_parallel_chunks_and_steps(name):
+    """Packed documents see nothing of each other, nor of the cache they continue; positions restart."""
+    layer = _mixer(name)
+    x = _inputs(60)
+    resets = np.zeros((2, 60), bool)
+    resets[0, [0, 9, 10, 33]] = True  # row 0 starts afresh; a one-token document at 9
+    resets[1, [17, 40]] = True  # row 1 continues what came before
+    _, before = layer(_inputs(7)[::-1].copy(), cache=layer.get_initial_cache(2))
+
+    def apart(row):
+        starts = sorted({0, *np.flatnonzero(resets[row])}) + [60]
+        cache = {k: v[row : row + 1] for k, v in before.items()} if not resets[row, 0] else None
+        pieces = []
+        for start, stop in zip(starts[:-1], starts[1:]):
+            cache = layer.get_initial_cache(1) if start > 0 or cache is None else cache
+            y, cache = layer(x[row : row + 1, start:stop], cache=cache)
+            pieces.append(y.numpy())
+        return np.concatenate(pieces, axis=1), cache
+
+    want = [apart(row) for row in range(2)]
+    together, cache = layer(x, cache=before, resets=resets)
+    steps, step_cache = [], before
+    for t in range(60):
+        y, step_cache = layer(x[:, t : t + 1], cache=step_cache, resets=resets[:, t : t + 1])
+        steps.append(y.numpy())
+    chunked, chunk_cache = [], before
+    for start, stop in [(0, 25), (25, 26), (26, 60)]:
+        y, chunk_cache = layer(x[:, start:stop], cache=chunk_cache, resets=resets[:, start:stop])
+        chunked.append(y.numpy())
+    for got, got_cache in [(together.numpy(), cache), (np.concatenate(steps, 1), step_cache)] + [
+        (np.concatenate(chunked, 1), chunk_cache)
+    ]:
+        for row in range(2):
+            np.testing.assert_allclose(got[row], want[row][0][0], rtol=1e-4, atol=1e-4)
+            for key in cache:
+                np.testing.assert_allclose(got_cache[key][row], want[row][1][key][0], rtol=1e-4, atol=1e-4)
+    # Without a cache, a row's first document starts from the empty state.
+    np.testing.assert_allclose(
+        layer(x, resets=resets).numpy()[1, :17], layer(x[1:, :17]).numpy()[0], rtol=1e-4, atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("name", [name for name in sorted(MIXERS) if name not in RESETTING])
+def test_resets_are_refused_by_a_layer_without_a_constant_state(name):
+    layer = _mixer(name)
+    with pytest.raises(ValueError, match="cannot take `resets`"):
+        layer(_inputs(8), resets=np.zeros((2, 8), bool))

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_state
 from elita_tf.ops.reference import causal_softmax_mean_reference
+from tests.ops.documents import by_document, random_resets
 
 LENGTHS = [1, 63, 100, 257]
 # Smaller and larger than the chunk (16 in these tests, 32 by default): whole chunks (32), one
@@ -223,3 +224,49 @@ def test_100k_tokens_with_drifting_logits(window):
         w = np.exp(logits[lo : i + 1] - logits[lo : i + 1].max())
         want = w @ values[lo : i + 1] / w.sum()
         np.testing.assert_allclose(mean[0, 0, i], want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("length", [1, 37, 100])
+@pytest.mark.parametrize("window", [None, 1, 5, 16, 40])
+def test_resets_equal_each_document_run_apart(length, window):
+    logits, values = _inputs(length, dtype=tf.float64)
+    prefix_l, prefix_v = _inputs(9, seed=1, dtype=tf.float64)
+    _, _, initial = causal_softmax_mean(prefix_l, prefix_v, window=window, chunk_size=CHUNK)
+    resets = random_resets(2, length)
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=values.shape))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([logits, values, *initial])
+            (mean, log_z), state = fn()
+            loss = tf.reduce_sum(mean * cotangent) + tf.reduce_sum(log_z)
+        return [mean, log_z, *state, *tape.gradient(loss, [logits, values, *initial])]
+
+    def apart(inputs, state):
+        mean, log_z, state = causal_softmax_mean(*inputs, window=window, initial_state=state, chunk_size=CHUNK)
+        return (mean, log_z), state
+
+    def together():
+        mean, log_z, state = causal_softmax_mean(
+            logits, values, window=window, initial_state=initial, resets=resets, chunk_size=CHUNK
+        )
+        return (mean, log_z), state
+
+    got, want = run(together), run(lambda: by_document(apart, (logits, values), resets, initial))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), 0.0 if w is None else w.numpy(), atol=1e-10)
+
+
+def test_resets_in_float32_stay_exact_with_large_logits():
+    logits, values = _inputs(100, scale=300.0)
+    resets = random_resets(2, 100)
+    mean, log_z, _ = causal_softmax_mean(logits, values, resets=resets, chunk_size=CHUNK)
+    (want_mean, want_lz), _ = by_document(
+        lambda x, s: (causal_softmax_mean(*x, initial_state=s, chunk_size=CHUNK)[:2], ()),
+        (tf.cast(logits, tf.float64), tf.cast(values, tf.float64)),
+        resets,
+        (),
+    )
+    _assert_finite(mean, log_z)
+    np.testing.assert_allclose(mean.numpy(), want_mean.numpy(), atol=2e-5)
+    np.testing.assert_allclose(log_z.numpy(), want_lz.numpy(), rtol=1e-6)

@@ -8,6 +8,7 @@ from elita_tf.ops.linear_attention import (
     empty_linear_state,
 )
 from elita_tf.ops.reference import causal_linear_attention_reference
+from tests.ops.documents import by_document, random_resets
 
 CHUNK = 16
 
@@ -79,3 +80,30 @@ def test_empty_sequence():
     assert y.shape == (2, 2, 0, 4)
     for s, e in zip(state, empty_linear_state(2, 2, 3, 4, tf.float64)):
         np.testing.assert_array_equal(s, e)
+
+
+@pytest.mark.parametrize("length", [1, 37, 100])
+def test_resets_equal_each_document_run_apart(length):
+    q, k, v = _inputs(length)
+    _, initial = causal_linear_attention(*_inputs(9, seed=1), chunk_size=CHUNK)
+    resets = random_resets(2, length)
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=v.shape))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([q, k, v, *initial])
+            (outputs,), state = fn()
+            loss = tf.reduce_sum(outputs * cotangent)
+        return [outputs, *state, *tape.gradient(loss, [q, k, v, *initial])]
+
+    def apart(inputs, state):
+        outputs, state = causal_linear_attention(*inputs, initial_state=state, chunk_size=CHUNK)
+        return (outputs,), state
+
+    def together():
+        outputs, state = causal_linear_attention(q, k, v, initial_state=initial, resets=resets, chunk_size=CHUNK)
+        return (outputs,), state
+
+    got, want = run(together), run(lambda: by_document(apart, (q, k, v), resets, initial))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), 0.0 if w is None else w.numpy(), atol=1e-10)

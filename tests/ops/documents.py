@@ -1,0 +1,45 @@
+"""Running an op one document at a time: what an op given `resets` must equal."""
+
+import numpy as np
+import tensorflow as tf
+
+
+def random_resets(batch, length, seed=0):
+    """Bool `[B, T]` with documents of 1 to ~20 positions, a reset at 0 in one row, two in a row in another."""
+    rng = np.random.default_rng(seed)
+    resets = rng.random((batch, length)) < 0.08
+    resets[0, 0] = True
+    if length > 3:
+        resets[-1, 1:3] = True
+    return resets
+
+
+def by_document(call, inputs, resets, initial_state):
+    """Outputs and final states of `call` run on each document of each row apart.
+
+    Args:
+        call: `(inputs, initial_state) -> (outputs tuple, state tuple)` on one
+            row's slices `[1, H, t, ...]` (time on axis 2).
+        inputs: tuple of `[B, H, T, ...]` tensors.
+        resets: numpy bool `[B, T]`.
+        initial_state: tuple of `[B, ...]` tensors: the first document of a
+            row continues from it unless that row starts with a reset.
+
+    Returns:
+        `(outputs, state)`: each output concatenated over time, each state
+        tensor stacked over rows.
+    """
+    rows_out, rows_state = [], []
+    for row in range(resets.shape[0]):
+        starts = sorted({0, *np.flatnonzero(resets[row])}) + [resets.shape[1]]
+        state = tuple(t[row : row + 1] for t in initial_state) if initial_state and not resets[row, 0] else None
+        pieces = []
+        for start, end in zip(starts[:-1], starts[1:]):
+            if start > 0:
+                state = None  # a document starts here
+            outputs, state = call(tuple(t[row : row + 1, :, start:end] for t in inputs), state)
+            pieces.append(outputs)
+        rows_out.append([tf.concat(parts, axis=2) for parts in zip(*pieces)])
+        rows_state.append(state)
+    outputs = [tf.concat(parts, axis=0) for parts in zip(*rows_out)]
+    return outputs, [tf.concat(parts, axis=0) for parts in zip(*rows_state)]
