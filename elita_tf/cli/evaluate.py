@@ -4,6 +4,7 @@
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --output elita-4k.json
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --carry-state
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --position-mode clamped
 
 The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON object on stdout
 (progress goes to stderr).
@@ -16,6 +17,7 @@ import os
 import sys
 
 from elita_tf.data.wikitext import DATA_DIR_ENV
+from elita_tf.models.config import DECODER_POSITION_MODES
 from elita_tf.training.evaluate import QUANTIZATIONS, SPLITS, evaluate
 
 
@@ -36,6 +38,11 @@ def main(argv=None):
         "--carry-state",
         action="store_true",
         help="read the split as one stream, N tokens at a time, carrying every block's decoding state",
+    )
+    parser.add_argument(
+        "--position-mode",
+        choices=DECODER_POSITION_MODES,
+        help="read ELiTA's positions past the training length this way (same weights; defaults to the run's)",
     )
     parser.add_argument("--output", help="also write the JSON to this file")
     args = parser.parse_args(argv)
@@ -59,6 +66,7 @@ def main(argv=None):
                 litert=args.litert,
                 context_length=args.context_length,
                 carry_state=args.carry_state,
+                position_mode=args.position_mode,
                 verbose=1,
             )
     except (FileNotFoundError, ValueError, ImportError) as error:

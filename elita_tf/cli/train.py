@@ -12,6 +12,7 @@ import sys
 
 from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.models import PRESETS
+from elita_tf.models.config import DECODER_POSITION_MODES
 from elita_tf.training import (
     CorruptCheckpointError,
     DistributedSetupError,
@@ -33,11 +34,19 @@ _HELP = {
     "eval_batches": "cap on validation/test batches (default: all)",
     "verbose": "Keras fit verbosity (1: progress bar)",
     "dtype_policy": "Keras dtype policy of the layers (weights stay float32)",
+    "position_mode": "ELiTA's positions past the training length: the sinusoids run on (fixed) or hold the last "
+    "trained position (clamped)",
     "carry_state": "truncated backpropagation through time: each batch row reads its own stream, every block's "
     "state carries over from step to step and restarts at each article (elita; linear and additive have learned "
     "positions)",
 }
-_CHOICES = {"dataset": CONFIG_NAMES, "strategy": STRATEGIES, "optimizer": OPTIMIZERS, "dtype_policy": DTYPE_POLICIES}
+_CHOICES = {
+    "dataset": CONFIG_NAMES,
+    "strategy": STRATEGIES,
+    "optimizer": OPTIMIZERS,
+    "dtype_policy": DTYPE_POLICIES,
+    "position_mode": DECODER_POSITION_MODES,
+}
 
 
 def add_settings_flags(parser, exclude=(), defaults=True):

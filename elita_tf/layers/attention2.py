@@ -17,7 +17,7 @@ from elita_tf.ops.utils import (
     real_extent,
 )
 
-POSITION_MODES = ("fixed", "length")
+POSITION_MODES = ("fixed", "clamped", "length")
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -52,9 +52,12 @@ class Attention2(CausalMixer):
             `i` is `u_i = i / (L - 1)`, the reference's `linspace(0, 1, L)`;
             longer sequences extrapolate. Defaults to `256`.
         position_mode: `"fixed"` (`u_i = i / (L - 1)`, consistent for
-            decoding and any length) or `"length"` (the reference exactly:
-            `u_i = time_scale * i / (T - 1)`, so every position moves with the
-            sequence length; no decoding). Defaults to `"fixed"`.
+            decoding and any length; past `L` the sinusoids run on into
+            phases never trained), `"clamped"` (the same up to `L - 1`, and
+            every later position reads as position `L - 1`: the terms stay in
+            their trained range at any length) or `"length"` (the reference
+            exactly: `u_i = time_scale * i / (T - 1)`, so every position moves
+            with the sequence length; no decoding). Defaults to `"fixed"`.
         time_scale: float. The reference's `t`, used in `"length"` mode.
             Defaults to `1.0`.
         logit_clip: float or None. Clip `κ`, `δ`, `ρ` to `±logit_clip` as the
@@ -191,18 +194,20 @@ class Attention2(CausalMixer):
 
     def _position_index(self, length, start, resets):
         """int32 `[B or 1, T]`: each position's index, from `start`, restarting at 0 where a document starts."""
-        if resets is not None and self.position_mode != "fixed":
+        if resets is not None and self.position_mode == "length":
             raise ValueError(
                 "Documents restarting inside a sequence need positions that do not move with the length: "
-                f"use position_mode='fixed'. Received: position_mode={self.position_mode!r}"
+                f"use position_mode='fixed' or 'clamped'. Received: position_mode={self.position_mode!r}"
             )
         return document_positions(length, start, resets)
 
     def _positions(self, index, length):
         """`u [B or 1, T]` in the accumulator dtype, from the position index."""
         dtype = accumulator_dtype(self.compute_dtype)
+        if self.position_mode == "clamped":
+            index = tf.minimum(index, self.context_length - 1)
         index = tf.cast(index, dtype)
-        if self.position_mode == "fixed":
+        if self.position_mode != "length":
             return index / (self.context_length - 1)
         denominator = tf.cast(tf.maximum(length - 1, 1), dtype)
         return self.time_scale * index / denominator
@@ -221,10 +226,10 @@ class Attention2(CausalMixer):
     supports_resets = True
 
     def mix(self, inputs, padding_mask, cache, training, resets=None):
-        if cache is not None and self.position_mode != "fixed":
+        if cache is not None and self.position_mode == "length":
             raise ValueError(
                 "Decoding with a cache needs positions that do not move with the length: "
-                f"use position_mode='fixed'. Received: position_mode={self.position_mode!r}"
+                f"use position_mode='fixed' or 'clamped'. Received: position_mode={self.position_mode!r}"
             )
         length = tf.shape(inputs)[1]
         start = None if cache is None else cache[2]

@@ -30,6 +30,8 @@ class ElitaBackbone(keras_hub.models.Backbone):
         position_scale: int or None. ELiTA's position scale, the length its
             sinusoidal positions span (`u_i = i / (position_scale - 1)`).
             None uses `max_sequence_length`.
+        position_mode: `"fixed"` or `"clamped"`: ELiTA's positions past
+            `position_scale` run on, or read as the last one (see `Attention2`).
         blocks: str, or one str per layer: `"elita"`, `"transformer"`,
             `"simplified"`, `"linear"`, `"3lin"` or `"additive"`.
         ffn: `"feedforward2"`, `"mlp"`, `"wide"` (One Wide FFN) or `"none"`.
@@ -65,6 +67,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         head_dim=16,
         max_sequence_length=256,
         position_scale=None,
+        position_mode="fixed",
         blocks="elita",
         ffn="feedforward2",
         ffn_factor=8,
@@ -91,6 +94,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
             head_dim=head_dim,
             context_length=max_sequence_length,
             position_scale=position_scale,
+            position_mode=position_mode,
             blocks=blocks,
             ffn=ffn,
             ffn_factor=ffn_factor,

@@ -5,6 +5,7 @@ import json
 
 BLOCK_TYPES = ("elita", "transformer", "simplified", "linear", "3lin", "additive")
 FFN_TYPES = ("feedforward2", "mlp", "wide", "none")
+DECODER_POSITION_MODES = ("fixed", "clamped")  # Attention2's modes that decode (not "length")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +24,10 @@ class DecoderConfig:
         position_scale: int or None. ELiTA's position scale `L` in
             `u_i = i / (L - 1)`, the training length its sinusoids were fitted
             to. None (the default) uses `context_length`.
+        position_mode: str. ELiTA's positions past `L`: `"fixed"` (the
+            default, the sinusoids run on at `u_i = i / (L - 1)`) or
+            `"clamped"` (every position past `L - 1` reads as `L - 1`, so
+            the terms stay in the range trained). See `Attention2`.
         blocks: tuple of str, one block type per layer, each one of
             `BLOCK_TYPES`. A single str is repeated over the layers.
         ffn: str. The feed-forward network of every block but `"3lin"`
@@ -65,6 +70,7 @@ class DecoderConfig:
     head_dim: int = 16
     context_length: int = 256
     position_scale: int = None
+    position_mode: str = "fixed"
     blocks: tuple = ("elita",)
     ffn: str = "feedforward2"
     ffn_factor: int = 8
@@ -95,6 +101,10 @@ class DecoderConfig:
         ):
             raise ValueError(
                 f"`position_scale` must be None or an integer >= 2. Received: position_scale={self.position_scale!r}"
+            )
+        if self.position_mode not in DECODER_POSITION_MODES:
+            raise ValueError(
+                f"`position_mode` must be one of {DECODER_POSITION_MODES}. Received: position_mode={self.position_mode!r}"
             )
         blocks = (self.blocks,) * self.num_layers if isinstance(self.blocks, str) else tuple(self.blocks)
         if len(blocks) == 1:

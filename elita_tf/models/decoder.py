@@ -58,6 +58,7 @@ def make_mixer(config, index):
             config.head_dim,
             config.position_dim,
             context_length=config.position_scale or config.context_length,
+            position_mode=config.position_mode,
             name="mixer",
         )
     if block == "linear":

@@ -26,7 +26,7 @@ import tensorflow as tf
 from elita_tf.data import load_wikitext, make_tokenizer, token_windows
 from elita_tf.generation import empty_caches, forward_with_cache
 from elita_tf.litert import litert_loss
-from elita_tf.models import ElitaCausalLM
+from elita_tf.models import ElitaBackbone, ElitaCausalLM
 
 SPLITS = ("train", "validation", "test")
 QUANTIZATIONS = ("int8",)
@@ -109,6 +109,7 @@ def evaluate(
     litert=None,
     context_length=None,
     carry_state=False,
+    position_mode=None,
     verbose=0,
 ):
     """Mean next-token cross-entropy of the preset's model on a split, with its loss by position, as a dict.
@@ -132,10 +133,13 @@ def evaluate(
             time, each segment continuing from the decoding state of the one
             before; needs a model whose every block carries a constant-size
             state (ELiTA, linear, additive without learned positions).
+        position_mode: None (the run's), or `"fixed"` / `"clamped"`: read
+            ELiTA's positions past its training length another way, with the
+            same weights (the two modes agree up to the training length).
         verbose: 1 for a progress bar (on stdout, as Keras').
 
     Returns:
-        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "context_length", "carry_state",
+        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "context_length", "carry_state", "position_mode",
         "quantize", "litert", "windows", "seq_len", "data": {...}, "trained_on": {...}}`.
         `loss_by_position` is a list of `{"start", "end", "loss", "tokens"}`
         over log-spaced buckets of positions (within a window, or in the
@@ -172,6 +176,12 @@ def evaluate(
 
     causal_lm = ElitaCausalLM.from_preset(preset_dir)
     backbone = causal_lm.backbone
+    if position_mode is not None and position_mode != backbone.decoder_config.position_mode:
+        if litert is not None:
+            raise ValueError(f"A LiteRT file has its own positions. Received: position_mode={position_mode!r}")
+        trained = backbone
+        backbone = ElitaBackbone.from_config({**trained.get_config(), "position_mode": position_mode})
+        backbone.set_weights(trained.get_weights())
     config = backbone.decoder_config
     if carry_state and config.decode_limit is not None:
         raise ValueError(
@@ -231,6 +241,7 @@ def evaluate(
         "loss_by_position": by_position,
         "context_length": length,
         "carry_state": carry_state,
+        "position_mode": backbone.decoder_config.position_mode,
         "quantize": quantize,
         "litert": litert,
         "windows": scored,

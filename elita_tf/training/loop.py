@@ -101,6 +101,7 @@ def model_config(settings):
         head_dim=settings.head_dim,
         context_length=settings.seq_len,
         dropout=settings.dropout,
+        position_mode=settings.position_mode,
     )
 
 
@@ -113,6 +114,11 @@ def check_carry_state(settings):
             f"(elita). Received: preset={settings.preset!r} (blocks {sorted(set(config.blocks))}, "
             f"position_embedding={config.position_embedding})"
         )
+
+
+# Fields added to the manifest since runs were first written, and what a run without them did:
+# such a run resumes under a version that records them.
+ADDED_FIELDS = {"model.position_mode": "fixed", "training.dtype_policy": "float32", "training.carry_state": False}
 
 
 def requested_manifest(settings, config, data):
@@ -144,7 +150,7 @@ def prepare_run(settings, run_dir):
     )
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
-    stored = run_dir.check_manifest(manifest)
+    stored = run_dir.check_manifest(manifest, absent_means=ADDED_FIELDS)
     tokenizer_path = run_dir.file("sentencepiece.model")
     if stored is None:
         lines = (line.decode("utf-8") for line in splits["train"].as_numpy_iterator())

@@ -56,9 +56,13 @@ def _flatten(tree, prefix=""):
     return flat
 
 
-def manifest_differences(stored, requested):
-    """`["field: stored X, requested Y", ...]` over every field of either manifest."""
-    a, b = _flatten(stored), _flatten(requested)
+def manifest_differences(stored, requested, absent_means=None):
+    """`["field: stored X, requested Y", ...]` over every field of either manifest.
+
+    `absent_means` maps flattened fields added after a stored run was made
+    (`"model.position_mode"`) to the value that run behaved as.
+    """
+    a, b = {**(absent_means or {}), **_flatten(stored)}, _flatten(requested)
     return [
         f"{key}: stored {a.get(key, '(absent)')!r}, requested {b.get(key, '(absent)')!r}"
         for key in sorted(set(a) | set(b))
@@ -131,12 +135,14 @@ class RunDirectory:
         with open(self.file(MANIFEST)) as f:
             return json.load(f)
 
-    def check_manifest(self, requested):
+    def check_manifest(self, requested, absent_means=None):
         """Resumes, starts, or refuses, before anything is written.
 
         Args:
             requested: the manifest of the run asked for (without the
                 tokenizer's hash, which the run adds once it has one).
+            absent_means: optional dict, flattened field to value: what a
+                run stored before the field existed behaved as.
 
         Returns:
             The stored manifest when resuming the same run, or None for a new
@@ -162,7 +168,7 @@ class RunDirectory:
                 )
             return None
         comparable = {key: value for key, value in stored.items() if key != "tokenizer_sha256"}
-        differences = manifest_differences(comparable, requested)
+        differences = manifest_differences(comparable, requested, absent_means)
         if differences:
             raise RunDirectoryError(
                 f"The run directory {self.path!r} holds another run; resuming it with these arguments would mix "

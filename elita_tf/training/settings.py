@@ -4,6 +4,7 @@ import dataclasses
 
 from elita_tf.data.wikitext import CONFIG_NAMES
 from elita_tf.models import PRESETS
+from elita_tf.models.config import DECODER_POSITION_MODES
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 OPTIMIZERS = ("adam", "normalized-sgd")
@@ -28,6 +29,10 @@ class TrainSettings:
         max_steps: int or None. A cap on steps in all (a token budget).
         width, layers, heads, head_dim: int. The model's size.
         dropout: float. Residual dropout. Defaults to `0.0`.
+        position_mode: str. ELiTA's positions past the training length:
+            `"fixed"` (the reference's sinusoids, running on) or `"clamped"`
+            (every later position reads as the last one trained). Defaults
+            to `"fixed"`.
         optimizer: str. `"adam"` (ELiTA's: `min(1e-3, 1e-2 / sqrt(step))`,
             beta1 0.9, beta2 0.99) or `"normalized-sgd"` (3Lin's: every
             matrix moves by 0.1 in norm per step, linearly to 0 over the
@@ -71,6 +76,7 @@ class TrainSettings:
     heads: int = 4
     head_dim: int = 16
     dropout: float = 0.0
+    position_mode: str = "fixed"
     optimizer: str = "adam"
     dtype_policy: str = "float32"
     carry_state: bool = False
@@ -95,6 +101,8 @@ class TrainSettings:
             fail("strategy", f"one of {list(STRATEGIES)}")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"one of {list(OPTIMIZERS)}")
+        if self.position_mode not in DECODER_POSITION_MODES:
+            fail("position_mode", f"one of {list(DECODER_POSITION_MODES)}")
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
         positive = ["vocab_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "width", "layers"]

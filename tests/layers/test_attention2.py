@@ -37,6 +37,8 @@ def reference(layer, x, start=0):
     length = x.shape[1]
     if layer.position_mode == "fixed":
         u = (start + np.arange(length)) / (layer.context_length - 1)
+    elif layer.position_mode == "clamped":
+        u = np.minimum(start + np.arange(length), layer.context_length - 1) / (layer.context_length - 1)
     else:
         u = np.linspace(0.0, layer.time_scale, length)
     u = tf.constant(u, tf.float64)
@@ -105,6 +107,22 @@ def test_fixed_mode_equals_length_mode_at_the_training_length():
     fixed, length = _layer(context_length=40), _layer(position_mode="length", context_length=40)
     x = _inputs(40)
     np.testing.assert_allclose(fixed(x), length(x), rtol=1e-5, atol=1e-6)
+
+
+def test_clamped_mode_holds_the_last_trained_position():
+    fixed, clamped = _layer(context_length=40), _layer(position_mode="clamped", context_length=40)
+    x = _inputs(100)
+    want = reference(clamped, x)
+    np.testing.assert_allclose(clamped(x), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(clamped(x)[:, :40], fixed(x)[:, :40], rtol=1e-5, atol=1e-6)  # the same up to L
+    assert np.abs(clamped(x)[:, 40:] - fixed(x)[:, 40:]).max() > 1e-2  # past L the two differ
+    # Decoding past L from a cache continues the parallel pass.
+    y, cache = clamped(x[:, :70], cache=clamped.get_initial_cache(2))
+    steps = [y]
+    for t in range(70, 100):
+        y, cache = clamped(x[:, t : t + 1], cache=cache)
+        steps.append(y)
+    np.testing.assert_allclose(tf.concat(steps, axis=1), want, rtol=1e-4, atol=1e-4)
 
 
 def test_bad_inputs():

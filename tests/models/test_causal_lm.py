@@ -176,3 +176,7 @@ def test_position_scale_is_apart_from_the_buffers():
         ValueError, match=r"`position_scale` must be None or an integer >= 2. Received: position_scale=1"
     ):
         ElitaBackbone(vocabulary_size=40, position_scale=1)
+    clamped = _backbone("elita", position_mode="clamped")
+    assert ElitaBackbone.from_config(clamped.get_config()).get_layer("block_0").mixer.position_mode == "clamped"
+    with pytest.raises(ValueError, match=r"`position_mode` must be one of \('fixed', 'clamped'\)"):
+        ElitaBackbone(vocabulary_size=40, position_mode="length")

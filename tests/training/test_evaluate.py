@@ -42,6 +42,17 @@ def test_windows_of_another_length_report_the_loss_by_position(elita_run):
     assert longer["loss"] == pytest.approx(mean, rel=1e-9) and np.isfinite(longer["loss"])
 
 
+def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_run):
+    run, data = elita_run
+    fixed = evaluate(run, context_length=40, batch_size=4, **data)
+    clamped = evaluate(run, context_length=40, batch_size=4, position_mode="clamped", **data)
+    assert (fixed["position_mode"], clamped["position_mode"]) == ("fixed", "clamped")
+    # Up to the training length (16) the two modes are one function; past it they differ.
+    inside, past = (b["loss"] for b in fixed["loss_by_position"])
+    assert clamped["loss_by_position"][0]["loss"] == pytest.approx(inside, rel=1e-6)
+    assert clamped["loss_by_position"][1]["loss"] != pytest.approx(past, rel=1e-6)
+
+
 def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_run):
     run, data = elita_run
     result = evaluate(run, context_length=16, carry_state=True, **data)

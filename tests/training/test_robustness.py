@@ -21,6 +21,7 @@ from elita_tf.data import (
     token_windows,
     train_sentencepiece,
 )
+from elita_tf.models import ElitaCausalLM
 from elita_tf.training import (
     CorruptCheckpointError,
     RunDirectory,
@@ -248,3 +249,26 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_is_part_of_the_run(tiny_
     assert keras.config.dtype_policy().name == "float32"
     with pytest.raises(RunDirectoryError, match=r"training.dtype_policy: stored 'mixed_bfloat16', requested 'float32'"):
         _run(tiny_wikitext, out)
+
+
+def test_clamped_positions_are_part_of_the_trained_model(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    _run(tiny_wikitext, out, "--position-mode", "clamped")
+    backbone = ElitaCausalLM.from_preset(str(out)).backbone
+    assert backbone.get_layer("block_0").mixer.position_mode == "clamped"
+    # Another position mode is another architecture: resuming with it stops, naming the field.
+    with pytest.raises(RunDirectoryError, match="position_mode"):
+        _run(tiny_wikitext, out)
+    with pytest.raises(SystemExit):
+        parse_args(_args(tiny_wikitext, out, "--position-mode", "length"))
+
+
+def test_a_run_stored_before_newer_fields_resumes_as_what_it_was(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    _run(tiny_wikitext, out, "--max-steps", "2")
+    manifest = json.load(open(out / "run.json"))
+    del manifest["model"]["position_mode"], manifest["training"]["dtype_policy"], manifest["training"]["carry_state"]
+    json.dump(manifest, open(out / "run.json", "w"))
+    assert _run(tiny_wikitext, out, "--max-steps", "4")["steps"] == 4
+    with pytest.raises(RunDirectoryError, match=r"model.position_mode: stored 'fixed', requested 'clamped'"):
+        _run(tiny_wikitext, out, "--max-steps", "6", "--position-mode", "clamped")
