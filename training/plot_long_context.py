@@ -57,11 +57,10 @@ def main():
     for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs):
         run_dir = os.path.join(args.runs, name)
         seq_len = _load(os.path.join(run_dir, "run.json"))["training"]["seq_len"]
-        stream = _load(os.path.join(run_dir, "test-stream.json"))
         left.axvline(seq_len, color=color, linestyle=":", linewidth=1)
-        for file, label, style in (
-            ("test-windows.json", name, "o-"),
-            ("test-windows-clamped.json", f"{name}, clamped positions", "s--"),
+        for file, stream_file, label, style in (
+            ("test-windows.json", "test-stream.json", name, "o-"),
+            ("test-windows-clamped.json", "test-stream-clamped.json", f"{name}, clamped positions", "s--"),
         ):
             windows = _load(os.path.join(run_dir, file))
             if windows is None:
@@ -70,7 +69,8 @@ def main():
             middles = [np.sqrt(max(b["start"], 1) * b["end"]) for b in buckets]
             left.plot(middles, [b["loss"] for b in buckets], style, color=color, label=label)
             cells = ", ".join(f"{b['start']}-{b['end']}: {b['loss']:.3f}" for b in buckets)
-            whole = f"{stream['loss']:.3f}" if stream and file == "test-windows.json" else "-"
+            stream = _load(os.path.join(run_dir, stream_file))
+            whole = f"{stream['loss']:.3f}" if stream else "-"
             print(f"| {label} | {seq_len} | {cells} | {whole} |")
         if name.startswith("elita"):
             p1, p2 = position_terms(run_dir)

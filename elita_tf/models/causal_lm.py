@@ -99,7 +99,10 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         # One parallel pass over every position before the shortest prompt's last token.
         prefill_mask = ops.tile(ops.arange(length)[None, :] < index - 1, [batch_size, 1])
         cache = empty_caches(config, self.backbone.decoder_layers, batch_size)
-        _, hidden_states, cache = self.call_with_cache(token_ids, cache, prefill_mask)
+        # Hidden states only: the prefill's logits (`[B, max_length, V]`) would be computed and thrown away.
+        hidden_states, cache = forward_with_cache(
+            config, self.backbone.decoder_layers, token_ids, cache, prefill_mask, head=False
+        )
 
         def next(prompt, cache, index):
             token = ops.slice(prompt, [0, index - 1], [batch_size, 1])
