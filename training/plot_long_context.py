@@ -76,9 +76,11 @@ def main():
             p1, p2 = position_terms(run_dir)
             for terms, style in ((p1, "-"), (p2, "--")):
                 inside, past = terms[..., :seq_len], terms[..., seq_len:]
+                # A run trained at 16K has no position past T in the range drawn.
+                beyond = f"past T [{past.min():.2f}, {past.max():.2f}]" if past.size else "nothing past T"
                 print(
                     f"    {'P1' if style == '-' else 'P2'}: range inside T [{inside.min():.2f}, {inside.max():.2f}], "
-                    f"past T [{past.min():.2f}, {past.max():.2f}] (over layers and heads)"
+                    f"{beyond} (over layers and heads)"
                 )
             spread = p1.reshape(-1, POSITIONS)
             right.plot(np.arange(1, POSITIONS + 1), spread.T, color=color, linewidth=0.6, alpha=0.5)
