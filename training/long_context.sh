@@ -21,10 +21,11 @@ score() {  # score DIR FILE ARGS...: one evaluation on the test split, unless wr
   [ -f "$dir/$file" ] || elita-evaluate --run-dir "$dir" --split test --output "$dir/$file" "$@" > /dev/null
 }
 
-train "$out/elita-256" --preset elita --seq-len 256 --batch-size 128
-train "$out/elita-256-carry" --preset elita --seq-len 256 --batch-size 128 --carry-state
-train "$out/elita-4096" --preset elita --seq-len 4096 --batch-size 8
-train "$out/elita-16384" --preset elita --seq-len 16384 --batch-size 2
+# The reference's positions (a new run's default clamps them past T): each run is then also scored clamped.
+train "$out/elita-256" --preset elita --seq-len 256 --batch-size 128 --position-mode fixed
+train "$out/elita-256-carry" --preset elita --seq-len 256 --batch-size 128 --carry-state --position-mode fixed
+train "$out/elita-4096" --preset elita --seq-len 4096 --batch-size 8 --position-mode fixed
+train "$out/elita-16384" --preset elita --seq-len 16384 --batch-size 2 --position-mode fixed
 train "$out/transformer-$transformer_len" --preset transformer --seq-len "$transformer_len" \
   --batch-size $((32768 / transformer_len))
 

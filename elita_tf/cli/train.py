@@ -34,8 +34,9 @@ _HELP = {
     "eval_batches": "cap on validation/test batches (default: all)",
     "verbose": "Keras fit verbosity (1: progress bar)",
     "dtype_policy": "Keras dtype policy of the layers (weights stay float32)",
-    "position_mode": "ELiTA's positions past the training length: the sinusoids run on (fixed) or hold the last "
-    "trained position (clamped)",
+    "position_mode": "ELiTA's positions past the training length: the sinusoids run on (fixed, the reference's) "
+    "or hold the last trained position (clamped). Default: the run's own when resuming; clamped for a new run, "
+    "fixed with --carry-state",
     "carry_state": "truncated backpropagation through time: each batch row reads its own stream, every block's "
     "state carries over from step to step and restarts at each article (elita; linear and additive have learned "
     "positions)",

@@ -58,6 +58,7 @@ from elita_tf.training.distributed import (
     make_strategy,
 )
 from elita_tf.training.run_directory import (
+    MANIFEST,
     RunDirectory,
     RunDirectoryError,
     write_atomically,
@@ -101,8 +102,32 @@ def model_config(settings):
         head_dim=settings.head_dim,
         context_length=settings.seq_len,
         dropout=settings.dropout,
-        position_mode=settings.position_mode,
+        # Unresolved (None) only before `resolve_position_mode`: the architecture checks do not depend on it.
+        **({} if settings.position_mode is None else {"position_mode": settings.position_mode}),
     )
+
+
+def resolve_position_mode(settings, run_path):
+    """`settings` with `position_mode` decided, when it was left to the run (None).
+
+    Resuming keeps the stored run's mode (`fixed` for a run written before
+    the field existed). A new run trained in windows never sees a position
+    past `seq_len`, so it holds later ones at the last trained position
+    (`clamped`): the reference's sinusoids, run on, leave what they were
+    trained on past about 16x the training length (README: Long context).
+    A new `carry_state` run gets `fixed`: its positions run on through each
+    article and are trained there. `run_path` is the directory whose
+    `run.json` a resumed run has (the chief's `output_dir` for every worker).
+    """
+    if settings.position_mode is not None:
+        return settings
+    manifest = os.path.join(run_path, MANIFEST)
+    if not settings.force_new and os.path.exists(manifest):
+        with open(manifest) as f:
+            mode = json.load(f).get("model", {}).get("position_mode", ADDED_FIELDS["model.position_mode"])
+    else:
+        mode = "fixed" if settings.carry_state else "clamped"
+    return dataclasses.replace(settings, position_mode=mode)
 
 
 def check_carry_state(settings):
@@ -284,6 +309,7 @@ def train(settings, callbacks=(), strategy=None):
 
 def _train(settings, strategy, run_dir, checkpoints, callbacks):
     chief = strategy.extended.should_checkpoint
+    settings = resolve_position_mode(settings, checkpoints)
     keras.utils.set_random_seed(settings.seed)
     if settings.carry_state:
         check_carry_state(settings)

@@ -29,10 +29,13 @@ class TrainSettings:
         max_steps: int or None. A cap on steps in all (a token budget).
         width, layers, heads, head_dim: int. The model's size.
         dropout: float. Residual dropout. Defaults to `0.0`.
-        position_mode: str. ELiTA's positions past the training length:
-            `"fixed"` (the reference's sinusoids, running on) or `"clamped"`
-            (every later position reads as the last one trained). Defaults
-            to `"fixed"`.
+        position_mode: str or None. ELiTA's positions past the training
+            length: `"fixed"` (the reference's sinusoids, running on) or
+            `"clamped"` (every later position reads as the last one
+            trained). None (the default) takes the stored run's when
+            resuming; a new run gets `"clamped"`, or `"fixed"` with
+            `carry_state`, whose positions run on through each article and
+            are trained there (`resolve_position_mode`).
         optimizer: str. `"adam"` (ELiTA's: `min(1e-3, 1e-2 / sqrt(step))`,
             beta1 0.9, beta2 0.99) or `"normalized-sgd"` (3Lin's: every
             matrix moves by 0.1 in norm per step, linearly to 0 over the
@@ -76,7 +79,7 @@ class TrainSettings:
     heads: int = 4
     head_dim: int = 16
     dropout: float = 0.0
-    position_mode: str = "fixed"
+    position_mode: str = None
     optimizer: str = "adam"
     dtype_policy: str = "float32"
     carry_state: bool = False
@@ -101,7 +104,7 @@ class TrainSettings:
             fail("strategy", f"one of {list(STRATEGIES)}")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"one of {list(OPTIMIZERS)}")
-        if self.position_mode not in DECODER_POSITION_MODES:
+        if self.position_mode is not None and self.position_mode not in DECODER_POSITION_MODES:
             fail("position_mode", f"one of {list(DECODER_POSITION_MODES)}")
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")

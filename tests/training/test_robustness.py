@@ -31,6 +31,7 @@ from elita_tf.training import (
     train,
     verify_checkpoint,
 )
+from elita_tf.training.loop import resolve_position_mode
 from tests.conftest import write_tiny_wikitext
 from tests.training.test_cli import REPO, Interrupt, _args
 
@@ -251,14 +252,23 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_is_part_of_the_run(tiny_
         _run(tiny_wikitext, out)
 
 
-def test_clamped_positions_are_part_of_the_trained_model(tiny_wikitext, tmp_path):
+def test_a_new_run_clamps_its_positions_and_a_resumed_run_keeps_its_own(tiny_wikitext, tmp_path):
     out = tmp_path / "run"
-    _run(tiny_wikitext, out, "--position-mode", "clamped")
+    results = _run(tiny_wikitext, out, "--max-steps", "2")
+    assert results["config"]["model"]["position_mode"] == results["config"]["settings"]["position_mode"] == "clamped"
     backbone = ElitaCausalLM.from_preset(str(out)).backbone
     assert backbone.get_layer("block_0").mixer.position_mode == "clamped"
     # Another position mode is another architecture: resuming with it stops, naming the field.
-    with pytest.raises(RunDirectoryError, match="position_mode"):
-        _run(tiny_wikitext, out)
+    with pytest.raises(RunDirectoryError, match=r"model.position_mode: stored 'clamped', requested 'fixed'"):
+        _run(tiny_wikitext, out, "--max-steps", "4", "--position-mode", "fixed")
+    # Left to the run, a resumed run keeps the mode it was trained with.
+    fixed = tmp_path / "fixed"
+    _run(tiny_wikitext, fixed, "--max-steps", "2", "--position-mode", "fixed")
+    assert _run(tiny_wikitext, fixed, "--max-steps", "4")["config"]["model"]["position_mode"] == "fixed"
+    # Carried-state training trains the positions past the window: a new run keeps them running on.
+    carried = parse_args(_args(tiny_wikitext, tmp_path / "carried", "--carry-state"))
+    assert carried.position_mode is None
+    assert resolve_position_mode(carried, carried.output_dir).position_mode == "fixed"
     with pytest.raises(SystemExit):
         parse_args(_args(tiny_wikitext, out, "--position-mode", "length"))
 
