@@ -2,12 +2,14 @@
 
 For each (preset, context L) one model is built and an L-token prompt generates greedily through
 both paths in the same run: keras-hub's `ElitaCausalLM.generate` (token ids in, no preprocessor)
-and the lower-level `elita_tf.generation.Generator`. The time per token is
-`(t(2 * steps) - t(steps)) / steps`: the prefill and the fixed costs cancel (`generate` also
-prefills the `steps` extra padded positions of its longer buffer, a parallel pass of a few
-microseconds a position). Presets that decode from constant-size states only (ELiTA) keep their
+and the lower-level `elita_tf.generation.Generator`. The time per token is the least-squares
+slope of the wall time against the number of new tokens, `steps`, 2, 3 and 4 times `steps`, the
+counts interleaved in each of `repeats` rounds (a slow spell of the machine falls on all of them):
+the prefill and the fixed costs fall into the intercept (`generate` also prefills the padded
+positions of its longer buffer, a parallel pass, which the slope counts as part of each new
+token's cost, as a user pays it). The `±` is the slope's standard error. Presets that decode from constant-size states only (ELiTA) keep their
 training length; presets with key/value buffers, 3Lin's wide layers or learned positions get
-`context_length = L + 2 * steps` so that the buffers hold the generation.
+`context_length = L + 4 * steps` so that the buffers hold the generation.
 
 With `--saved-model`, the same model is also exported as the serving SavedModel
 (`elita_tf.export.export_saved_model`, with a SentencePiece model trained on random words) and
@@ -46,6 +48,31 @@ def time_litert(path, prompt, steps, repeats):
             token = np.array([[int(state.pop("logits")[0].argmax())]], np.int32)
         runs.append((time.perf_counter() - start) / steps * 1e3)
     return statistics.median(runs)
+
+
+def per_token_ms(make, steps, repeats):
+    """`(ms, standard error)`: the slope of wall time against new tokens, over `steps` x 1, 2, 3, 4.
+
+    `make(n)` returns a call that generates `n` tokens. Each count is run
+    once first (tracing and compiling for its shape), then `repeats` rounds
+    each time every count, in turn.
+    """
+    import numpy as np
+
+    runs = {n: make(n) for n in (steps, 2 * steps, 3 * steps, 4 * steps)}
+    for run in runs.values():
+        run()
+    counts, seconds = [], []
+    for _ in range(repeats):
+        for n, run in runs.items():
+            start = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - start)
+            counts.append(n)
+    (slope, _), residuals = np.polyfit(counts, seconds, 1, full=True)[:2]
+    spread = np.sum((np.asarray(counts) - np.mean(counts)) ** 2)
+    error = np.sqrt(residuals[0] / (len(counts) - 2) / spread) if len(residuals) else 0.0
+    return slope * 1e3, error * 1e3
 
 
 def random_word_tokenizer(vocab_size, seed=0):
@@ -91,7 +118,10 @@ def main():
     workdir = tempfile.mkdtemp(prefix="elita-decoding-")
 
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, tensorflow {tf.__version__}, keras {keras.__version__}")
-    print(f"# B={args.batch_size} vocab={args.vocab_size} d={args.width} L={args.layers}, greedy, {args.steps} steps")
+    print(
+        f"# B={args.batch_size} vocab={args.vocab_size} d={args.width} L={args.layers}, greedy, "
+        f"{args.steps} to {4 * args.steps} new tokens, {args.repeats} rounds"
+    )
     if args.saved_model:
         import tensorflow_text  # noqa: F401  (registers the SavedModel's tokenizer ops)
 
@@ -110,7 +140,7 @@ def main():
             config = preset(name, vocab_size=args.vocab_size, width=args.width, num_layers=args.layers)
             config = config.replace(context_length=args.training_length)
             if config.decode_limit is not None:
-                config = config.replace(context_length=context + 2 * args.steps)
+                config = config.replace(context_length=context + 4 * args.steps)
             model = build_decoder(config)
             generator = Generator(model, config)
             causal_lm = ElitaCausalLM(ElitaBackbone.from_decoder_config(config))
@@ -140,19 +170,10 @@ def main():
                 saved_generate = tf.saved_model.load(directory).signatures["generate"]
                 paths.append(("saved_model", through_saved_model))
 
-            def timed(make, steps):
-                run = make(steps)
-                run()  # traces and compiles for this shape
-                times = []
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    run()
-                    times.append(time.perf_counter() - start)
-                return statistics.median(times)
-
+            errors = []
             for path, make in paths:
-                short, long = timed(make, args.steps), timed(make, 2 * args.steps)
-                per_token[name, context, path] = (long - short) / args.steps * 1e3
+                per_token[name, context, path], error = per_token_ms(make, args.steps, args.repeats)
+                errors.append(error)
             cells = [per_token[name, context, path] for path, _ in paths]
             if args.litert:
                 for quantize in [None, "int8"]:
@@ -163,7 +184,9 @@ def main():
                         )
                     cells.append(time_litert(exported[key], prompt[:1], args.steps, args.repeats))
             ratio = cells[0] / cells[1]
-            row = " | ".join(f"{cell:.2f}" for cell in cells)
+            row = " | ".join(
+                f"{cell:.2f}" + (f" ± {errors[i]:.2f}" if i < len(errors) else "") for i, cell in enumerate(cells)
+            )
             print(f"| {name} | {context} | {config.context_length} | {row} | {ratio:.2f} |", flush=True)
     for name in args.presets:
         rows = [per_token[name, c, "causal_lm"] for c in args.contexts]
