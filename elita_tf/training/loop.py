@@ -58,7 +58,6 @@ from elita_tf.training.distributed import (
     make_strategy,
 )
 from elita_tf.training.run_directory import (
-    MANIFEST,
     RunDirectory,
     RunDirectoryError,
     write_atomically,
@@ -121,10 +120,9 @@ def resolve_position_mode(settings, run_path):
     """
     if settings.position_mode is not None:
         return settings
-    manifest = os.path.join(run_path, MANIFEST)
-    if not settings.force_new and os.path.exists(manifest):
-        with open(manifest) as f:
-            mode = json.load(f).get("model", {}).get("position_mode", ADDED_FIELDS["model.position_mode"])
+    stored = None if settings.force_new else RunDirectory(run_path).read_manifest()
+    if stored is not None:
+        mode = stored.get("model", {}).get("position_mode", ADDED_FIELDS["model.position_mode"])
     else:
         mode = "fixed" if settings.carry_state else "clamped"
     return dataclasses.replace(settings, position_mode=mode)
