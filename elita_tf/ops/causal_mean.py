@@ -109,17 +109,20 @@ def _shift_right(x, axis, fill=0.0, steps=1):
     return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
 
 
-def _decayed_prefix(log_norm, items, block_size, levels):
-    """`E_k = Σ_{j<=k} exp(log_norm_j - log_norm_k) items_j` for nondecreasing `log_norm`.
+def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
+    """`E_k = Σ_{j<=k} exp(a_j - log_norm_k) items_j` for nondecreasing `log_norm`.
 
-    `log_norm [N, K]`, `items [N, K, D]`. Every weight is `<= 1`. Blocks of
-    `block_size` are combined with matrix products; the carry between blocks
-    is the same sum one level up (the blocks' last rows), and at the top
-    level a sign-split `cumulative_logsumexp`, cheap on so few entries.
+    `log_norm [N, K]`, `items [N, K, D]`; `a = item_logits [N, K]`, by
+    default `log_norm`. Each `a_j <= log_norm_k` for `j <= k`, so every weight
+    is `<= 1`. Blocks of `block_size` are combined with matrix products; the
+    carry between blocks is the same sum one level up (the blocks' last rows,
+    whose weights are their own `log_norm`), and at the top level a
+    sign-split `cumulative_logsumexp`, cheap on so few entries.
     """
     if levels == 0:
-        log_pos = tf.math.cumulative_logsumexp(log_norm[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
-        log_neg = tf.math.cumulative_logsumexp(log_norm[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
+        log_w = log_norm if item_logits is None else item_logits
+        log_pos = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
+        log_neg = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
         return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
     n, length, depth = tf.shape(items)[0], tf.shape(items)[1], tf.shape(items)[2]
     # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
@@ -129,9 +132,14 @@ def _decayed_prefix(log_norm, items, block_size, levels):
     items = tf.pad(items, [[0, 0], [0, padded - length], [0, 0]])
     lz = tf.reshape(log_norm, [n, -1, block_size])  # [N, K, C]
     x = tf.reshape(items, [n, -1, block_size, depth])  # [N, K, C, D]
+    if item_logits is None:
+        log_w = lz
+    else:  # padded items are zero and get no weight
+        log_w = tf.pad(item_logits, [[0, 0], [0, padded - length]], constant_values=NEG_INF)
+        log_w = tf.reshape(log_w, [n, -1, block_size])
 
     causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
-    scores = tf.where(causal, lz[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, lz.dtype))
+    scores = tf.where(causal, log_w[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, lz.dtype))
     inner = tf.matmul(tf.exp(scores), x)  # [N, K, C, D]
     # Carry: everything before each block, decayed to the block's rows.
     carry = _decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
@@ -144,9 +152,10 @@ def _decayed_prefix(log_norm, items, block_size, levels):
 def _global_chunked(logits, values, chunk_size):
     """Global causal mean of `[N, T]` logits and `[N, T, D]` values.
 
-    With `L_i = logcumsumexp(l)_i`, the mean is `Σ_{j<=i} exp(L_j - L_i) c_j`
-    for `c_j = exp(l_j - L_j) x_j`: a decayed prefix sum with weights <= 1,
-    done in chunks at two levels (tokens, then chunks).
+    With `L_i = logcumsumexp(l)_i`, the mean is `Σ_{j<=i} exp(l_j - L_i) x_j`:
+    a decayed prefix sum with weights <= 1, done in chunks at two levels
+    (tokens, then chunks). The values enter the chunks' matrix products as
+    they are, with no weighted copy of them first.
     """
     length = tf.shape(logits)[1]
     # At least one chunk, so that T = 0 needs no special case below.
@@ -154,8 +163,7 @@ def _global_chunked(logits, values, chunk_size):
     logits = tf.pad(logits, [[0, 0], [0, pad]], constant_values=NEG_INF)
     values = tf.pad(values, [[0, 0], [0, pad], [0, 0]])
     log_z = tf.math.cumulative_logsumexp(logits, axis=-1)  # [N, T']
-    items = tf.exp(logits - log_z)[..., None] * values
-    mean = _decayed_prefix(log_z, items, chunk_size, levels=2)
+    mean = _decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits)
     return mean[:, :length], log_z[:, :length]
 
 
@@ -387,10 +395,10 @@ def causal_softmax_mean(
         mean = tf.exp(lz0 - merged)[..., None] * mean0 + tf.exp(log_z - merged)[..., None] * mean
         log_z = merged
         initial_state = (lz0[..., 0], mean0[:, :, 0])
-    # The last row's statistics, or the initial state when T = 0.
+    # The last row's statistics, or the initial state when T = 0 (only the last row is copied).
     state = (
-        tf.concat([initial_state[0][..., None], log_z], axis=-1)[..., -1],
-        tf.concat([initial_state[1][:, :, None], mean], axis=2)[:, :, -1],
+        tf.concat([initial_state[0][..., None], log_z[..., -1:]], axis=-1)[..., -1],
+        tf.concat([initial_state[1][:, :, None], mean[:, :, -1:]], axis=2)[:, :, -1],
     )
     return mean, log_z, state
 
