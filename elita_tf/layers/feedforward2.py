@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.ops.utils import pairwise_product
+from elita_tf.ops.utils import pairwise_product, pairwise_projection
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -126,7 +126,12 @@ class FeedForward2(keras.layers.Layer):
         x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
         alpha = self.w1_dense(x)  # [B*T, a]
         beta = self.w2_dense(x)  # [B*T, b]
-        outputs = self.w3_dense(pairwise_product(alpha, beta))  # [B*T, a, b] -> [B*T, d]
+        if self.w3_dense.quantization_mode is None:
+            # `kernel` includes a LoRA update; the fused form keeps no [B*T, a, b] product for the gradient.
+            kernel = tf.cast(self.w3_dense.kernel, alpha.dtype)
+            outputs = pairwise_projection(alpha, beta, kernel) + tf.cast(self.w3_dense.bias, alpha.dtype)
+        else:  # int8 weights: the quantized layer's own call
+            outputs = self.w3_dense(pairwise_product(alpha, beta))  # [B*T, a, b] -> [B*T, d]
         return tf.reshape(outputs, tf.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):

@@ -152,6 +152,32 @@ def pairwise_product(alpha, beta):
     return product, grad
 
 
+@tf.custom_gradient
+def pairwise_projection(alpha, beta, kernel):
+    """`Σ_ij alpha_i beta_j kernel[i, j, :]` per row: `[N, a]`, `[N, b]`, `[a, b, w]` to `[N, w]`.
+
+    The same as projecting `pairwise_product(alpha, beta)` with `kernel`, but
+    the `[N, a, b]` product is not kept for the backward pass: the kernel's
+    gradient is `alphaᵀ (beta ⊗ upstream)`, whose `[N, b, w]` factor exists
+    only while it is taken. In a model that is `N * a * b` values less memory
+    held per layer until the backward pass reaches it.
+    """
+    a, b, width = kernel.shape
+    product = tf.reshape(tf.expand_dims(alpha, 2) * tf.expand_dims(beta, 1), [-1, a * b])
+    outputs = tf.matmul(product, tf.reshape(kernel, [a * b, width]))
+
+    def grad(upstream):
+        with tf.name_scope("pairwise_projection_gradient"):
+            d_product = tf.reshape(tf.matmul(upstream, tf.reshape(kernel, [a * b, width]), transpose_b=True), [-1, a, b])
+            d_alpha = tf.squeeze(tf.matmul(d_product, tf.expand_dims(beta, 2)), 2)
+            d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
+            beta_upstream = tf.reshape(tf.expand_dims(beta, 2) * tf.expand_dims(upstream, 1), [-1, b * width])
+            d_kernel = tf.reshape(tf.matmul(alpha, beta_upstream, transpose_a=True), [a, b, width])
+        return d_alpha, d_beta, d_kernel
+
+    return outputs, grad
+
+
 def segment_ids(resets, length_multiple=1):
     """Per position, how many resets come at or before it: int32 `[B, T']`, `T'` padded to `length_multiple`.
 

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.layers import FeedForward2
+from elita_tf.ops.utils import pairwise_product
 from tests.layers.reference_check import assert_matches_reference
 
 
@@ -33,6 +34,22 @@ def test_forward_and_gradients_match_reference(length):
     assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-10, atol=1e-10)
     layer32 = _layer(hidden_dim=5, factor=3)
     np.testing.assert_allclose(layer32(tf.cast(x, tf.float32)), reference(layer32, x), rtol=1e-5, atol=1e-5)
+
+
+def test_lora_trains_through_the_fused_projection():
+    """With LoRA on `w3`, outputs and gradients (to the LoRA factors, not the frozen kernel) are the Einsum layer's."""
+    layer = _layer("float64", hidden_dim=5, factor=3)
+    layer.w3_dense.enable_lora(2)
+    layer.w3_dense.lora_kernel_b.assign(np.random.default_rng(2).normal(size=layer.w3_dense.lora_kernel_b.shape))
+    assert "lora_kernel_a" in {w.path.rsplit("/", 1)[-1] for w in layer.trainable_weights}
+    x = tf.constant(np.random.default_rng(3).normal(size=(2, 7, 6)))
+
+    def einsum_layer(x):
+        flat = tf.reshape(x, [-1, 6])
+        outputs = layer.w3_dense(pairwise_product(layer.w1_dense(flat), layer.w2_dense(flat)))
+        return tf.reshape(outputs, tf.shape(x))
+
+    assert_matches_reference(layer, einsum_layer, x, layer.trainable_weights, rtol=1e-10, atol=1e-10)
 
 
 def test_weights_and_parameter_count():
