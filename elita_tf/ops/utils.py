@@ -163,12 +163,13 @@ def pairwise_projection(alpha, beta, kernel):
     held per layer until the backward pass reaches it.
     """
     a, b, width = kernel.shape
+    flat_kernel = tf.reshape(kernel, [a * b, width])
     product = tf.reshape(tf.expand_dims(alpha, 2) * tf.expand_dims(beta, 1), [-1, a * b])
-    outputs = tf.matmul(product, tf.reshape(kernel, [a * b, width]))
+    outputs = tf.matmul(product, flat_kernel)
 
     def grad(upstream):
         with tf.name_scope("pairwise_projection_gradient"):
-            d_product = tf.reshape(tf.matmul(upstream, tf.reshape(kernel, [a * b, width]), transpose_b=True), [-1, a, b])
+            d_product = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b])
             d_alpha = tf.squeeze(tf.matmul(d_product, tf.expand_dims(beta, 2)), 2)
             d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
             beta_upstream = tf.reshape(tf.expand_dims(beta, 2) * tf.expand_dims(upstream, 1), [-1, b * width])
