@@ -210,7 +210,10 @@ def _banded(logits, values, window, chunk_size, resets=None):
 def _merge(parts):
     """`(log_z, mean)` of the union of disjoint key sets, from each set's `(log_z, mean)`."""
     log_z = tf.reduce_logsumexp(tf.stack([lz for lz, _ in parts], axis=-1), axis=-1)
-    mean = sum(tf.exp(lz - log_z)[..., None] * m for lz, m in parts)
+    weighted = [tf.exp(lz - log_z)[..., None] * m for lz, m in parts]
+    mean = weighted[0]
+    for term in weighted[1:]:  # not sum(): it would add a pass of `0 + weighted[0]`
+        mean = mean + term
     return log_z, mean
 
 
@@ -236,19 +239,18 @@ def _block_banded(logits, values, window, chunk_size):
     v = tf.reshape(values, [b, h, -1, chunk_size, depth])
     neg_inf = tf.constant(NEG_INF, l.dtype)
 
-    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]: key j <= row i
+    rows, keys = tf.range(chunk_size)[:, None], tf.range(chunk_size)[None, :]
     pre_lz = tf.math.cumulative_logsumexp(l, axis=-1)
-    pre_mean = tf.matmul(tf.exp(tf.where(causal, l[..., None, :] - pre_lz[..., None], neg_inf)), v)
-    suf_lz = tf.math.cumulative_logsumexp(l, axis=-1, reverse=True)
-    suf_mean = tf.matmul(tf.exp(tf.where(tf.transpose(causal), l[..., None, :] - suf_lz[..., None], neg_inf)), v)
+    pre_mean = tf.matmul(tf.exp(tf.where(keys <= rows, l[..., None, :] - pre_lz[..., None], neg_inf)), v)
 
-    # Row r takes the suffix from offset (r - w + 1) mod C, `whole` chunks back (or `whole + 1`:
-    # rows r < w - 1, which exist for w >= 2); with w = 0, row C - 1 takes an empty suffix (offset C).
-    if rest:
-        suf_lz, suf_mean = tf.roll(suf_lz, rest - 1, axis=3), tf.roll(suf_mean, rest - 1, axis=3)
-    else:
-        suf_lz = tf.pad(suf_lz[..., 1:], [[0, 0]] * 3 + [[0, 1]], constant_values=NEG_INF)
-        suf_mean = tf.pad(suf_mean[..., 1:, :], [[0, 0]] * 3 + [[0, 1], [0, 0]])
+    # Row r takes the suffix from offset s_r = (r - w + 1) mod C, `whole` chunks back (or `whole + 1`:
+    # rows r < w - 1, which exist for w >= 2); with w = 0, s_r = r + 1 and row C - 1 takes an empty
+    # suffix (offset C). Each row's suffix is formed at its own offset, so no row moves afterwards.
+    offset = (rows[:, 0] - rest + 1) % chunk_size if rest else rows[:, 0] + 1  # [C], in [0, C]
+    suf_lz = tf.math.cumulative_logsumexp(l, axis=-1, reverse=True)
+    suf_lz = tf.gather(tf.pad(suf_lz, [[0, 0]] * 3 + [[0, 1]], constant_values=NEG_INF), offset, axis=-1)
+    suffix_keys = keys >= offset[:, None]  # [C, C]
+    suf_mean = tf.matmul(tf.exp(tf.where(suffix_keys, l[..., None, :] - suf_lz[..., None], neg_inf)), v)
     suffix = (_shift_right(suf_lz, 2, NEG_INF, whole), _shift_right(suf_mean, 2, 0.0, whole))
 
     # Whole chunks k - m + 1 .. k - 1 (and k - m for rows r < w - 1).
