@@ -119,8 +119,8 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
     whose weights are their own `log_norm`), and at the top level a
     sign-split `cumulative_logsumexp`, cheap on so few entries.
     """
+    log_w = log_norm if item_logits is None else item_logits
     if levels == 0:
-        log_w = log_norm if item_logits is None else item_logits
         log_pos = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
         log_neg = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
         return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
@@ -132,11 +132,8 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
     items = tf.pad(items, [[0, 0], [0, padded - length], [0, 0]])
     lz = tf.reshape(log_norm, [n, -1, block_size])  # [N, K, C]
     x = tf.reshape(items, [n, -1, block_size, depth])  # [N, K, C, D]
-    if item_logits is None:
-        log_w = lz
-    else:  # padded items are zero and get no weight
-        log_w = tf.pad(item_logits, [[0, 0], [0, padded - length]], constant_values=NEG_INF)
-        log_w = tf.reshape(log_w, [n, -1, block_size])
+    # Padded items are zero and get no weight.
+    log_w = tf.reshape(tf.pad(log_w, [[0, 0], [0, padded - length]], constant_values=NEG_INF), [n, -1, block_size])
 
     causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
     scores = tf.where(causal, log_w[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, lz.dtype))
