@@ -2,7 +2,7 @@
 
 Each (subject, T) runs in its own process, so its peak memory is its own:
 the peak resident set size above what the process held before building
-the inputs. Batches hold a constant number of tokens (`--tokens`), so a
+the inputs (on a GPU, the peak memory TensorFlow held there). Batches hold a constant number of tokens (`--tokens`), so a
 linear-time layer shows a flat time per token.
 
 Subjects:
@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from measure import run_measurement
+from measure import device_description, gpu_peak_mib, run_measurement
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
 LAYERS = [
@@ -117,7 +117,8 @@ def run_one(args):
     def timed(fn):
         start = time.perf_counter()
         out = fn(*inputs)
-        tf.nest.map_structure(lambda t: None if t is None else t.numpy(), out)  # keep the outputs
+        # One element of each output waits for all of it, without a device-to-host copy of the rest.
+        tf.nest.map_structure(lambda t: None if t is None else tf.reshape(t, [-1])[-1].numpy(), out)
         return time.perf_counter() - start, out
 
     result = {"subject": args.subject, "T": length, "B": batch, "H": heads, "D": depth, "d": width}
@@ -135,6 +136,11 @@ def run_one(args):
             }
         )
     result["peak_mib"] = _peak_rss_mib() - base
+    # On a GPU the activations live in its memory: report TensorFlow's peak there instead.
+    gpu_peak = gpu_peak_mib()
+    if gpu_peak is not None:
+        result["peak_mib"] = gpu_peak
+        result["peak_memory"] = "gpu"
     print(json.dumps(result))
 
 
@@ -163,7 +169,10 @@ def main():
     import keras
     import tensorflow as tf
 
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {device_description()}, "
+        f"python {platform.python_version()}"
+    )
     print(f"# tensorflow {tf.__version__}, keras {keras.__version__}, xla={args.xla}")
     print(f"# tokens/batch={args.tokens} H={args.heads} D={args.head_dim} d={args.width} C={args.chunk_size}")
     header = "| subject | T | B | fwd ms | fwd+bwd ms | fwd+bwd tokens/s | peak MiB | compile s | finite |"

@@ -21,3 +21,22 @@ def run_measurement(cmd, timeout):
     if proc.returncode or not lines:
         return None, (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
     return json.loads(lines[-1]), None
+
+
+def device_description():
+    """The accelerator TensorFlow runs on, in words: the first GPU's name, or "CPU"."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU"
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
+
+
+def gpu_peak_mib():
+    """The most memory TensorFlow has held on the first GPU so far, in MiB, or None without a GPU."""
+    import tensorflow as tf
+
+    if not tf.config.list_logical_devices("GPU"):
+        return None
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20

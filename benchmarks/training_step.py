@@ -2,7 +2,8 @@
 
 Each (preset, T) runs in its own process: a compiled `train_step` (Adam, the ELiTA schedule,
 cross-entropy) on random token ids, median of `--repeats` steps after the first (compile)
-one, and the peak resident set size above the process's baseline.
+one, and the peak resident set size above the process's baseline (on a GPU, the peak
+memory TensorFlow held there).
 
     python benchmarks/training_step.py --presets elita transformer --seq-lens 256 1024 4096
 """
@@ -16,7 +17,7 @@ import statistics
 import sys
 import time
 
-from measure import run_measurement
+from measure import device_description, gpu_peak_mib, run_measurement
 
 
 def run_one(args):
@@ -66,6 +67,10 @@ def run_one(args):
         "loss": loss,
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
     }
+    # On a GPU the step's tensors live in its memory: report TensorFlow's peak there instead.
+    gpu_peak = gpu_peak_mib()
+    if gpu_peak is not None:
+        result.update(peak_mib=gpu_peak, peak_memory="gpu")
     print(json.dumps(result))
 
 
@@ -100,7 +105,10 @@ def main():
     import keras
     import tensorflow as tf
 
-    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, tensorflow {tf.__version__}, keras {keras.__version__}")
+    print(
+        f"# {platform.machine()}, {os.cpu_count()} CPUs, {device_description()}, "
+        f"tensorflow {tf.__version__}, keras {keras.__version__}"
+    )
     print(
         f"# tokens/batch={args.tokens} vocab={args.vocab_size} d={args.width} L={args.layers} H={args.heads} "
         f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy}"
