@@ -129,7 +129,7 @@ def main():
                     continue
                 results[name, head, length] = r
                 print(
-                    f"| {name} | {head} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.2f} | "
+                    f"| {name} | {head} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.3g} | "
                     f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['compile_s']:.1f} |",
                     flush=True,
                 )
