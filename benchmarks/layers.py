@@ -2,8 +2,9 @@
 
 Each (subject, T) runs in its own process, so its peak memory is its own:
 the peak resident set size above what the process held before building
-the inputs (on a GPU, the peak memory TensorFlow held there). Batches hold a constant number of tokens (`--tokens`), so a
-linear-time layer shows a flat time per token.
+the inputs (on a GPU, the peak memory TensorFlow held there). Batches hold
+a constant number of tokens (`--tokens`), so a linear-time layer shows a
+flat time per token.
 
 Subjects:
   kernel          elita_tf.ops.causal_softmax_mean on [B, H, T] logits, [B, H, T, D] values

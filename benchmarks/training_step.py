@@ -3,7 +3,9 @@
 Each (preset, T) runs in its own process: a compiled `train_step` (Adam, the ELiTA schedule,
 cross-entropy) on random token ids, median of `--repeats` steps after the first (compile)
 one, and the peak resident set size above the process's baseline (on a GPU, the peak
-memory TensorFlow held there).
+memory TensorFlow held there). The tensor peak is the most memory TensorFlow's allocator held
+for the timed steps' tensors: the model's own memory, without the process's libraries, traced
+graphs and caches.
 
     python benchmarks/training_step.py --presets elita transformer --seq-lens 256 1024 4096
 """
@@ -49,11 +51,14 @@ def run_one(args):
     rng = np.random.default_rng(0)
     x = tf.constant(rng.integers(0, args.vocab_size, size=(batch, args.seq_len)), tf.int32)
     y = tf.constant(rng.integers(0, args.vocab_size, size=(batch, args.seq_len)), tf.int32)
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     times = []
-    for _ in range(args.repeats + 1):
+    for step in range(args.repeats + 1):
         start = time.perf_counter()
         loss = float(model.train_on_batch(x, y))
         times.append(time.perf_counter() - start)
+        if step == 0:  # from here on, the allocator's peak is the steps' own tensors
+            tf.config.experimental.reset_memory_stats(device)
     result = {
         "preset": args.preset,
         "output_head": args.output_head,
@@ -66,6 +71,8 @@ def run_one(args):
         "step_s": statistics.median(times[1:]),
         "loss": loss,
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
+        # The most memory the steps' tensors held at once, without the process's libraries, graphs and caches.
+        "tensor_peak_mib": tf.config.experimental.get_memory_info(device)["peak"] / 2**20,
     }
     # On a GPU the step's tensors live in its memory: report TensorFlow's peak there instead.
     gpu_peak = gpu_peak_mib()
@@ -113,8 +120,8 @@ def main():
         f"# tokens/batch={args.tokens} vocab={args.vocab_size} d={args.width} L={args.layers} H={args.heads} "
         f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy}"
     )
-    print("| preset | output head | T | B | params | step s | tokens/s | peak MiB | compile s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| preset | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     results = {}
     for length in args.seq_lens:
         for head in args.output_heads:
@@ -125,12 +132,13 @@ def main():
                 cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
                 r, reason = run_measurement(cmd, args.timeout)
                 if r is None:
-                    print(f"| {name} | {head} | {length} | | {reason} | | | | |", flush=True)
+                    print(f"| {name} | {head} | {length} | | {reason} | | | | | |", flush=True)
                     continue
                 results[name, head, length] = r
                 print(
                     f"| {name} | {head} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.3g} | "
-                    f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['compile_s']:.1f} |",
+                    f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['tensor_peak_mib']:,.0f} | "
+                    f"{r['compile_s']:.1f} |",
                     flush=True,
                 )
     base = args.presets[-1]
@@ -139,7 +147,8 @@ def main():
             other = results[base, head, length]
             print(
                 f"T={length}, {head} head: {name} / {base}: step time {r['step_s'] / other['step_s']:.2f}x, "
-                f"peak memory {r['peak_mib'] / other['peak_mib']:.2f}x"
+                f"peak memory {r['peak_mib'] / other['peak_mib']:.2f}x, "
+                f"tensor peak {r['tensor_peak_mib'] / other['tensor_peak_mib']:.2f}x"
             )
 
 
