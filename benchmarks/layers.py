@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 
-from measure import device_description, gpu_peak_mib, run_measurement
+from measure import device_description, run_measurement, use_gpu_peak
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
 LAYERS = [
@@ -137,12 +137,7 @@ def run_one(args):
             }
         )
     result["peak_mib"] = _peak_rss_mib() - base
-    # On a GPU the activations live in its memory: report TensorFlow's peak there instead.
-    gpu_peak = gpu_peak_mib()
-    if gpu_peak is not None:
-        result["peak_mib"] = gpu_peak
-        result["peak_memory"] = "gpu"
-    print(json.dumps(result))
+    print(json.dumps(use_gpu_peak(result)))
 
 
 def main():

@@ -33,10 +33,10 @@ def device_description():
     return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
 
 
-def gpu_peak_mib():
-    """The most memory TensorFlow has held on the first GPU so far, in MiB, or None without a GPU."""
+def use_gpu_peak(result):
+    """On a GPU, where the tensors live, sets `result["peak_mib"]` to TensorFlow's peak there so far."""
     import tensorflow as tf
 
-    if not tf.config.list_logical_devices("GPU"):
-        return None
-    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    if tf.config.list_logical_devices("GPU"):
+        result.update(peak_mib=tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20, peak_memory="gpu")
+    return result

@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from measure import device_description, gpu_peak_mib, run_measurement
+from measure import device_description, run_measurement, use_gpu_peak
 
 
 def run_one(args):
@@ -74,11 +74,7 @@ def run_one(args):
         # The most memory the steps' tensors held at once, without the process's libraries, graphs and caches.
         "tensor_peak_mib": tf.config.experimental.get_memory_info(device)["peak"] / 2**20,
     }
-    # On a GPU the step's tensors live in its memory: report TensorFlow's peak there instead.
-    gpu_peak = gpu_peak_mib()
-    if gpu_peak is not None:
-        result.update(peak_mib=gpu_peak, peak_memory="gpu")
-    print(json.dumps(result))
+    print(json.dumps(use_gpu_peak(result)))
 
 
 def main():
