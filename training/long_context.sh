@@ -3,8 +3,9 @@
 # step, as the seed configuration), ELiTA trained at T = 256 with --carry-state, and the Transformer
 # (TRANSFORMER_SEQ_LEN, default 256, at the same tokens a step: 2048 is the longest that fits in 24 GB, about
 # 13 GB at its peak and 4-5.5 s a step on a 2-core CPU); then each scored on the test split by position, in
-# windows of up to 16K tokens (and ELiTA at 256 in its own windows too), ELiTA's fixed-position runs also with clamped positions
-# (the same weights), and ELiTA's runs over the whole split as one stream. Finished steps are skipped.
+# windows of up to 16K tokens (and ELiTA at 256 in its own windows too), ELiTA's fixed-position runs also
+# with clamped positions (the same weights), and ELiTA's runs over the whole split as one stream. Finished
+# steps are skipped.
 # Offline: export ELITA_WIKITEXT_DIR=path/to/wikitext-2 first.
 set -euo pipefail
 out="${1:-runs/long_context}"

@@ -207,10 +207,8 @@ def _banded(logits, values, window, chunk_size, resets=None):
 def _merge(parts):
     """`(log_z, mean)` of the union of disjoint key sets, from each set's `(log_z, mean)`."""
     log_z = tf.reduce_logsumexp(tf.stack([lz for lz, _ in parts], axis=-1), axis=-1)
-    weighted = [tf.exp(lz - log_z)[..., None] * m for lz, m in parts]
-    mean = weighted[0]
-    for term in weighted[1:]:  # not sum(): it would add a pass of `0 + weighted[0]`
-        mean = mean + term
+    # add_n, not sum(): one op, without sum()'s extra pass of `0 + first`.
+    mean = tf.add_n([tf.exp(lz - log_z)[..., None] * m for lz, m in parts])
     return log_z, mean
 
 
