@@ -8,24 +8,32 @@ bias `b [V]`, a scale `s` and labels `y [N]`:
 
 Computed plainly, `z` is `[B, T, V]` floats (655 MB at B = 128, T = 256,
 V = 5000), kept for the backward pass, with its softmax and gradient beside
-it. Here the `N` tokens are taken `C` at a time. The forward pass keeps only
-each token's log-sum-exp; the backward pass recomputes a chunk's logits and
-forms its gradient at once,
+it. Here the `N` tokens are taken `C` at a time, and no more than one
+chunk's `[C, V]` logits and softmax exist at once. The gradients are
 
     dz_n = g_n (softmax(z_n) - onehot(y_n))
     dh_n = s dz_n Wᵀ,   dW = s Σ_n h_nᵀ dz_n,   db = s Σ_n dz_n
 
-so no more than one chunk's `[C, V]` logits exist at a time. The price is
-one more `[N, d] x [d, V]` product (the recomputation).
+Three things keep the passes over a chunk's `[C, V]` values few:
+- the bias rides in the matrix product: rows `[s h_n, s]` times `[W; b]`
+  give `z` and, transposed against the softmax, `dW` and `db` together;
+- the loss is `-log softmax(z_n)[y_n]`, read from the softmax (one fused
+  op) where that probability is a normal float, so the forward pass takes
+  no separate max, exponential or sum over the logits;
+- the one-hot part of `dz` never touches a `[C, V]` array: it is the
+  column `W[:, y_n]` for `dh_n` and a sum of rows per label for `dW`, `db`.
 
-With `gradient_in_forward=True` (training) the forward pass also forms the
-gradients for `g_n = 1` while it holds each chunk's logits; the backward pass
-multiplies them by `g`, which is exact for `dh` token by token and, for `dW`
-and `db`, whenever `g` is one number on every token (a mean loss). That is
-three `[N, d] x [d, V]` products in all, as many as with the full logits.
+The forward pass keeps only the losses; the backward pass recomputes each
+chunk's logits, one more `[N, d] x [d, V]` product. With
+`gradient_in_forward=True` (training) the forward pass also forms the
+gradients for `g_n = 1` while it holds each chunk's softmax; the backward
+pass multiplies them by `g`, which is exact for `dh` token by token and, for
+`dW` and `db`, whenever `g` is one number on every token (a mean loss). That
+is three `[N, d] x [d, V]` products in all, as many as with the full logits.
 All arithmetic is float32 (float64 stays float64) whatever the input dtype.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from elita_tf.ops.utils import accumulator_dtype
@@ -33,31 +41,29 @@ from elita_tf.ops.utils import accumulator_dtype
 DEFAULT_CROSS_ENTROPY_CHUNK = 512
 
 
-def _chunk_logits(hidden, kernel, bias, scale):
-    logits = tf.matmul(hidden, kernel) + bias  # [C, V]
-    return logits if scale is None else logits * scale
+def _token_loss(logits, probs, labels):
+    """`logsumexp(z_n) - z_n[y_n]` of one chunk `[C]`, read from its softmax `probs`.
 
-
-def _logit_gradient(logits, labels, weights, log_z=None):
-    """`(weights_n (softmax(z_n) - onehot(y_n)) [C, V], logsumexp(z) [C])` of one chunk.
-
-    Without `log_z` it is computed here, from the same exponentials as the
-    softmax. The one-hot term is a scatter of `C` entries, not a `[C, V]` pass.
+    The loss is `-log softmax(z_n)[y_n]`: one gather, no pass over the logits,
+    and accurate to round-off while that probability is a normal float. A
+    chunk where one falls below the square root of the smallest normal (a
+    loss above 43.7 in float32) takes `max z_n - log max softmax(z_n) - z_n[y_n]`
+    on every row instead, exact at any size since the largest probability is
+    at least `1/V`.
     """
-    if log_z is None:
-        top = tf.reduce_max(logits, axis=-1)
-        exp = tf.exp(logits - top[:, None])
-        total = tf.reduce_sum(exp, axis=-1)
-        log_z = top + tf.math.log(total)
-        d_logits = exp * (weights / total)[:, None]
-    else:
-        d_logits = tf.exp(logits - log_z[:, None]) * weights[:, None]
-    label_slots = tf.stack([tf.range(tf.shape(labels)[0]), labels], axis=1)
-    return tf.tensor_scatter_nd_sub(d_logits, label_slots, weights), log_z
+    label_probs = tf.gather(probs, labels, axis=1, batch_dims=1)
+    tiny = float(np.sqrt(np.finfo(probs.dtype.as_numpy_dtype).tiny))
+
+    def from_the_largest():
+        label_logits = tf.gather(logits, labels, axis=1, batch_dims=1)
+        return tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1)) - label_logits
+
+    return tf.cond(tf.reduce_all(label_probs >= tiny), lambda: -tf.math.log(label_probs), from_the_largest)
 
 
 def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations):
     """Per-token loss `[K, C]` of hidden `[K, C, d]` and labels `[K, C]`, with its custom gradient."""
+    width, vocab_size = kernel.shape
 
     def loop(body, arrays, accumulators=()):
         num_chunks = tf.shape(hidden)[0]
@@ -68,68 +74,87 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
     def array(element_shape):
         return tf.TensorArray(hidden.dtype, size=tf.shape(hidden)[0], element_shape=element_shape)
 
-    def gradients_step(k, d_logits, d_hidden, d_kernel, d_bias):
-        """Adds chunk `k`'s share, from its logit gradient `[C, V]`, to the three gradients."""
-        if d_hidden is not None:
-            d_hidden = d_hidden.write(k, tf.matmul(d_logits, kernel, transpose_b=True))
-        d_kernel = d_kernel + tf.matmul(hidden[k], d_logits, transpose_a=True)
-        return d_hidden, d_kernel, d_bias + tf.reduce_sum(d_logits, axis=0)
-
-    def weights(g):
-        return g if scale is None else g * scale  # d z / d (h W + b) = s
-
     @tf.custom_gradient
     def loss_fn(hidden, kernel, bias):
-        def forward(k, losses, log_z, *gradients):
-            logits = _chunk_logits(hidden[k], kernel, bias, scale)
-            label_logit = tf.gather(logits, labels[k], axis=1, batch_dims=1)
-            if gradient_in_forward:  # the gradient for a weight of 1 on every real token, while the logits are here
-                d_logits, chunk_log_z = _logit_gradient(logits, labels[k], weights(valid[k]))
-                gradients = gradients_step(k, d_logits, *gradients)
-            else:
-                chunk_log_z = tf.reduce_logsumexp(logits, axis=-1)
-            outputs = [losses.write(k, chunk_log_z - label_logit), log_z.write(k, chunk_log_z), *gradients]
-            return [k + 1, *outputs]
+        # z = s (h W + b) as one product: rows [s h, s] times the table [W; b]. A padded token's row is
+        # all zeros, so it adds nothing to the table's gradient.
+        rows = tf.concat([hidden, valid[..., None]], axis=-1)  # [K, C, d + 1]
+        rows = rows if scale is None else rows * scale
+        table = tf.concat([kernel, bias[None]], axis=0)  # [d + 1, V]
 
-        arrays, accumulators = [array(labels.shape[1:]), array(labels.shape[1:])], []
+        def softmax_step(k, weighted_rows, d_hidden, d_table):
+            """Chunk `k`'s logits and softmax, and the softmax's share of the gradients for weights `g`.
+
+            The share is `softmax Wᵀ` for the hidden states and `(g rows)ᵀ softmax` for the
+            table; the one-hot part of `softmax - onehot(y)` is added after the loop.
+            """
+            logits = tf.matmul(rows[k], table)  # [C, V]
+            probs = tf.nn.softmax(logits)
+            if d_hidden is not None:
+                d_hidden = d_hidden.write(k, tf.matmul(probs, kernel, transpose_b=True))
+            return logits, probs, d_hidden, d_table + tf.matmul(weighted_rows[k], probs, transpose_a=True)
+
+        def finish(weights, soft_hidden, soft_table):
+            """The gradients for weights `g [K, C]` from the softmax's shares: the one-hot part subtracted.
+
+            `dh_n = s g_n (softmax(z_n) Wᵀ - W[:, y_n]ᵀ)` and the table's
+            `Σ_n g_n rows_nᵀ (softmax(z_n) - onehot(y_n))`, whose one-hot part
+            is a sum of `g_n rows_n` per label: `[N, d + 1]` work, not `[N, V]`.
+            """
+            weighted = tf.reshape(rows * weights[..., None], [-1, width + 1])
+            d_table = soft_table - tf.transpose(tf.math.unsorted_segment_sum(weighted, tf.reshape(labels, [-1]), vocab_size))
+            if soft_hidden is None:
+                return None, d_table
+            d_hidden = (soft_hidden - tf.gather(tf.transpose(kernel), labels)) * weights[..., None]
+            return (d_hidden if scale is None else d_hidden * scale), d_table
+
+        def forward(k, losses, *gradients):
+            if gradient_in_forward:  # the softmax's shares for g = 1, while the softmax is here
+                logits, probs, *gradients = softmax_step(k, rows, *gradients)
+            else:
+                logits = tf.matmul(rows[k], table)
+                probs = tf.nn.softmax(logits)
+            return [k + 1, losses.write(k, _token_loss(logits, probs, labels[k])), *gradients]
+
+        arrays, accumulators = [array(labels.shape[1:])], []
         if gradient_in_forward:
             arrays.append(array(hidden.shape[1:]))
-            accumulators = [tf.zeros_like(kernel), tf.zeros_like(bias)]
-        losses, log_z, *unit_gradients = loop(forward, arrays, accumulators)
-        log_z = log_z.stack()
+            accumulators = [tf.zeros_like(table)]
+        losses, *unit_shares = loop(forward, arrays, accumulators)
 
-        def recomputed_gradients(upstream, with_hidden):
+        def recomputed(upstream, with_hidden):
+            weighted_rows = rows * upstream[..., None]
+
             def backward(k, *gradients):
-                logits = _chunk_logits(hidden[k], kernel, bias, scale)
-                d_logits, _ = _logit_gradient(logits, labels[k], weights(upstream[k]), log_z[k])
                 gradients = gradients if with_hidden else (None, *gradients)
-                d_hidden, d_kernel, d_bias = gradients_step(k, d_logits, *gradients)
-                return [k + 1, d_kernel, d_bias] if d_hidden is None else [k + 1, d_hidden, d_kernel, d_bias]
+                _, _, d_hidden, d_table = softmax_step(k, weighted_rows, *gradients)
+                return [k + 1, d_table] if d_hidden is None else [k + 1, d_hidden, d_table]
 
-            arrays = [array(hidden.shape[1:])] if with_hidden else []
-            return loop(backward, arrays, [tf.zeros_like(kernel), tf.zeros_like(bias)])
-
-        def grad(upstream):
-            with tf.name_scope("chunked_cross_entropy_gradient"):
-                return gradients(upstream)
+            shares = loop(backward, [array(hidden.shape[1:])] if with_hidden else [], [tf.zeros_like(table)])
+            soft_hidden = shares[0].stack() if with_hidden else None
+            return finish(upstream, soft_hidden, shares[-1])
 
         def gradients(upstream):
             if not gradient_in_forward:
-                d_hidden, d_kernel, d_bias = recomputed_gradients(upstream, with_hidden=True)
-                return d_hidden.stack(), d_kernel, d_bias
-            d_hidden, d_kernel, d_bias = unit_gradients
-            # dz_n = g_n * (unit gradient)_n: exact for the hidden states, token by token. For the
-            # kernel and bias, sums over tokens, it is exact when g is one number on every real token
-            # (a mean loss, as in training); other weights recompute the logits.
+                return recomputed(upstream, with_hidden=True)
+            soft_hidden, soft_table = unit_shares
+            d_hidden, _ = finish(upstream, soft_hidden.stack(), soft_table)  # exact token by token
+            # The table's gradient sums over tokens: scaling the g = 1 sum is exact when g is one
+            # number on every real token (a mean loss, as in training); other weights recompute it.
             real = tf.cast(valid, tf.bool)
             largest = tf.reduce_max(tf.where(real, upstream, tf.constant(-float("inf"), upstream.dtype)))
             smallest = tf.reduce_min(tf.where(real, upstream, tf.constant(float("inf"), upstream.dtype)))
-            d_kernel, d_bias = tf.cond(
+            d_table = tf.cond(
                 tf.equal(largest, smallest),
-                lambda: (largest * d_kernel, largest * d_bias),
-                lambda: tuple(recomputed_gradients(upstream, with_hidden=False)),
+                lambda: finish(tf.fill(tf.shape(upstream), largest), None, largest * soft_table)[1],
+                lambda: recomputed(upstream, with_hidden=False)[1],
             )
-            return d_hidden.stack() * upstream[..., None], d_kernel, d_bias
+            return d_hidden, d_table
+
+        def grad(upstream):
+            with tf.name_scope("chunked_cross_entropy_gradient"):
+                d_hidden, d_table = gradients(upstream)
+                return d_hidden, d_table[:width], d_table[width]
 
         return losses.stack(), grad
 

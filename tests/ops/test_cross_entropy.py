@@ -92,6 +92,27 @@ def test_large_logits_stay_finite_and_exact():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-2)
 
 
+def test_float32_loss_is_exact_on_both_sides_of_the_underflow_switch():
+    # The loss is read from the softmax while the label's probability is a normal float; a chunk
+    # holding a loss above 43.7 (probability below 1e-19) switches to the largest logit's form.
+    vocab = 37
+    hidden = tf.eye(vocab, dtype=tf.float64)[None]  # token n's logits are row n of the kernel
+    rng = np.random.default_rng(3)
+    kernel = rng.normal(size=(vocab, vocab))
+    labels = rng.integers(0, vocab, size=(1, vocab))
+    gaps = np.array([-20.0, -1.0, 0.0, 1.0, 20.0, 43.0, 44.0, 80.0, 300.0])  # how far each label's logit trails
+    for n, gap in enumerate(gaps):
+        kernel[n, labels[0, n]] = kernel[n].max() - gap
+    kernel, labels = tf.constant(kernel), tf.constant(labels, tf.int32)
+    want = cross_entropy_reference(hidden, kernel, labels)  # float64
+    for chunk_size in (8, 64):  # the large losses alone in a chunk, or with all the others
+        got = chunked_cross_entropy(
+            tf.cast(hidden, tf.float32), tf.cast(kernel, tf.float32), labels, chunk_size=chunk_size
+        )
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-6)
+    assert want[0, 0] < 1e-6 and want[0, 8] > 300
+
+
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
 def test_low_precision_inputs_accumulate_in_float32(dtype):
     hidden, kernel, bias, labels = _inputs(50, dtype=tf.float32)
