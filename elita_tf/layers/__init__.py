@@ -11,4 +11,5 @@ from elita_tf.layers.position_embedding import PositionEmbedding
 from elita_tf.layers.shaped_attention import ShapedAttention
 from elita_tf.layers.token_embedding import TokenEmbedding
 from elita_tf.layers.trilinear import TriLinearAttention
+from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.layers.wide_feedforward import WideFeedForward

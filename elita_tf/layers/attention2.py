@@ -259,7 +259,8 @@ class Attention2(CausalMixer):
                 resets=resets,
             )
         gate = tf.expand_dims(tf.sigmoid(delta - rho - log_z), -1)  # expand_dims: a cheaper gradient than [..., None]
-        mixed = gate * tf.cast(values, acc) + (1.0 - gate) * mean
+        # This form's gradient keeps one [B, H, T, D] difference, where `gate v + (1 - gate) mean` keeps v and mean.
+        mixed = mean + gate * (tf.cast(values, acc) - mean)
         outputs = self.output_dense(tf.cast(mixed, self.compute_dtype))
         if cache is None:
             return outputs

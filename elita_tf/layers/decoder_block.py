@@ -3,6 +3,7 @@ from keras.src.backend.common import global_state
 
 from elita_tf.layers.checks import check_choice, check_sequence_call
 from elita_tf.layers.mixer import CausalMixer
+from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 
 RESIDUALS = ("pre_norm", "parallel", "sequential")
 NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", None)
@@ -107,7 +108,7 @@ class DecoderBlock(CausalMixer):
         if self.norm == "rms_norm":
             return keras.layers.RMSNormalization(**sub)
         if self.norm == "unscaled_layer_norm":
-            return keras.layers.LayerNormalization(center=False, scale=False, **sub)
+            return UnscaledLayerNormalization(**sub)
         return keras.layers.LayerNormalization(**sub)
 
     def build(self, inputs_shape):

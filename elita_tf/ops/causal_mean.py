@@ -109,6 +109,33 @@ def _shift_right(x, axis, fill=0.0, steps=1):
     return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
 
 
+def _chunk_products(log_w, log_norm, items, block_size):
+    """`Σ_{j<=i} exp(a_j - L_i) x_j` in each chunk: `[N, K, C]` logits `a` and norms `L`, items `[N, K, C, D]`.
+
+    The `C x C` weights are the largest tensor of the forward pass, so the
+    backward pass recomputes them (a subtraction and an exponential) rather
+    than keep them: `C x C` values a chunk less memory held until then. Their
+    gradient needs no mask either: it is `(dE xᵀ) * weights`, zero wherever
+    the weights are.
+    """
+    causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
+
+    def weights(log_w, log_norm):
+        return tf.exp(tf.where(causal, log_w[:, :, None, :] - log_norm[..., None], tf.constant(NEG_INF, log_w.dtype)))
+
+    @tf.custom_gradient
+    def products(log_w, log_norm, items):
+        def grad(upstream):
+            with tf.control_dependencies([upstream]):  # else every block recomputes its weights at once, early
+                w = weights(log_w, log_norm)
+            d_scores = tf.matmul(upstream, items, transpose_b=True) * w  # [N, K, C, C]
+            return tf.reduce_sum(d_scores, -2), -tf.reduce_sum(d_scores, -1), tf.matmul(w, upstream, transpose_a=True)
+
+        return tf.matmul(weights(log_w, log_norm), items), grad
+
+    return products(log_w, log_norm, items)
+
+
 def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
     """`E_k = Σ_{j<=k} exp(a_j - log_norm_k) items_j` for nondecreasing `log_norm`.
 
@@ -135,9 +162,7 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
     # Padded items are zero and get no weight.
     log_w = tf.reshape(tf.pad(log_w, [[0, 0], [0, padded - length]], constant_values=NEG_INF), [n, -1, block_size])
 
-    causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
-    scores = tf.where(causal, log_w[:, :, None, :] - lz[..., None], tf.constant(NEG_INF, lz.dtype))
-    inner = tf.matmul(tf.exp(scores), x)  # [N, K, C, D]
+    inner = _chunk_products(log_w, lz, x, block_size)  # [N, K, C, D]
     # Carry: everything before each block, decayed to the block's rows.
     carry = _decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
     prev_lz = _shift_right(lz[..., -1], axis=1, fill=NEG_INF)

@@ -102,7 +102,8 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
             is a sum of `g_n rows_n` per label: `[N, d + 1]` work, not `[N, V]`.
             """
             weighted = tf.reshape(rows * weights[..., None], [-1, width + 1])
-            d_table = soft_table - tf.transpose(tf.math.unsorted_segment_sum(weighted, tf.reshape(labels, [-1]), vocab_size))
+            one_hot_part = tf.math.unsorted_segment_sum(weighted, tf.reshape(labels, [-1]), vocab_size)  # [V, d + 1]
+            d_table = soft_table - tf.transpose(one_hot_part)
             if soft_hidden is None:
                 return None, d_table
             d_hidden = (soft_hidden - tf.gather(tf.transpose(kernel), labels)) * weights[..., None]

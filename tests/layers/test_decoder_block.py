@@ -25,7 +25,7 @@ def _rms(x, layer):
 def _layer_norm(x, layer):
     mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
     normed = (x - mean) / tf.sqrt(var + layer.epsilon)
-    return normed if not layer.scale else normed * _float64(layer.gamma) + _float64(layer.beta)
+    return normed if not getattr(layer, "scale", False) else normed * _float64(layer.gamma) + _float64(layer.beta)
 
 
 def _randomised(block):
