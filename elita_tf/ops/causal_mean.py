@@ -98,6 +98,27 @@ def _pad_time(logits, values, multiple):
     return logits, values
 
 
+def _size(x, axis):
+    """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
+    return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
+
+
+def _pad_end(x, axis, amount, fill=0.0):
+    """`amount` entries of `fill` appended along `axis`; no op at all when `amount` is a Python 0."""
+    if isinstance(amount, int) and amount == 0:
+        return x
+    paddings = [[0, 0]] * x.shape.rank
+    paddings[axis] = [0, amount]
+    return tf.pad(x, paddings, constant_values=fill)
+
+
+def _leading(x, length):
+    """`x[:, :length]`, or `x` itself when that is all of it at tracing: no slice, whose gradient is a full copy."""
+    if isinstance(length, int) and x.shape[1] == length:
+        return x
+    return x[:, :length]
+
+
 def _shift_right(x, axis, fill=0.0, steps=1):
     """`x` moved `steps` along `axis`, `fill` entering at the start (safe for any size).
 
@@ -151,16 +172,15 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
         log_pos = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
         log_neg = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
         return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
-    n, length, depth = tf.shape(items)[0], tf.shape(items)[1], tf.shape(items)[2]
-    # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
-    padded = length + (-length) % block_size
-    last = tf.minimum(tf.range(padded), length - 1)
-    log_norm = tf.gather(log_norm, last, axis=1)
-    items = tf.pad(items, [[0, 0], [0, padded - length], [0, 0]])
-    lz = tf.reshape(log_norm, [n, -1, block_size])  # [N, K, C]
-    x = tf.reshape(items, [n, -1, block_size, depth])  # [N, K, C, D]
+    length, depth = _size(items, 1), _size(items, 2)
+    pad = (-length) % block_size
+    if not (isinstance(pad, int) and pad == 0):
+        # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
+        log_norm = tf.gather(log_norm, tf.minimum(tf.range(length + pad), length - 1), axis=1)
+    lz = tf.reshape(log_norm, [-1, (length + pad) // block_size, block_size])  # [N, K, C]
+    x = tf.reshape(_pad_end(items, 1, pad), [-1, (length + pad) // block_size, block_size, depth])  # [N, K, C, D]
     # Padded items are zero and get no weight.
-    log_w = tf.reshape(tf.pad(log_w, [[0, 0], [0, padded - length]], constant_values=NEG_INF), [n, -1, block_size])
+    log_w = tf.reshape(_pad_end(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
 
     inner = _chunk_products(log_w, lz, x, block_size)  # [N, K, C, D]
     # Carry: everything before each block, decayed to the block's rows.
@@ -168,7 +188,7 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
     prev_lz = _shift_right(lz[..., -1], axis=1, fill=NEG_INF)
     prev = _shift_right(carry, axis=1)
     out = inner + tf.exp(prev_lz[..., None] - lz)[..., None] * prev[:, :, None, :]
-    return tf.reshape(out, [n, -1, depth])[:, :length]
+    return _leading(tf.reshape(out, [-1, length + pad, depth]), length)
 
 
 def _global_chunked(logits, values, chunk_size):
@@ -179,23 +199,25 @@ def _global_chunked(logits, values, chunk_size):
     (tokens, then chunks). The values enter the chunks' matrix products as
     they are, with no weighted copy of them first.
     """
-    length = tf.shape(logits)[1]
+    length = _size(logits, 1)
     # At least one chunk, so that T = 0 needs no special case below.
-    pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
-    logits = tf.pad(logits, [[0, 0], [0, pad]], constant_values=NEG_INF)
-    values = tf.pad(values, [[0, 0], [0, pad], [0, 0]])
+    if isinstance(length, int):
+        pad = (-length) % chunk_size + (chunk_size if length == 0 else 0)
+    else:
+        pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
+    logits = _pad_end(logits, 1, pad, NEG_INF)
+    values = _pad_end(values, 1, pad)
     log_z = tf.math.cumulative_logsumexp(logits, axis=-1)  # [N, T']
     mean = _decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits)
-    return mean[:, :length], log_z[:, :length]
+    return _leading(mean, length), _leading(log_z, length)
 
 
 def _global(logits, values, chunk_size):
     """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values."""
     shape = tf.shape(values)
+    length, depth = _size(values, 2), _size(values, 3)  # static where known, so pads and slices can be left out
     mean, log_z = _global_chunked(
-        tf.reshape(logits, [shape[0] * shape[1], shape[2]]),
-        tf.reshape(values, [shape[0] * shape[1], shape[2], shape[3]]),
-        chunk_size,
+        tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth]), chunk_size
     )
     return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
 
