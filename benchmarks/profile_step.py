@@ -7,7 +7,12 @@ token mixers, the feed-forward networks, the norms, the output head with its los
 optimizer and the rest, forward and backward apart, and the most expensive ops. Times are
 op time summed over threads, per step; the wall-clock step is printed beside them.
 
+`--memory` also reads the allocator's events from the same trace and lists the tensors alive
+at the step's memory peak, by the op that made them: what the backward pass keeps from the
+forward pass, and the working memory around the peak.
+
     python benchmarks/profile_step.py --preset elita
+    python benchmarks/profile_step.py --preset elita --dtype-policy mixed_bfloat16 --memory
     python benchmarks/profile_step.py --preset transformer --output-head full
 """
 
@@ -36,16 +41,56 @@ def part_of(op_name):
     return "other"
 
 
-def read_op_times(logdir):
-    """`{(op name, op type): picoseconds}` over the executor threads of the host trace."""
+def _load_space(logdir):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     (path,) = glob.glob(f"{logdir}/plugins/profile/*/*.xplane.pb")
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
+    return space
+
+
+def _stat_value(plane, stat):
+    if stat.ref_value:  # strings that repeat (op names) are stored once, in the plane's metadata
+        return plane.stat_metadata[stat.ref_value].name
+    return stat.str_value or stat.int64_value or stat.uint64_value
+
+
+def read_peak_tensors(logdir):
+    """`(peak bytes, {op name: (bytes, shape)})`: the allocations alive at the traced steps' highest total."""
+    events = []
+    for plane in _load_space(logdir).planes:
+        stat_names = {key: value.name for key, value in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                kind = plane.event_metadata[event.metadata_id].name
+                if kind in ("MemoryAllocation", "MemoryDeallocation"):
+                    stats = {stat_names.get(s.metadata_id): _stat_value(plane, s) for s in event.stats}
+                    events.append((line.timestamp_ns * 1000 + event.offset_ps, kind, stats))
+    live, total, peak, at_peak = {}, 0, 0, {}
+    for _, kind, stats in sorted(events, key=lambda e: e[0]):
+        key = (stats.get("allocator_name"), stats.get("addr"))
+        if kind == "MemoryAllocation":
+            size = int(stats.get("requested_bytes") or 0)
+            live[key] = (size, str(stats.get("tf_op")), stats.get("shape"))
+            total += size
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif key in live:
+            total -= live.pop(key)[0]
+    by_op = collections.defaultdict(lambda: [0, None])
+    for size, op, shape in at_peak.values():
+        entry = by_op[re.sub(r"block_\d+(_\d+)?", "block_*", op.split(":")[0])]
+        entry[0] += size
+        entry[1] = shape
+    return peak, by_op
+
+
+def read_op_times(logdir):
+    """`{(op name, op type): picoseconds}` over the executor threads of the host trace."""
     times = collections.Counter()
-    for plane in space.planes:
+    for plane in _load_space(logdir).planes:
         for line in plane.lines:
             if not line.name.startswith("tf_Compute"):
                 continue
@@ -69,6 +114,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--top", type=int, default=15, help="how many of the most expensive ops to list")
+    parser.add_argument("--memory", action="store_true", help="also list the tensors alive at the memory peak")
     args = parser.parse_args()
 
     import keras
@@ -92,7 +138,9 @@ def main():
     for _ in range(args.warmup):
         model.train_on_batch(x, y)
     logdir = tempfile.mkdtemp(prefix="elita-profile-")
-    tf.profiler.experimental.start(logdir)
+    # Host tracer level 3 records the allocator's events (`--memory`).
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3 if args.memory else 2)
+    tf.profiler.experimental.start(logdir, options)
     start = time.perf_counter()
     for _ in range(args.steps):
         model.train_on_batch(x, y)
@@ -125,6 +173,11 @@ def main():
         by_op[re.sub(r"block_\d+(_\d+)?", "block_*", re.sub(r"_\d+(?=/|$)", "", name)), kind] += ps
     for (name, kind), ps in by_op.most_common(args.top):
         print(f"{ms(ps):7.1f} ms  {kind:28s} {name}")
+    if args.memory:
+        peak, by_op = read_peak_tensors(logdir)
+        print(f"\n{peak / 2**20:.0f} MiB of tensors alive at the traced steps' peak; the {args.top} largest by op:")
+        for name, (size, shape) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[: args.top]:
+            print(f"{size / 2**20:7.1f} MiB  {name}  {shape}")
 
 
 if __name__ == "__main__":

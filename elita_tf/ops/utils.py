@@ -81,7 +81,14 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         What `compute` returns, with the rules above applied.
     """
     finite = tf.reduce_all(tf.math.is_finite(inputs), axis=-1)  # [B, T]
-    result = compute(tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype)))
+    # Without a bad value the inputs go through as they are: no copy, which the mixer's projections would keep
+    # for the backward pass beside the norm's output that it equals.
+    clean = tf.cond(
+        tf.reduce_all(finite),
+        lambda: tf.identity(inputs),
+        lambda: tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype)),
+    )
+    result = compute(clean)
     bad = tf.logical_not(finite)
     if padding_mask is not None:
         bad &= tf.cast(padding_mask, tf.bool)  # real positions that hold NaN or Inf
@@ -160,7 +167,9 @@ def pairwise_projection(alpha, beta, kernel):
     the `[N, a, b]` product is not kept for the backward pass: the kernel's
     gradient is `alphaᵀ (beta ⊗ upstream)`, whose `[N, b, w]` factor exists
     only while it is taken. In a model that is `N * a * b` values less memory
-    held per layer until the backward pass reaches it.
+    held per layer until the backward pass reaches it. The backward pass forms
+    that factor and the product's own gradient `[N, a, b]` one after the
+    other, so only one of the two is held at a time.
     """
     a, b, width = kernel.shape
     flat_kernel = tf.reshape(kernel, [a * b, width])
@@ -169,11 +178,13 @@ def pairwise_projection(alpha, beta, kernel):
 
     def grad(upstream):
         with tf.name_scope("pairwise_projection_gradient"):
-            d_product = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b])
-            d_alpha = tf.squeeze(tf.matmul(d_product, tf.expand_dims(beta, 2)), 2)
-            d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
             beta_upstream = tf.reshape(tf.expand_dims(beta, 2) * tf.expand_dims(upstream, 1), [-1, b * width])
             d_kernel = tf.reshape(tf.matmul(alpha, beta_upstream, transpose_a=True), [a, b, width])
+            # The two [N, a * b]-sized factors one after the other, not both held at once.
+            with tf.control_dependencies([d_kernel]):
+                d_product = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b])
+            d_alpha = tf.squeeze(tf.matmul(d_product, tf.expand_dims(beta, 2)), 2)
+            d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
         return d_alpha, d_beta, d_kernel
 
     return outputs, grad
