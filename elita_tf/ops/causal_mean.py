@@ -147,10 +147,12 @@ def _chunk_products(log_w, log_norm, items, block_size):
     @tf.custom_gradient
     def products(log_w, log_norm, items):
         def grad(upstream):
-            with tf.control_dependencies([upstream]):  # else every block recomputes its weights at once, early
-                w = weights(log_w, log_norm)
-            d_scores = tf.matmul(upstream, items, transpose_b=True) * w  # [N, K, C, C]
-            return tf.reduce_sum(d_scores, -2), -tf.reduce_sum(d_scores, -1), tf.matmul(w, upstream, transpose_a=True)
+            with tf.name_scope("causal_mean_gradient"):
+                with tf.control_dependencies([upstream]):  # else every block recomputes its weights at once, early
+                    w = weights(log_w, log_norm)
+                d_scores = tf.matmul(upstream, items, transpose_b=True) * w  # [N, K, C, C]
+                d_items = tf.matmul(w, upstream, transpose_a=True)
+                return tf.reduce_sum(d_scores, -2), -tf.reduce_sum(d_scores, -1), d_items
 
         return tf.matmul(weights(log_w, log_norm), items), grad
 

@@ -50,11 +50,12 @@ def unscaled_layer_norm(x, epsilon=1e-3):
         outputs = tf.cast(wide * inv - mean * inv, dtype)
 
         def grad(upstream):
-            with tf.control_dependencies([upstream]):  # widen y when its gradient is due, not all norms' at once
-                y = tf.cast(outputs, acc)
-            g = tf.cast(upstream, acc)
-            centred = g - tf.reduce_mean(g, axis=-1, keepdims=True)
-            return tf.cast(inv * (centred - y * tf.reduce_mean(g * y, axis=-1, keepdims=True)), dtype)
+            with tf.name_scope("layer_norm_gradient"):
+                with tf.control_dependencies([upstream]):  # widen y when its gradient is due, not all norms' at once
+                    y = tf.cast(outputs, acc)
+                g = tf.cast(upstream, acc)
+                centred = g - tf.reduce_mean(g, axis=-1, keepdims=True)
+                return tf.cast(inv * (centred - y * tf.reduce_mean(g * y, axis=-1, keepdims=True)), dtype)
 
         return outputs, grad
 
