@@ -52,6 +52,11 @@ def _load_space(logdir):
     return space
 
 
+def _any_block(name):
+    """`name` with its block number replaced by `*`, so that the same op of every block adds up."""
+    return re.sub(r"block_\d+(_\d+)?", "block_*", name)
+
+
 def _stat_value(plane, stat):
     if stat.ref_value:  # strings that repeat (op names) are stored once, in the plane's metadata
         return plane.stat_metadata[stat.ref_value].name
@@ -82,7 +87,7 @@ def read_peak_tensors(logdir):
             total -= live.pop(key)[0]
     by_op = collections.defaultdict(lambda: [0, None])
     for size, op, shape in at_peak.values():
-        entry = by_op[re.sub(r"block_\d+(_\d+)?", "block_*", op.split(":")[0])]
+        entry = by_op[_any_block(op.split(":")[0])]
         entry[0] += size
         entry[1] = shape
     return peak, by_op
@@ -171,7 +176,7 @@ def main():
     print(f"\nThe {args.top} most expensive ops (numbered copies of one op summed):")
     by_op = collections.Counter()
     for (name, kind), ps in times.items():
-        by_op[re.sub(r"block_\d+(_\d+)?", "block_*", re.sub(r"_\d+(?=/|$)", "", name)), kind] += ps
+        by_op[_any_block(re.sub(r"_\d+(?=/|$)", "", name)), kind] += ps
     for (name, kind), ps in by_op.most_common(args.top):
         print(f"{ms(ps):7.1f} ms  {kind:28s} {name}")
     if args.memory:

@@ -38,6 +38,7 @@ from elita_tf.ops.utils import (
     NEG_INF,
     accumulator_dtype,
     gated_scan,
+    pad_axis,
     real_extent,
     segment_ids,
     window_after,
@@ -101,15 +102,6 @@ def _pad_time(logits, values, multiple):
 def _size(x, axis):
     """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
     return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
-
-
-def _pad_end(x, axis, amount, fill=0.0):
-    """`amount` entries of `fill` appended along `axis`; no op at all when `amount` is a Python 0."""
-    if isinstance(amount, int) and amount == 0:
-        return x
-    paddings = [[0, 0]] * x.shape.rank
-    paddings[axis] = [0, amount]
-    return tf.pad(x, paddings, constant_values=fill)
 
 
 def _leading(x, length):
@@ -180,9 +172,9 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
         # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
         log_norm = tf.gather(log_norm, tf.minimum(tf.range(length + pad), length - 1), axis=1)
     lz = tf.reshape(log_norm, [-1, (length + pad) // block_size, block_size])  # [N, K, C]
-    x = tf.reshape(_pad_end(items, 1, pad), [-1, (length + pad) // block_size, block_size, depth])  # [N, K, C, D]
+    x = tf.reshape(pad_axis(items, 1, pad), [-1, (length + pad) // block_size, block_size, depth])  # [N, K, C, D]
     # Padded items are zero and get no weight.
-    log_w = tf.reshape(_pad_end(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
+    log_w = tf.reshape(pad_axis(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
 
     inner = _chunk_products(log_w, lz, x, block_size)  # [N, K, C, D]
     # Carry: everything before each block, decayed to the block's rows.
@@ -207,8 +199,8 @@ def _global_chunked(logits, values, chunk_size):
         pad = (-length) % chunk_size + (chunk_size if length == 0 else 0)
     else:
         pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
-    logits = _pad_end(logits, 1, pad, NEG_INF)
-    values = _pad_end(values, 1, pad)
+    logits = pad_axis(logits, 1, pad, NEG_INF)
+    values = pad_axis(values, 1, pad)
     log_z = tf.math.cumulative_logsumexp(logits, axis=-1)  # [N, T']
     mean = _decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits)
     return _leading(mean, length), _leading(log_z, length)

@@ -82,39 +82,39 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
         rows = rows if scale is None else rows * scale
         table = tf.concat([kernel, bias[None]], axis=0)  # [d + 1, V]
 
+        def chunk_softmax(k):
+            logits = tf.matmul(rows[k], table)  # [C, V]
+            return logits, tf.nn.softmax(logits)
+
         def softmax_step(k, weighted_rows, d_hidden, d_table):
             """Chunk `k`'s logits and softmax, and the softmax's share of the gradients for weights `g`.
 
             The share is `softmax Wᵀ` for the hidden states and `(g rows)ᵀ softmax` for the
             table; the one-hot part of `softmax - onehot(y)` is added after the loop.
             """
-            logits = tf.matmul(rows[k], table)  # [C, V]
-            probs = tf.nn.softmax(logits)
+            logits, probs = chunk_softmax(k)
             if d_hidden is not None:
                 d_hidden = d_hidden.write(k, tf.matmul(probs, kernel, transpose_b=True))
             return logits, probs, d_hidden, d_table + tf.matmul(weighted_rows[k], probs, transpose_a=True)
 
-        def finish(weights, soft_hidden, soft_table):
-            """The gradients for weights `g [K, C]` from the softmax's shares: the one-hot part subtracted.
+        # The gradients for weights `g [K, C]` from the softmax's shares, the one-hot part subtracted:
+        # `dh_n = s g_n (softmax(z_n) Wᵀ - W[:, y_n]ᵀ)` and the table's
+        # `Σ_n g_n rows_nᵀ (softmax(z_n) - onehot(y_n))`, whose one-hot part is a sum of `g_n rows_n`
+        # per label: `[N, d + 1]` work, not `[N, V]`.
+        def hidden_gradient(weights, soft_hidden):
+            d_hidden = (soft_hidden - tf.gather(tf.transpose(kernel), labels)) * weights[..., None]
+            return d_hidden if scale is None else d_hidden * scale
 
-            `dh_n = s g_n (softmax(z_n) Wᵀ - W[:, y_n]ᵀ)` and the table's
-            `Σ_n g_n rows_nᵀ (softmax(z_n) - onehot(y_n))`, whose one-hot part
-            is a sum of `g_n rows_n` per label: `[N, d + 1]` work, not `[N, V]`.
-            """
+        def table_gradient(weights, soft_table):
             weighted = tf.reshape(rows * weights[..., None], [-1, width + 1])
             one_hot_part = tf.math.unsorted_segment_sum(weighted, tf.reshape(labels, [-1]), vocab_size)  # [V, d + 1]
-            d_table = soft_table - tf.transpose(one_hot_part)
-            if soft_hidden is None:
-                return None, d_table
-            d_hidden = (soft_hidden - tf.gather(tf.transpose(kernel), labels)) * weights[..., None]
-            return (d_hidden if scale is None else d_hidden * scale), d_table
+            return soft_table - tf.transpose(one_hot_part)
 
         def forward(k, losses, *gradients):
             if gradient_in_forward:  # the softmax's shares for g = 1, while the softmax is here
                 logits, probs, *gradients = softmax_step(k, rows, *gradients)
             else:
-                logits = tf.matmul(rows[k], table)
-                probs = tf.nn.softmax(logits)
+                logits, probs = chunk_softmax(k)
             return [k + 1, losses.write(k, _token_loss(logits, probs, labels[k])), *gradients]
 
         arrays, accumulators = [array(labels.shape[1:])], []
@@ -132,14 +132,14 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
                 return [k + 1, d_table] if d_hidden is None else [k + 1, d_hidden, d_table]
 
             shares = loop(backward, [array(hidden.shape[1:])] if with_hidden else [], [tf.zeros_like(table)])
-            soft_hidden = shares[0].stack() if with_hidden else None
-            return finish(upstream, soft_hidden, shares[-1])
+            d_table = table_gradient(upstream, shares[-1])
+            return (hidden_gradient(upstream, shares[0].stack()), d_table) if with_hidden else d_table
 
         def gradients(upstream):
             if not gradient_in_forward:
                 return recomputed(upstream, with_hidden=True)
             soft_hidden, soft_table = unit_shares
-            d_hidden, _ = finish(upstream, soft_hidden.stack(), soft_table)  # exact token by token
+            d_hidden = hidden_gradient(upstream, soft_hidden.stack())  # exact token by token
             # The table's gradient sums over tokens: scaling the g = 1 sum is exact when g is one
             # number on every real token (a mean loss, as in training); other weights recompute it.
             real = tf.cast(valid, tf.bool)
@@ -147,8 +147,8 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
             smallest = tf.reduce_min(tf.where(real, upstream, tf.constant(float("inf"), upstream.dtype)))
             d_table = tf.cond(
                 tf.equal(largest, smallest),
-                lambda: finish(tf.fill(tf.shape(upstream), largest), None, largest * soft_table)[1],
-                lambda: recomputed(upstream, with_hidden=False)[1],
+                lambda: table_gradient(tf.fill(tf.shape(upstream), largest), largest * soft_table),
+                lambda: recomputed(upstream, with_hidden=False),
             )
             return d_hidden, d_table
 

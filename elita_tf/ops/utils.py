@@ -14,7 +14,9 @@ def accumulator_dtype(dtype):
 
 
 def pad_axis(x, axis, pad, value=0):
-    """`x` with `pad` entries of `value` appended along `axis`."""
+    """`x` with `pad` entries of `value` appended along `axis`; `x` itself, no op, when `pad` is a Python 0."""
+    if isinstance(pad, int) and pad == 0:
+        return x
     paddings = [[0, 0]] * x.shape.rank
     paddings[axis] = [0, pad]
     return tf.pad(x, paddings, constant_values=value)
