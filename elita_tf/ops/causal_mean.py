@@ -49,6 +49,9 @@ _TINY = 1e-30
 
 DEFAULT_CHUNK_SIZE = 32
 
+# Added to the chunk weights' logits above the diagonal: far below any `a_j - L_i`, and finite in float32.
+_MASK_BIAS = 1e8 * NEG_INF
+
 
 def logaddexp(a, b):
     """`log(exp(a) + exp(b))`, broadcasting, with the right gradient at ties."""
@@ -132,9 +135,12 @@ def _chunk_products(log_w, log_norm, items, block_size):
     the weights are.
     """
     causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
+    # Added, not selected: a select broadcast to `[N, K, C, C]` is the slowest pass here. `a_j - L_i` is at
+    # most about `-NEG_INF` (a row whose `L_i` is NEG_INF), so `_MASK_BIAS` still zeroes every later key.
+    mask_bias = tf.where(causal, tf.constant(0.0, log_w.dtype), tf.constant(_MASK_BIAS, log_w.dtype))
 
     def weights(log_w, log_norm):
-        return tf.exp(tf.where(causal, log_w[:, :, None, :] - log_norm[..., None], tf.constant(NEG_INF, log_w.dtype)))
+        return tf.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
 
     @tf.custom_gradient
     def products(log_w, log_norm, items):
