@@ -49,7 +49,8 @@ _TINY = 1e-30
 
 DEFAULT_CHUNK_SIZE = 32
 
-# Added to the chunk weights' logits above the diagonal: far below any `a_j - L_i`, and finite in float32.
+# The logit of a key a row must not see: far below a masked key's NEG_INF, so that a row that sees
+# only masked keys (normaliser NEG_INF) still gives it no weight; finite in float32.
 _MASK_BIAS = 1e8 * NEG_INF
 
 
@@ -243,7 +244,8 @@ def _banded(logits, values, window, chunk_size, resets=None):
         seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
         keys_seg = tf.concat([_shift_right(seg, axis=2, fill=-1), seg], axis=-1)
         band = band & tf.equal(seg[..., :, None], keys_seg[..., None, :])  # [B, 1, K, C, 2C]
-    scores = tf.where(band, keys_l[..., None, :], tf.constant(NEG_INF, l.dtype))
+    # Out of the band far below a masked key's NEG_INF: a row that sees only masked keys stays causal.
+    scores = tf.where(band, keys_l[..., None, :], tf.constant(_MASK_BIAS, l.dtype))
     log_z = tf.reduce_logsumexp(scores, axis=-1)  # [B, H, K, C]
     weights = tf.exp(scores - log_z[..., None])
     mean = tf.einsum("bhkij,bhkjd->bhkid", weights, keys_v)
@@ -340,7 +342,7 @@ def _global_with_resets(logits, values, resets, initial_state, chunk_size):
     seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
     causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]
     visible = causal & tf.equal(seg[..., :, None], seg[..., None, :])
-    scores = tf.where(visible, l[..., None, :], tf.constant(NEG_INF, l.dtype))  # [B, H, K, C, C]
+    scores = tf.where(visible, l[..., None, :], tf.constant(_MASK_BIAS, l.dtype))  # [B, H, K, C, C]
     log_z = tf.reduce_logsumexp(scores, axis=-1)
     mean = tf.matmul(tf.exp(scores - log_z[..., None]), v)
 

@@ -105,6 +105,25 @@ def test_causality(window):
     np.testing.assert_array_equal(log_z[:, :, : t + 1], log_z2[:, :, : t + 1])
 
 
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("with_resets", [False, True])
+def test_rows_before_any_real_position_stay_causal(window, with_resets):
+    # Their normaliser is NEG_INF, so `l_j - L_i` is about -NEG_INF for a later real key: the mask must still win.
+    logits, values = _inputs(40, seed=10)
+    mask = np.ones((2, 40), bool)
+    mask[:, :5] = False
+    resets = np.zeros((2, 40), bool) if with_resets else None
+    if with_resets:
+        resets[:, 20] = True
+    kwargs = dict(window=window, mask=mask, chunk_size=CHUNK, resets=resets)
+    mean, _, _ = causal_softmax_mean(logits, values, **kwargs)
+    t = 3
+    changed_v = tf.concat([values[:, :, : t + 1], values[:, :, t + 1 :] + 100.0], axis=2)
+    mean2, _, _ = causal_softmax_mean(logits, changed_v, **kwargs)
+    _assert_finite(mean)
+    np.testing.assert_array_equal(mean[:, :, : t + 1], mean2[:, :, : t + 1])
+
+
 @pytest.mark.parametrize("window", [None, 1, 5, 40])
 def test_prefill_then_steps_equal_parallel(window):
     logits, values = _inputs(90, seed=6)
