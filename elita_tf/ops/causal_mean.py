@@ -50,8 +50,9 @@ _TINY = 1e-30
 DEFAULT_CHUNK_SIZE = 32
 
 # The logit of a key a row must not see: far below a masked key's NEG_INF, so that a row that sees
-# only masked keys (normaliser NEG_INF) still gives it no weight; finite in float32.
-_MASK_BIAS = 1e8 * NEG_INF
+# only masked keys (normaliser NEG_INF, so `l_j - L_i` about -NEG_INF) still gives it no weight.
+# Finite in float32.
+_UNSEEN_LOGIT = 1e8 * NEG_INF
 
 
 def logaddexp(a, b):
@@ -136,9 +137,8 @@ def _chunk_products(log_w, log_norm, items, block_size):
     the weights are.
     """
     causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
-    # Added, not selected: a select broadcast to `[N, K, C, C]` is the slowest pass here. `a_j - L_i` is at
-    # most about `-NEG_INF` (a row whose `L_i` is NEG_INF), so `_MASK_BIAS` still zeroes every later key.
-    mask_bias = tf.where(causal, tf.constant(0.0, log_w.dtype), tf.constant(_MASK_BIAS, log_w.dtype))
+    # Added, not selected: a select broadcast to `[N, K, C, C]` is the slowest pass here.
+    mask_bias = tf.where(causal, tf.constant(0.0, log_w.dtype), tf.constant(_UNSEEN_LOGIT, log_w.dtype))
 
     def weights(log_w, log_norm):
         return tf.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
@@ -244,8 +244,7 @@ def _banded(logits, values, window, chunk_size, resets=None):
         seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
         keys_seg = tf.concat([_shift_right(seg, axis=2, fill=-1), seg], axis=-1)
         band = band & tf.equal(seg[..., :, None], keys_seg[..., None, :])  # [B, 1, K, C, 2C]
-    # Out of the band far below a masked key's NEG_INF: a row that sees only masked keys stays causal.
-    scores = tf.where(band, keys_l[..., None, :], tf.constant(_MASK_BIAS, l.dtype))
+    scores = tf.where(band, keys_l[..., None, :], tf.constant(_UNSEEN_LOGIT, l.dtype))
     log_z = tf.reduce_logsumexp(scores, axis=-1)  # [B, H, K, C]
     weights = tf.exp(scores - log_z[..., None])
     mean = tf.einsum("bhkij,bhkjd->bhkid", weights, keys_v)
@@ -342,7 +341,7 @@ def _global_with_resets(logits, values, resets, initial_state, chunk_size):
     seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
     causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]
     visible = causal & tf.equal(seg[..., :, None], seg[..., None, :])
-    scores = tf.where(visible, l[..., None, :], tf.constant(_MASK_BIAS, l.dtype))  # [B, H, K, C, C]
+    scores = tf.where(visible, l[..., None, :], tf.constant(_UNSEEN_LOGIT, l.dtype))  # [B, H, K, C, C]
     log_z = tf.reduce_logsumexp(scores, axis=-1)
     mean = tf.matmul(tf.exp(scores - log_z[..., None]), v)
 
