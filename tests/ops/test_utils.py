@@ -46,7 +46,8 @@ def test_pairwise_product_keeps_a_low_precision_dtype():
 
 
 @pytest.mark.parametrize("rows", [1, 63, 100])
-def test_pairwise_projection_and_its_gradients_match_the_einsum(rows):
+@pytest.mark.parametrize("slice_rows", [8192, 32, 50])  # one slice; uneven slices; even slices
+def test_pairwise_projection_and_its_gradients_match_the_einsum(rows, slice_rows):
     rng = np.random.default_rng(2)
     alpha = tf.constant(rng.normal(size=(rows, 5)))
     beta = tf.constant(rng.normal(size=(rows, 3)))
@@ -60,7 +61,7 @@ def test_pairwise_projection_and_its_gradients_match_the_einsum(rows):
             loss = tf.reduce_sum(outputs * cotangent)
         return [outputs] + tape.gradient(loss, [alpha, beta, kernel])
 
-    got = run(pairwise_projection)
+    got = run(lambda a, b, k: pairwise_projection(a, b, k, slice_rows=slice_rows))
     want = run(lambda a, b, k: tf.einsum("na,nb,abw->nw", a, b, k))
     for g, w in zip(got, want):
         assert g.shape == w.shape and np.all(np.isfinite(g))
