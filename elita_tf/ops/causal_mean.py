@@ -95,18 +95,15 @@ def _prepare(logits, values, mask):
     return logits, values
 
 
-def _pad_time(logits, values, multiple):
-    """Pads the time axis to a multiple: padded keys get no weight."""
-    length = tf.shape(logits)[-1]
-    pad = (-length) % multiple
-    logits = tf.pad(logits, [[0, 0], [0, 0], [0, pad]], constant_values=NEG_INF)
-    values = tf.pad(values, [[0, 0], [0, 0], [0, pad], [0, 0]])
-    return logits, values
-
-
 def _size(x, axis):
     """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
     return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
+
+
+def _pad_time(logits, values, multiple):
+    """Pads the time axis to a multiple: padded keys get no weight."""
+    pad = (-_size(logits, 2)) % multiple
+    return pad_axis(logits, 2, pad, NEG_INF), pad_axis(values, 2, pad)
 
 
 def _leading(x, length):
