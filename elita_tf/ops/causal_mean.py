@@ -23,14 +23,18 @@ is no cumulative sum difference that can cancel. All arithmetic is float32
 Forms:
 - `causal_softmax_mean`: the parallel training form. Chunks of `C` positions
   are combined with `C x C` matrix products; chunks are linked by the same
-  scheme one level up (chunks of chunks), and the few top-level blocks by a
-  `cumulative_logsumexp`. Time and memory are O(T * C * D) for the global
+  scheme one level up (chunks of chunks), and the few top-level blocks by
+  one more product. Inside a chunk, `L` and the weights are factored around
+  the chunk's first normaliser (`_chunk_factors`), exact while no logit
+  rises more than a span above it; rows past one take the exponential forms. Time and memory are O(T * C * D) for the global
   case and for every window size (windowed: banded chunks for
   `window <= C`; beyond, a prefix and a suffix inside chunks with a
   windowed mean over the whole chunks between, the same cost).
 - `causal_softmax_mean_step`: the one-step recurrent form for decoding, from a
   constant-size state (global) or a ring buffer of `window` entries.
 """
+
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
@@ -124,7 +128,61 @@ def _shift_right(x, axis, fill=0.0, steps=1):
     return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
 
 
-def _chunk_products(log_w, log_norm, items, block_size):
+# How far a logit may rise above its chunk's reference for the factored weights: `exp(span)`, and
+# `1 / (1 + C exp(span))`, stay normal numbers (float32's range ends near e^±87, float64's near e^±708).
+_SPAN = {tf.float32: 80.0, tf.float64: 700.0}
+
+
+class _Factors(NamedTuple):
+    """A chunked sequence's `L = logcumsumexp(l)` and the factors of its chunk weights (`_chunk_factors`)."""
+
+    log_z: tf.Tensor  # [N, K, C]
+    rows: tf.Tensor  # [N, K, C], exp(r - L_i)
+    keys: tf.Tensor  # [N, K, C], exp(l_j - r)
+    within: tf.Tensor  # scalar bool: every row's factors are exact
+    exact_rows: Callable  # () -> bool [N, K, C], the rows whose factors are exact
+
+
+def _chunk_factors(logits):
+    """`L = logcumsumexp(l)` of `logits [N, K, C]` (chunks in order), and factors of `exp(l_j - L_i)`.
+
+    Chunk `k` takes the reference `r = logaddexp(L_before, l_first)`, its
+    first row's `L`: the normaliser of everything before the chunk
+    (`L_before`, a `cumulative_logsumexp` over the chunks' own totals) and
+    of the chunk's first position. Then for row `i` of the chunk
+
+        Z_i = exp(L_before - r) + Σ_{j<=i} exp(l_j - r)     L_i = r + log Z_i
+        exp(l_j - L_i) = (1 / Z_i) exp(l_j - r)
+
+    The prefix sums are one product with a triangle of ones, `Z_i >= 1`
+    (its first two terms sum to 1), and every factor is a normal number as
+    long as no logit of the chunk up to row `i` rises more than the span
+    (`_SPAN`) above `r`. Rows past such a logit are `exact_rows()` False:
+    their `L` and weights are taken from the exponential forms instead. A
+    row's reference and factors depend on positions `<= i` only, so which
+    form a row takes, and every bit of it, is causal.
+    """
+    span = _SPAN[logits.dtype]
+    peak = tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))
+    totals = peak[..., 0] + tf.math.log(tf.reduce_sum(tf.exp(logits - peak), axis=-1))  # [N, K]
+    before = _shift_right(tf.math.cumulative_logsumexp(totals, axis=1), axis=1, fill=NEG_INF)
+    ref = tf.stop_gradient(logaddexp(before, logits[..., 0]))[..., None]  # cancels from L and its gradient
+    rise = logits - ref
+    # Clamped: a row past a too-high logit takes the exponential forms, but its factors stay finite.
+    keys = tf.exp(tf.minimum(rise, span))
+    size = logits.shape[-1]
+    upper = tf.cast(tf.range(size)[:, None] <= tf.range(size)[None, :], logits.dtype)  # [C, C], j <= i
+    z = tf.exp(before[..., None] - ref) + tf.matmul(keys, upper)  # [N, K, C], >= 1
+
+    def exact_rows():
+        too_high = tf.cast(rise > span, logits.dtype)
+        return tf.equal(tf.matmul(too_high, upper), 0.0)
+
+    within = tf.logical_not(tf.reduce_any(rise > span))
+    return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, within, exact_rows)
+
+
+def _chunk_products(log_w, log_norm, items, block_size, factors=None):
     """`Σ_{j<=i} exp(a_j - L_i) x_j` in each chunk: `[N, K, C]` logits `a` and norms `L`, items `[N, K, C, D]`.
 
     The `C x C` weights are the largest tensor of the forward pass, so the
@@ -132,13 +190,29 @@ def _chunk_products(log_w, log_norm, items, block_size):
     than keep them: `C x C` values a chunk less memory held until then. Their
     gradient needs no mask either: it is `(dE xᵀ) * weights`, zero wherever
     the weights are.
+
+    With `factors` (`_chunk_factors` of `a`, whose `log_z` is `L`), a weight is the product
+    `rows_i keys_j`: an outer product and the causal mask, two passes over `[N, K, C, C]`
+    instead of a subtraction, a bias and an exponential. Rows whose factors are not exact take
+    the exponential form.
     """
     causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
     # Added, not selected: a select broadcast to `[N, K, C, C]` is the slowest pass here.
     mask_bias = tf.where(causal, tf.constant(0.0, log_w.dtype), tf.constant(_UNSEEN_LOGIT, log_w.dtype))
 
     def weights(log_w, log_norm):
-        return tf.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
+        def exponential():
+            return tf.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
+
+        if factors is None:
+            return exponential()
+
+        def factored():
+            return tf.matmul(factors.rows[..., None], factors.keys[..., None, :]) * tf.cast(causal, log_w.dtype)
+
+        return tf.cond(
+            factors.within, factored, lambda: tf.where(factors.exact_rows()[..., None], factored(), exponential())
+        )
 
     @tf.custom_gradient
     def products(log_w, log_norm, items):
@@ -155,22 +229,26 @@ def _chunk_products(log_w, log_norm, items, block_size):
     return products(log_w, log_norm, items)
 
 
-def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
+def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factors=None):
     """`E_k = Σ_{j<=k} exp(a_j - log_norm_k) items_j` for nondecreasing `log_norm`.
 
     `log_norm [N, K]`, `items [N, K, D]`; `a = item_logits [N, K]`, by
     default `log_norm`. Each `a_j <= log_norm_k` for `j <= k`, so every weight
     is `<= 1`. Blocks of `block_size` are combined with matrix products; the
     carry between blocks is the same sum one level up (the blocks' last rows,
-    whose weights are their own `log_norm`), and at the top level a
-    sign-split `cumulative_logsumexp`, cheap on so few entries.
+    whose weights are their own `log_norm`). A sequence known at tracing to
+    fit in one block is one product; the top level of a longer or unknown
+    one is a sign-split `cumulative_logsumexp`, cheap on so few entries.
+    `factors` (`_chunk_factors`) are this level's, already in blocks.
     """
     log_w = log_norm if item_logits is None else item_logits
+    length, depth = _size(items, 1), _size(items, 2)
+    if isinstance(length, int) and length <= block_size:
+        return _chunk_products(log_w[:, None], log_norm[:, None], items[:, None], length, factors)[:, 0]
     if levels == 0:
         log_pos = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
         log_neg = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
         return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
-    length, depth = _size(items, 1), _size(items, 2)
     pad = (-length) % block_size
     if not (isinstance(pad, int) and pad == 0):
         # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
@@ -180,7 +258,7 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None):
     # Padded items are zero and get no weight.
     log_w = tf.reshape(pad_axis(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
 
-    inner = _chunk_products(log_w, lz, x, block_size)  # [N, K, C, D]
+    inner = _chunk_products(log_w, lz, x, block_size, factors)  # [N, K, C, D]
     # Carry: everything before each block, decayed to the block's rows.
     carry = _decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
     prev_lz = _shift_right(lz[..., -1], axis=1, fill=NEG_INF)
@@ -205,8 +283,18 @@ def _global_chunked(logits, values, chunk_size):
         pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
     logits = pad_axis(logits, 1, pad, NEG_INF)
     values = pad_axis(values, 1, pad)
-    log_z = tf.math.cumulative_logsumexp(logits, axis=-1)  # [N, T']
-    mean = _decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits)
+    factors = _chunk_factors(tf.reshape(logits, [-1, (length + pad) // chunk_size, chunk_size]))
+    factored_log_z = tf.reshape(factors.log_z, tf.shape(logits))  # [N, T']
+    log_z = tf.cond(
+        factors.within,
+        lambda: factored_log_z,
+        lambda: tf.where(
+            tf.reshape(factors.exact_rows(), tf.shape(logits)),
+            factored_log_z,
+            tf.math.cumulative_logsumexp(logits, axis=-1),
+        ),
+    )
+    mean = _decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits, factors=factors)
     return _leading(mean, length), _leading(log_z, length)
 
 

@@ -124,6 +124,42 @@ def test_rows_before_any_real_position_stay_causal(window, with_resets):
     np.testing.assert_array_equal(mean[:, :, : t + 1], mean2[:, :, : t + 1])
 
 
+@pytest.mark.parametrize("dtype, rise", [(tf.float32, 150.0), (tf.float64, 1000.0)])
+def test_a_logit_past_the_span_switches_its_rows_exactly_and_causally(dtype, rise):
+    # Position 40 rises further above its chunk's reference than the factored weights allow (e^80
+    # in float32, e^700 in float64): its rows take the exponential forms, the rows before stay
+    # bit for bit what they were without it, and everything equals the reference.
+    logits, values = _inputs(100, seed=13, dtype=dtype)
+    t = 40
+    high = tf.concat([logits[..., :t], logits[..., t : t + 1] + rise, logits[..., t + 1 :]], axis=-1)
+    cot_mean = tf.constant(np.random.default_rng(14).normal(size=values.shape), dtype)
+
+    def run(l):
+        with tf.GradientTape() as tape:
+            tape.watch([l, values])
+            mean, log_z, _ = causal_softmax_mean(l, values, chunk_size=CHUNK)
+            loss = tf.reduce_sum(mean * cot_mean) + tf.reduce_sum(log_z)
+        return mean, log_z, tape.gradient(loss, [l, values])
+
+    mean, log_z, _ = run(logits)
+    high_mean, high_lz, grads = run(high)
+    _assert_finite(high_mean, high_lz, *grads)
+    np.testing.assert_array_equal(high_mean[:, :, :t], mean[:, :, :t])
+    np.testing.assert_array_equal(high_lz[:, :, :t], log_z[:, :, :t])
+
+    with tf.GradientTape() as tape:
+        l64, v64 = tf.cast(high, tf.float64), tf.cast(values, tf.float64)
+        tape.watch([l64, v64])
+        ref_mean, ref_lz = causal_softmax_mean_reference(l64, v64)
+        loss = tf.reduce_sum(ref_mean * tf.cast(cot_mean, tf.float64)) + tf.reduce_sum(ref_lz)
+    ref_grads = tape.gradient(loss, [l64, v64])
+    tol = 1e-5 if dtype == tf.float32 else 1e-10
+    np.testing.assert_allclose(high_mean, ref_mean, rtol=tol, atol=tol)
+    np.testing.assert_allclose(high_lz, ref_lz, rtol=tol, atol=tol)
+    for g, w in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, w, rtol=10 * tol, atol=10 * tol)
+
+
 @pytest.mark.parametrize("window", [None, 1, 5, 40])
 def test_prefill_then_steps_equal_parallel(window):
     logits, values = _inputs(90, seed=6)
