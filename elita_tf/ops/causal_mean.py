@@ -26,7 +26,8 @@ Forms:
   scheme one level up (chunks of chunks), and the few top-level blocks by
   one more product. Inside a chunk, `L` and the weights are factored around
   the chunk's first normaliser (`_chunk_factors`), exact while no logit
-  rises more than a span above it; rows past one take the exponential forms. Time and memory are O(T * C * D) for the global
+  rises more than a span above it; rows past one take the exponential
+  forms. Time and memory are O(T * C * D) for the global
   case and for every window size (windowed: banded chunks for
   `window <= C`; beyond, a prefix and a suffix inside chunks with a
   windowed mean over the whole chunks between, the same cost).
