@@ -175,11 +175,12 @@ def _chunk_factors(logits):
     upper = tf.cast(tf.range(size)[:, None] <= tf.range(size)[None, :], logits.dtype)  # [C, C], j <= i
     z = tf.exp(before[..., None] - ref) + tf.matmul(keys, upper)  # [N, K, C], >= 1
 
-    def exact_rows():
-        too_high = tf.cast(rise > span, logits.dtype)
-        return tf.equal(tf.matmul(too_high, upper), 0.0)
+    too_high = rise > span  # a bool, not `rise`, is what the rows' check keeps until the backward pass
 
-    within = tf.logical_not(tf.reduce_any(rise > span))
+    def exact_rows():
+        return tf.equal(tf.matmul(tf.cast(too_high, logits.dtype), upper), 0.0)
+
+    within = tf.logical_not(tf.reduce_any(too_high))
     return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, within, exact_rows)
 
 
