@@ -10,6 +10,7 @@ from elita_tf.ops.causal_mean import (
     causal_softmax_mean_step,
     empty_state,
 )
+from elita_tf.ops.gated_projection import gated_output_projection
 from elita_tf.ops.utils import (
     accumulator_dtype,
     document_positions,
@@ -261,10 +262,14 @@ class Attention2(CausalMixer):
                 chunk_size=self.chunk_size,
                 resets=resets,
             )
-        gate = tf.expand_dims(tf.sigmoid(delta - rho - log_z), -1)  # expand_dims: a cheaper gradient than [..., None]
-        # This form's gradient keeps one [B, H, T, D] difference, where `gate v + (1 - gate) mean` keeps v and mean.
-        mixed = mean + gate * (tf.cast(values, acc) - mean)
-        outputs = self.output_dense(tf.transpose(tf.cast(mixed, self.compute_dtype), [0, 2, 1, 3]))
+        values, gate_logits = tf.cast(values, acc), delta - rho - log_z
+        if self.output_dense.quantization_mode is None:
+            # `kernel` includes a LoRA update; the fused gate and projection keep only `mean` for the gradient.
+            kernel = tf.cast(self.output_dense.kernel, self.compute_dtype)
+            outputs = gated_output_projection(values, mean, gate_logits, kernel)
+        else:  # int8 weights: the quantized layer's own call
+            mixed = mean + tf.expand_dims(tf.sigmoid(gate_logits), -1) * (values - mean)
+            outputs = self.output_dense(tf.transpose(tf.cast(mixed, self.compute_dtype), [0, 2, 1, 3]))
         if cache is None:
             return outputs
         # Right padding is not part of the sequence: the next position follows the last real one.

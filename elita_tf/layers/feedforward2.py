@@ -72,8 +72,7 @@ class FeedForward2(keras.layers.Layer):
         # Dense and EinsumDense layers, so that Keras' int8 quantization and LoRA cover them.
         def dense(name, units):
             layer = keras.layers.Dense(
-                units,
-                activation="silu",
+                units,  # no activation: the swish is applied with the product (see `call`)
                 kernel_initializer=clone_initializer(self.kernel_initializer),
                 bias_initializer=clone_initializer(self.bias_initializer),
                 name=name,
@@ -124,14 +123,15 @@ class FeedForward2(keras.layers.Layer):
         inputs, _ = check_sequence_call(self, inputs, padding_mask)
         width = inputs.shape[-1]
         x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
-        alpha = self.w1_dense(x)  # [B*T, a]
-        beta = self.w2_dense(x)  # [B*T, b]
+        alpha = self.w1_dense(x)  # [B*T, a], before its swish
+        beta = self.w2_dense(x)  # [B*T, b], before its swish
         if self.w3_dense.quantization_mode is None:
-            # `kernel` includes a LoRA update; the fused form keeps no [B*T, a, b] product for the gradient.
+            # `kernel` includes a LoRA update; the fused form keeps no [B*T, a, b] product for the gradient,
+            # and takes the swish itself, so that only the pre-activations are held for the gradient.
             kernel = tf.cast(self.w3_dense.kernel, alpha.dtype)
-            outputs = pairwise_projection(alpha, beta, kernel) + tf.cast(self.w3_dense.bias, alpha.dtype)
+            outputs = pairwise_projection(alpha, beta, kernel, swish=True) + tf.cast(self.w3_dense.bias, alpha.dtype)
         else:  # int8 weights: the quantized layer's own call
-            outputs = self.w3_dense(pairwise_product(alpha, beta))  # [B*T, a, b] -> [B*T, d]
+            outputs = self.w3_dense(pairwise_product(tf.nn.silu(alpha), tf.nn.silu(beta)))  # [B*T, a, b] -> [B*T, d]
         return tf.reshape(outputs, tf.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):

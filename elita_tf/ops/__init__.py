@@ -12,6 +12,7 @@ from elita_tf.ops.causal_mean import (
     empty_state,
 )
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
+from elita_tf.ops.gated_projection import gated_output_projection
 from elita_tf.ops.layer_norm import unscaled_layer_norm
 from elita_tf.ops.linear_attention import (
     causal_linear_attention,

@@ -161,7 +161,14 @@ def pairwise_product(alpha, beta):
     return product, grad
 
 
-def pairwise_projection(alpha, beta, kernel, slice_rows=8192):
+def _swish_and_slope(x):
+    """`swish(x) = x sigmoid(x)` and its derivative `sigmoid(x) (1 + x (1 - sigmoid(x)))`."""
+    s = tf.sigmoid(x)
+    y = x * s
+    return y, s + y * (1 - s)
+
+
+def pairwise_projection(alpha, beta, kernel, swish=False, slice_rows=8192):
     """`Σ_ij alpha_i beta_j kernel[i, j, :]` per row: `[N, a]`, `[N, b]`, `[a, b, w]` to `[N, w]`.
 
     The same as projecting `pairwise_product(alpha, beta)` with `kernel`, but
@@ -171,9 +178,16 @@ def pairwise_projection(alpha, beta, kernel, slice_rows=8192):
     held per layer until the backward pass reaches it. The backward pass forms
     that factor and the product's own gradient `[N, a, b]` one after the
     other. When `N` is known at tracing, both passes take `slice_rows` rows
-    at a time, each slice after the previous one, so that one slice's
+    at a time, each slice after the previous one (the backward pass forms
+    both of a slice's tensors before the next slice's), so that one slice's
     `[rows, a * b]` tensors are alive, not all `N` rows' (64 MiB a layer in
     float32 at the seed configuration).
+
+    With `swish=True`, `alpha` and `beta` are pre-activations and the
+    product is of `swish(alpha)` and `swish(beta)`: the backward pass
+    recomputes the swish from the pre-activations, one slice at a time, so
+    that only the pre-activations are held for it, not both them and the
+    activations (what a swish layer followed by this product would keep).
     """
     a, b, width = kernel.shape
     flat_kernel = tf.reshape(kernel, [a * b, width])
@@ -200,6 +214,8 @@ def pairwise_projection(alpha, beta, kernel, slice_rows=8192):
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
     def project_slice(alpha, beta):
+        if swish:
+            alpha, beta = tf.nn.silu(alpha), tf.nn.silu(beta)
         product = tf.reshape(tf.expand_dims(alpha, 2) * tf.expand_dims(beta, 1), [-1, a * b])
         return tf.matmul(product, flat_kernel)
 
@@ -207,21 +223,22 @@ def pairwise_projection(alpha, beta, kernel, slice_rows=8192):
     def project(alpha, beta, kernel):
         def grad(upstream):
             with tf.name_scope("pairwise_projection_gradient"):
-                parts = slices(alpha, beta, upstream)
 
-                def kernel_part(alpha, beta, upstream):
-                    factor = tf.reshape(tf.expand_dims(beta, 2) * tf.expand_dims(upstream, 1), [-1, b * width])
-                    return tf.matmul(alpha, factor, transpose_a=True)
-
-                d_kernel = tf.add_n(in_turn(parts, kernel_part))
-
-                def product_part(alpha, beta, upstream):
-                    d_product = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b])
+                def slice_gradients(alpha, beta, upstream):
+                    if swish:  # the factors again, and the slopes that take their gradients to the pre-activations
+                        (alpha, alpha_slope), (beta, beta_slope) = _swish_and_slope(alpha), _swish_and_slope(beta)
+                    beta_upstream = tf.expand_dims(beta, 2) * tf.expand_dims(upstream, 1)  # [rows, b, w]
+                    d_kernel = tf.matmul(alpha, tf.reshape(beta_upstream, [-1, b * width]), transpose_a=True)
+                    with tf.control_dependencies([d_kernel]):  # the [rows, a, b] gradient once that factor is used
+                        d_product = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b])
                     d_alpha = tf.squeeze(tf.matmul(d_product, tf.expand_dims(beta, 2)), 2)
-                    return d_alpha, tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
+                    d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
+                    if swish:
+                        d_alpha, d_beta = d_alpha * alpha_slope, d_beta * beta_slope
+                    return d_kernel, d_alpha, d_beta
 
-                d_alpha, d_beta = zip(*in_turn(parts, product_part, after=[d_kernel]))  # after the kernel's
-                return join(d_alpha), join(d_beta), tf.reshape(d_kernel, [a, b, width])
+                d_kernel, d_alpha, d_beta = zip(*in_turn(slices(alpha, beta, upstream), slice_gradients))
+                return join(d_alpha), join(d_beta), tf.reshape(tf.add_n(d_kernel), [a, b, width])
 
         return join(in_turn(slices(alpha, beta), project_slice)), grad
 

@@ -46,7 +46,8 @@ def test_lora_trains_through_the_fused_projection():
 
     def einsum_layer(x):
         flat = tf.reshape(x, [-1, 6])
-        outputs = layer.w3_dense(pairwise_product(layer.w1_dense(flat), layer.w2_dense(flat)))
+        alpha, beta = tf.nn.silu(layer.w1_dense(flat)), tf.nn.silu(layer.w2_dense(flat))  # the branches' swish
+        outputs = layer.w3_dense(pairwise_product(alpha, beta))
         return tf.reshape(outputs, tf.shape(x))
 
     assert_matches_reference(layer, einsum_layer, x, layer.trainable_weights, rtol=1e-10, atol=1e-10)

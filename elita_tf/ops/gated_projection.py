@@ -1,0 +1,70 @@
+"""A gate between two per-head sequences, then a projection of all heads (docs/math.md §2).
+
+    y_{h,t} = mean_{h,t} + sigmoid(z_{h,t}) (values_{h,t} - mean_{h,t})
+    out_t   = Σ_h kernel_h y_{h,t}
+
+This is how ELiTA's `Attention2` ends: a gate between each position's value
+and its causal mean, then the output projection. Written out with Keras
+layers, the backward pass keeps two `[B, H, T, D]` tensors for it, the
+difference `values - mean` (for the gate's gradient) and the gated `y`
+(for the projection's kernel gradient), besides the values, which the
+causal mean keeps anyway. Here it keeps `mean` alone and recomputes the
+difference and `y`, a pass over the values, when the gradient is taken.
+"""
+
+import tensorflow as tf
+
+
+def gated_output_projection(values, mean, gate_logits, kernel):
+    """`Σ_h kernel_h (mean + sigmoid(z) (values - mean))_h`, holding only `mean` for the backward pass.
+
+    Args:
+        values: `[B, H, T, D]`, the gate's open side.
+        mean: `[B, H, T, D]`, the gate's closed side, in the dtype of `values`.
+        gate_logits: `[B, H, T]`, `z`, in the dtype of `values`.
+        kernel: `[H, W, D]`, the projection (`Attention2`'s `output_kernel`
+            layout); the product is taken in its dtype (the compute dtype
+            under a mixed policy).
+
+    Returns:
+        `[B, T, W]` in the kernel's dtype.
+
+    Example:
+    >>> values, mean = tf.random.normal([2, 4, 10, 16]), tf.random.normal([2, 4, 10, 16])
+    >>> gated_output_projection(values, mean, tf.zeros([2, 4, 10]), tf.ones([4, 8, 16])).shape
+    TensorShape([2, 10, 8])
+    """
+    heads, width, depth = kernel.shape
+    batch, length = tf.shape(values)[0], tf.shape(values)[2]
+
+    def gate_and_mix(values, mean, gate_logits):
+        gate = tf.expand_dims(tf.sigmoid(gate_logits), -1)
+        difference = values - mean
+        return gate, difference, mean + gate * difference
+
+    def rows(x):
+        """`[B, H, T, D]` to `[B * T, H * D]` in the kernel's dtype: the projection is one matrix product."""
+        return tf.reshape(tf.transpose(tf.cast(x, kernel.dtype), [0, 2, 1, 3]), [-1, heads * depth])
+
+    @tf.custom_gradient
+    def project(values, mean, gate_logits, kernel):
+        flat_kernel = tf.reshape(tf.transpose(kernel, [0, 2, 1]), [heads * depth, width])  # small
+        mixed = gate_and_mix(values, mean, gate_logits)[2]
+        outputs = tf.reshape(tf.matmul(rows(mixed), flat_kernel), [batch, length, width])
+
+        def grad(upstream):
+            with tf.name_scope("gated_projection_gradient"):
+                with tf.control_dependencies([upstream]):  # else every layer recomputes at once, early
+                    gate, difference, mixed = gate_and_mix(values, mean, gate_logits)
+                upstream = tf.reshape(upstream, [-1, width])
+                d_kernel = tf.reshape(tf.matmul(rows(mixed), upstream, transpose_a=True), [heads, depth, width])
+                d_kernel = tf.transpose(d_kernel, [0, 2, 1])
+                d_mixed = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [batch, length, heads, depth])
+                d_mixed = tf.cast(tf.transpose(d_mixed, [0, 2, 1, 3]), values.dtype)  # [B, H, T, D]
+                d_values = gate * d_mixed
+                d_gate = tf.reduce_sum(d_mixed * difference, -1) * gate[..., 0] * (1 - gate[..., 0])
+                return d_values, d_mixed - d_values, d_gate, d_kernel
+
+        return outputs, grad
+
+    return project(values, mean, gate_logits, kernel)
