@@ -27,7 +27,7 @@ PARTS = [
     ("mixer norm", r"block_\d+(?:_\d+)?/mixer_norm"),
     ("ffn norm", r"block_\d+(?:_\d+)?/ffn_norm"),
     ("norms' custom gradients", r"layer_norm_gradient"),  # custom gradients run outside their layer's scope
-    ("token mixers", r"block_\d+(?:_\d+)?/mixer|causal_mean_gradient"),
+    ("token mixers", r"block_\d+(?:_\d+)?/mixer|causal_mean_gradient|gated_projection_gradient"),
     ("feed-forward", r"block_\d+(?:_\d+)?/ffn|wide_ffn|pairwise_product|pairwise_projection"),
     ("output head and loss", r"cross_entropy|/logits|sparse_categorical|final_norm"),
     ("optimizer", r"adam|Adam|optimizer|AssignVariable|ReadVariable"),
