@@ -9,7 +9,7 @@ layers, the backward pass keeps two `[B, H, T, D]` tensors for it, the
 difference `values - mean` (for the gate's gradient) and the gated `y`
 (for the projection's kernel gradient), besides the values, which the
 causal mean keeps anyway. Here it keeps `mean` alone and recomputes the
-difference and `y`, a pass over the values, when the gradient is taken.
+difference and `y` (a few elementwise passes) when the gradient is taken.
 """
 
 import tensorflow as tf
