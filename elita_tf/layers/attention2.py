@@ -10,7 +10,7 @@ from elita_tf.ops.causal_mean import (
     causal_softmax_mean_step,
     empty_state,
 )
-from elita_tf.ops.gated_projection import gated_output_projection
+from elita_tf.ops.gated_projection import gate_and_mix, gated_output_projection
 from elita_tf.ops.utils import (
     accumulator_dtype,
     document_positions,
@@ -268,7 +268,7 @@ class Attention2(CausalMixer):
             kernel = tf.cast(self.output_dense.kernel, self.compute_dtype)
             outputs = gated_output_projection(values, mean, gate_logits, kernel)
         else:  # int8 weights: the quantized layer's own call
-            mixed = mean + tf.expand_dims(tf.sigmoid(gate_logits), -1) * (values - mean)
+            mixed = gate_and_mix(values, mean, gate_logits)[2]
             outputs = self.output_dense(tf.transpose(tf.cast(mixed, self.compute_dtype), [0, 2, 1, 3]))
         if cache is None:
             return outputs

@@ -15,6 +15,13 @@ difference and `y` (a few elementwise passes) when the gradient is taken.
 import tensorflow as tf
 
 
+def gate_and_mix(values, mean, gate_logits):
+    """The gate `g = sigmoid(gate_logits)[..., None]`, `values - mean`, and the gated `mean + g (values - mean)`."""
+    gate = tf.expand_dims(tf.sigmoid(gate_logits), -1)
+    difference = values - mean
+    return gate, difference, mean + gate * difference
+
+
 def gated_output_projection(values, mean, gate_logits, kernel):
     """`Σ_h kernel_h (mean + sigmoid(z) (values - mean))_h`, holding only `mean` for the backward pass.
 
@@ -36,11 +43,6 @@ def gated_output_projection(values, mean, gate_logits, kernel):
     """
     heads, width, depth = kernel.shape
     batch, length = tf.shape(values)[0], tf.shape(values)[2]
-
-    def gate_and_mix(values, mean, gate_logits):
-        gate = tf.expand_dims(tf.sigmoid(gate_logits), -1)
-        difference = values - mean
-        return gate, difference, mean + gate * difference
 
     def rows(x):
         """`[B, H, T, D]` to `[B * T, H * D]` in the kernel's dtype: the projection is one matrix product."""
