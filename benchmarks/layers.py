@@ -15,6 +15,7 @@ Subjects:
   trilinear       TriLinearAttention, narrow (window 64; qdim d/2, tt d/4)
   shaped          ShapedAttention (softmax attention, quadratic)
   mha             keras.layers.MultiHeadAttention(use_causal_mask=True), same heads and head width
+  feedforward2    FeedForward2 at width d (position-wise: its cost beside the mixers')
 
     python benchmarks/layers.py                       # the README table
     python benchmarks/layers.py --subjects kernel elementwise --seq-lens 16384
@@ -43,6 +44,7 @@ LAYERS = [
     "shaped",
     "mha",
 ]
+POSITION_WISE = ["feedforward2"]  # not compared with MultiHeadAttention
 QUADRATIC = ["mha", "shaped"]
 
 
@@ -64,6 +66,8 @@ def make_layer(subject, args):
         return layers.TriLinearAttention(query_dim=args.width // 2, lowrank_dim=args.width // 4, window=64)
     if subject == "shaped":
         return layers.ShapedAttention(h, max_length=1)
+    if subject == "feedforward2":
+        return layers.FeedForward2()
     mha = keras.layers.MultiHeadAttention(h, d)
     return mha
 
@@ -142,7 +146,8 @@ def run_one(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=["kernel", "elementwise"] + LAYERS)
+    subjects = ["kernel", "elementwise"] + LAYERS + POSITION_WISE
+    parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=subjects)
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="tokens per batch: B = tokens // T")
     parser.add_argument("--heads", type=int, default=4)
