@@ -268,7 +268,7 @@ class Attention2(CausalMixer):
             kernel = tf.cast(self.output_dense.kernel, self.compute_dtype)
             outputs = gated_output_projection(values, mean, gate_logits, kernel)
         else:  # int8 weights: the quantized layer's own call
-            mixed = gate_and_mix(values, mean, gate_logits)[2]
+            _, _, mixed = gate_and_mix(values, mean, gate_logits)
             outputs = self.output_dense(tf.transpose(tf.cast(mixed, self.compute_dtype), [0, 2, 1, 3]))
         if cache is None:
             return outputs

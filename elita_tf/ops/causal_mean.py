@@ -43,6 +43,7 @@ from elita_tf.ops.utils import (
     NEG_INF,
     accumulator_dtype,
     gated_scan,
+    outer_product,
     pad_axis,
     real_extent,
     segment_ids,
@@ -210,7 +211,7 @@ def _chunk_products(log_w, log_norm, items, block_size, factors=None):
             return exponential()
 
         def factored():
-            return tf.matmul(factors.rows[..., None], factors.keys[..., None, :]) * tf.cast(causal, log_w.dtype)
+            return outer_product(factors.rows, factors.keys) * tf.cast(causal, log_w.dtype)
 
         return tf.cond(
             factors.within, factored, lambda: tf.where(factors.exact_rows()[..., None], factored(), exponential())
@@ -265,9 +266,9 @@ def _decayed_prefix(log_norm, items, block_size, levels, item_logits=None, facto
     carry = _decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
     prev_lz = _shift_right(lz[..., -1], axis=1, fill=NEG_INF)
     prev = _shift_right(carry, axis=1)
-    # An outer product per chunk as a matrix product: faster than a broadcast multiply on a CPU, and
-    # its gradients are matrix-vector products rather than `[N, K, C, D]` products to be summed.
-    out = inner + tf.matmul(tf.exp(prev_lz[..., None] - lz)[..., None], prev[:, :, None, :])
+    # An outer product per chunk (`outer_product`): its gradients are matrix-vector products rather
+    # than `[N, K, C, D]` products to be summed.
+    out = inner + outer_product(tf.exp(prev_lz[..., None] - lz), prev)
     return _leading(tf.reshape(out, [-1, length + pad, depth]), length)
 
 
