@@ -1,0 +1,108 @@
+"""The causal-mean kernel of this checkout against another's, and against one elementwise pass, in one process.
+
+`layers.py` runs each subject in a process of its own, and on a shared 2-core machine a process's
+speed moves by up to 30%: more than most changes to the kernel. Here one process times, round after
+round: this checkout's kernel, the other checkout's (its `elita_tf/ops/causal_mean.py` loaded as a
+module of its own, run against this checkout's `elita_tf.ops.utils`), and one elementwise pass over
+the same values (`v * 2`, the memory-bound floor of the issue's goal). Each round takes the fastest
+of `--repeats` calls of each; the table gives the median and the fastest round. The ratio to the
+elementwise pass is taken within each round, so both sides of it ran in the same state of the
+machine. Forward and forward+backward are `layers.py`'s (`reduce_sum` of the mean, and its gradients).
+
+    python benchmarks/kernel_ab.py                                   # T = 16K, B = 4, H = 4, D = 64
+    python benchmarks/kernel_ab.py --other ../base                   # against the checkout in ../base
+    python benchmarks/kernel_ab.py --other ../base --shape 128 4 256 16   # ELiTA's seed shape
+"""
+
+import argparse
+import importlib.util
+import os
+import platform
+import statistics
+import time
+
+from measure import device_description
+
+
+def load_kernel(checkout):
+    """`causal_softmax_mean` of another checkout, from its file; the helpers it imports are this checkout's."""
+    path = os.path.join(checkout, "elita_tf", "ops", "causal_mean.py")
+    spec = importlib.util.spec_from_file_location("other_causal_mean", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.causal_softmax_mean
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--other", help="root of another checkout whose kernel to time beside this one's")
+    parser.add_argument("--shape", type=int, nargs=4, default=[4, 4, 16384, 64], metavar=("B", "H", "T", "D"))
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=5, help="calls a round; the fastest counts")
+    args = parser.parse_args()
+
+    import tensorflow as tf
+
+    from elita_tf.ops import causal_softmax_mean
+
+    batch, heads, length, depth = args.shape
+    logits = tf.random.normal([batch, heads, length]) * 5.0
+    values = tf.random.normal([batch, heads, length, depth])
+
+    def forward(kernel):
+        return tf.function(lambda l, v: tf.reduce_sum(kernel(l, v)[0]))
+
+    def forward_backward(kernel):
+        def step(l, v):
+            with tf.GradientTape() as tape:
+                tape.watch([l, v])
+                loss = tf.reduce_sum(kernel(l, v)[0])
+            return loss, tape.gradient(loss, [l, v])
+
+        return tf.function(step)
+
+    kernels = {"this checkout": causal_softmax_mean}
+    if args.other:
+        kernels[args.other] = load_kernel(args.other)
+    subjects = {}
+    for name, kernel in kernels.items():
+        subjects[(name, "fwd")] = forward(kernel)
+        subjects[(name, "fwd+bwd")] = forward_backward(kernel)
+    subjects[("elementwise", "fwd")] = tf.function(lambda l, v: tf.reduce_sum(v * 2.0))
+
+    def fastest(fn):
+        times = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            out = fn(logits, values)
+            tf.nest.map_structure(lambda t: tf.reshape(t, [-1])[-1].numpy(), out)
+            times.append(time.perf_counter() - start)
+        return min(times) * 1e3
+
+    for fn in subjects.values():
+        fastest(fn)  # trace and warm up
+    rounds = {key: [] for key in subjects}
+    for _ in range(args.rounds):
+        for key, fn in subjects.items():
+            rounds[key].append(fastest(fn))
+
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {device_description()}, "
+        f"python {platform.python_version()}, tensorflow {tf.__version__}"
+    )
+    print(f"# B={batch} H={heads} T={length} D={depth}, {args.rounds} rounds of {args.repeats} calls, one process")
+    print("| kernel | fwd ms, median (fastest) | fwd+bwd ms, median (fastest) | fwd / elementwise, median of rounds |")
+    print("|---|---|---|---|")
+    element = rounds[("elementwise", "fwd")]
+    for name in kernels:
+        fwd, fwd_bwd = rounds[(name, "fwd")], rounds[(name, "fwd+bwd")]
+        ratio = statistics.median(f / e for f, e in zip(fwd, element))
+        print(
+            f"| {name} | {statistics.median(fwd):.1f} ({min(fwd):.1f}) | "
+            f"{statistics.median(fwd_bwd):.1f} ({min(fwd_bwd):.1f}) | {ratio:.2f}x |"
+        )
+    print(f"| elementwise pass | {statistics.median(element):.1f} ({min(element):.1f}) | | |")
+
+
+if __name__ == "__main__":
+    main()
