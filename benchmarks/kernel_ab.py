@@ -40,6 +40,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=5, help="calls a round; the fastest counts")
     args = parser.parse_args()
+    if args.other and not os.path.isfile(os.path.join(args.other, "elita_tf", "ops", "causal_mean.py")):
+        parser.error(f"--other: no elita_tf/ops/causal_mean.py under {args.other!r}")
 
     import tensorflow as tf
 
