@@ -40,6 +40,11 @@ def main():
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=5, help="calls a round; the fastest counts")
     args = parser.parse_args()
+    for name in ("rounds", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1. Received: {getattr(args, name)}")
+    if min(args.shape) < 1:
+        parser.error(f"--shape needs four positive sizes. Received: {args.shape}")
     if args.other and not os.path.isfile(os.path.join(args.other, "elita_tf", "ops", "causal_mean.py")):
         parser.error(f"--other: no elita_tf/ops/causal_mean.py under {args.other!r}")
 
