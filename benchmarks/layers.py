@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-from measure import device_description, run_measurement, use_gpu_peak
+from measure import device_description, run_measurement, use_gpu_peak, wait_for
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
 LAYERS = [
@@ -122,8 +122,7 @@ def run_one(args):
     def timed(fn):
         start = time.perf_counter()
         out = fn(*inputs)
-        # One element of each output waits for all of it, without a device-to-host copy of the rest.
-        tf.nest.map_structure(lambda t: None if t is None else tf.reshape(t, [-1])[-1].numpy(), out)
+        wait_for(out)
         return time.perf_counter() - start, out
 
     result = {"subject": args.subject, "T": length, "B": batch, "H": heads, "D": depth, "d": width}

@@ -40,3 +40,13 @@ def use_gpu_peak(result):
     if tf.config.list_logical_devices("GPU"):
         result.update(peak_mib=tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20, peak_memory="gpu")
     return result
+
+
+def wait_for(outputs):
+    """Blocks until every tensor in `outputs` (a nest; None entries skipped) is computed.
+
+    One element of each is read back: it waits for all of it, without a device-to-host copy of the rest.
+    """
+    import tensorflow as tf
+
+    tf.nest.map_structure(lambda t: None if t is None else tf.reshape(t, [-1])[-1].numpy(), outputs)
