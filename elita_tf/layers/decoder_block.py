@@ -106,7 +106,11 @@ class DecoderBlock(CausalMixer):
     def _make_norm(self, name):
         sub = {"epsilon": self.norm_epsilon, "name": name, "dtype": self.dtype_policy}
         if self.norm == "rms_norm":
-            return keras.layers.RMSNormalization(**sub)
+            norm = keras.layers.RMSNormalization(**sub)
+            # It acts on each position alone, so a Keras mask passes through it; Keras' layer does not
+            # say so, and warns that it drops the mask.
+            norm.supports_masking = True
+            return norm
         if self.norm == "unscaled_layer_norm":
             return UnscaledLayerNormalization(**sub)
         return keras.layers.LayerNormalization(**sub)
