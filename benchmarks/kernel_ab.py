@@ -21,13 +21,16 @@ import platform
 import statistics
 import time
 
-from measure import device_description, wait_for
+from measure import device_description, kernel_inputs, loss_functions, wait_for
+
+
+def kernel_file(checkout):
+    return os.path.join(checkout, "elita_tf", "ops", "causal_mean.py")
 
 
 def load_kernel(checkout):
     """`causal_softmax_mean` of another checkout, from its file; the helpers it imports are this checkout's."""
-    path = os.path.join(checkout, "elita_tf", "ops", "causal_mean.py")
-    spec = importlib.util.spec_from_file_location("other_causal_mean", path)
+    spec = importlib.util.spec_from_file_location("other_causal_mean", kernel_file(checkout))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.causal_softmax_mean
@@ -45,7 +48,7 @@ def main():
             parser.error(f"--{name} must be at least 1. Received: {getattr(args, name)}")
     if min(args.shape) < 1:
         parser.error(f"--shape needs four positive sizes. Received: {args.shape}")
-    if args.other and not os.path.isfile(os.path.join(args.other, "elita_tf", "ops", "causal_mean.py")):
+    if args.other and not os.path.isfile(kernel_file(args.other)):
         parser.error(f"--other: no elita_tf/ops/causal_mean.py under {args.other!r}")
 
     import tensorflow as tf
@@ -53,29 +56,15 @@ def main():
     from elita_tf.ops import causal_softmax_mean
 
     batch, heads, length, depth = args.shape
-    logits = tf.random.normal([batch, heads, length]) * 5.0
-    values = tf.random.normal([batch, heads, length, depth])
-
-    def forward(kernel):
-        return tf.function(lambda l, v: tf.reduce_sum(kernel(l, v)[0]))
-
-    def forward_backward(kernel):
-        def step(l, v):
-            with tf.GradientTape() as tape:
-                tape.watch([l, v])
-                loss = tf.reduce_sum(kernel(l, v)[0])
-            return loss, tape.gradient(loss, [l, v])
-
-        return tf.function(step)
+    logits, values = kernel_inputs(batch, heads, length, depth)
 
     kernels = {"this checkout": causal_softmax_mean}
     if args.other:
         kernels[args.other] = load_kernel(args.other)
     subjects = {}
     for name, kernel in kernels.items():
-        subjects[(name, "fwd")] = forward(kernel)
-        subjects[(name, "fwd+bwd")] = forward_backward(kernel)
-    subjects[("elementwise", "fwd")] = tf.function(lambda l, v: tf.reduce_sum(v * 2.0))
+        subjects[(name, "fwd")], subjects[(name, "fwd+bwd")] = loss_functions(lambda l, v, k=kernel: k(l, v)[0])
+    subjects[("elementwise", "fwd")], _ = loss_functions(lambda l, v: v * 2.0)
 
     def fastest(fn):
         times = []

@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 
-from measure import device_description, run_measurement, use_gpu_peak, wait_for
+from measure import device_description, kernel_inputs, loss_functions, run_measurement, use_gpu_peak, wait_for
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
 LAYERS = [
@@ -91,9 +91,7 @@ def run_one(args):
     heads, depth, width = args.heads, args.head_dim, args.width
     base = _rss_mib()
     if args.subject in ("kernel", "elementwise"):
-        logits = tf.random.normal([batch, heads, length]) * 5.0
-        values = tf.random.normal([batch, heads, length, depth])
-        inputs = [logits, values]
+        inputs = list(kernel_inputs(batch, heads, length, depth))
         if args.subject == "kernel":
             forward = lambda l, v: causal_softmax_mean(l, v, chunk_size=args.chunk_size)[0]  # noqa: E731
         else:
@@ -109,15 +107,7 @@ def run_one(args):
         forward(x[:, :2])  # build
         weights = layer.trainable_weights
 
-    fwd = tf.function(lambda *a: tf.reduce_sum(forward(*a)), jit_compile=args.xla)
-
-    def loss_and_grads(*a):
-        with tf.GradientTape() as tape:
-            tape.watch(a)
-            loss = tf.reduce_sum(forward(*a))
-        return loss, tape.gradient(loss, list(a) + weights)
-
-    fwd_bwd = tf.function(loss_and_grads, jit_compile=args.xla)
+    fwd, fwd_bwd = loss_functions(forward, weights, jit_compile=args.xla)
 
     def timed(fn):
         start = time.perf_counter()

@@ -50,3 +50,27 @@ def wait_for(outputs):
     import tensorflow as tf
 
     tf.nest.map_structure(lambda t: None if t is None else tf.reshape(t, [-1])[-1].numpy(), outputs)
+
+
+def kernel_inputs(batch, heads, length, depth):
+    """The causal-mean kernel's inputs: logits `[B, H, T]` (standard deviation 5) and values `[B, H, T, D]`."""
+    import tensorflow as tf
+
+    return tf.random.normal([batch, heads, length]) * 5.0, tf.random.normal([batch, heads, length, depth])
+
+
+def loss_functions(forward, weights=(), jit_compile=False):
+    """`(fwd, fwd_bwd)`: `reduce_sum(forward(*inputs))` as a `tf.function`, and that with its gradients.
+
+    `fwd_bwd` returns the loss and its gradients for every input and every tensor of `weights`.
+    """
+    import tensorflow as tf
+
+    def loss_and_grads(*inputs):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            loss = tf.reduce_sum(forward(*inputs))
+        return loss, tape.gradient(loss, list(inputs) + list(weights))
+
+    fwd = tf.function(lambda *inputs: tf.reduce_sum(forward(*inputs)), jit_compile=jit_compile)
+    return fwd, tf.function(loss_and_grads, jit_compile=jit_compile)
