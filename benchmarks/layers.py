@@ -65,7 +65,7 @@ def make_layer(subject, args):
     if subject == "trilinear":
         return layers.TriLinearAttention(query_dim=args.width // 2, lowrank_dim=args.width // 4, window=64)
     if subject == "shaped":
-        return layers.ShapedAttention(h, max_length=1)
+        return layers.ShapedAttention(h, max_sequence_length=1)
     if subject == "feedforward2":
         return layers.FeedForward2()
     mha = keras.layers.MultiHeadAttention(h, d)

@@ -23,21 +23,21 @@ score() {  # score DIR FILE ARGS...: one evaluation on the test split, unless wr
 }
 
 # The reference's positions (a new run's default clamps them past T): each run is then also scored clamped.
-train "$out/elita-256" --preset elita --seq-len 256 --batch-size 128 --position-mode fixed
-train "$out/elita-256-carry" --preset elita --seq-len 256 --batch-size 128 --carry-state --position-mode fixed
-train "$out/elita-4096" --preset elita --seq-len 4096 --batch-size 8 --position-mode fixed
-train "$out/elita-16384" --preset elita --seq-len 16384 --batch-size 2 --position-mode fixed
-train "$out/transformer-$transformer_len" --preset transformer --seq-len "$transformer_len" \
+train "$out/elita-256" --architecture elita --sequence-length 256 --batch-size 128 --position-mode fixed
+train "$out/elita-256-carry" --architecture elita --sequence-length 256 --batch-size 128 --carry-state --position-mode fixed
+train "$out/elita-4096" --architecture elita --sequence-length 4096 --batch-size 8 --position-mode fixed
+train "$out/elita-16384" --architecture elita --sequence-length 16384 --batch-size 2 --position-mode fixed
+train "$out/transformer-$transformer_len" --architecture transformer --sequence-length "$transformer_len" \
   --batch-size $((32768 / transformer_len))
 
 for run in elita-256 elita-256-carry elita-4096 elita-16384; do
-  score "$out/$run" test-windows.json --context-length 16384 --batch-size 2
-  score "$out/$run" test-stream.json --context-length 16384 --carry-state
+  score "$out/$run" test-windows.json --window-length 16384 --batch-size 2
+  score "$out/$run" test-stream.json --window-length 16384 --carry-state
 done
 for run in elita-256 elita-4096; do
-  score "$out/$run" test-windows-clamped.json --context-length 16384 --batch-size 2 --position-mode clamped
+  score "$out/$run" test-windows-clamped.json --window-length 16384 --batch-size 2 --position-mode clamped
 done
-score "$out/elita-256" test-stream-clamped.json --context-length 16384 --carry-state --position-mode clamped
+score "$out/elita-256" test-stream-clamped.json --window-length 16384 --carry-state --position-mode clamped
 score "$out/elita-256" test-windows-256.json
 # Learned positions stop at the training length: the Transformer is scored in its own windows.
 score "$out/transformer-$transformer_len" test-windows.json

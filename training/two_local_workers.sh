@@ -8,7 +8,7 @@ out="${1:-runs/workers}"
 steps="${STEPS:-20}"
 ports=(${PORTS:-23456 23457})
 mkdir -p "$out"
-common=(--preset elita --max-steps "$steps" --eval-batches 4 --verbose 0 --force-new)
+common=(--architecture elita --max-steps "$steps" --eval-batches 4 --verbose 0 --force-new)
 
 elita-train "${common[@]}" --output-dir "$out/one-process" > "$out/one-process.log" 2>&1
 

@@ -6,6 +6,6 @@
 set -euo pipefail
 out="${1:-runs/wikitext2}"
 common=(--seeds 0 1 2 --output-dir "$out" --epochs 2 --checkpoint-every 20 --verbose 2)
-elita-compare --presets elita transformer simplified simplified-wide linear 3lin additive "${common[@]}" \
+elita-compare --architectures elita transformer simplified simplified-wide linear 3lin additive "${common[@]}" \
   --plot "$out/all_presets.png"
-elita-compare --presets elita transformer "${common[@]}" --plot ELiTA.png
+elita-compare --architectures elita transformer "${common[@]}" --plot ELiTA.png

@@ -2,9 +2,9 @@
 
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --quantize int8
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
-    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --output elita-4k.json
-    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --carry-state
-    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --context-length 4096 --position-mode clamped
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --window-length 4096 --output elita-4k.json
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --window-length 4096 --carry-state
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --window-length 4096 --position-mode clamped
 
 The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON object on stdout
 (progress goes to stderr).
@@ -17,7 +17,7 @@ import os
 import sys
 
 from elita_tf.data.wikitext import DATA_DIR_ENV
-from elita_tf.models.config import DECODER_POSITION_MODES
+from elita_tf.models.architectures import POSITION_MODES
 from elita_tf.training.evaluate import QUANTIZATIONS, SPLITS, evaluate
 
 
@@ -33,7 +33,7 @@ def main(argv=None):
     parser.add_argument("--tfds-dir", help="where tensorflow-datasets keeps prepared data")
     parser.add_argument("--batch-size", type=int, help="defaults to the run's")
     parser.add_argument("--eval-batches", type=int, help="a cap on batches")
-    parser.add_argument("--context-length", type=int, help="window length N; defaults to the run's --seq-len")
+    parser.add_argument("--window-length", type=int, help="window length N; defaults to the run's --sequence-length")
     parser.add_argument(
         "--carry-state",
         action="store_true",
@@ -41,7 +41,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--position-mode",
-        choices=DECODER_POSITION_MODES,
+        choices=POSITION_MODES,
         help="read ELiTA's positions past the training length this way (same weights; defaults to the run's)",
     )
     parser.add_argument("--output", help="also write the JSON to this file")
@@ -50,8 +50,8 @@ def main(argv=None):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
-    if args.context_length is not None and args.context_length < 2:
-        parser.error(f"`context_length` must be an integer >= 2. Received: context_length={args.context_length}")
+    if args.window_length is not None and args.window_length < 2:
+        parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
     try:
         # Progress goes to stderr: stdout carries the JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
@@ -64,7 +64,7 @@ def main(argv=None):
                 eval_batches=args.eval_batches,
                 quantize=args.quantize,
                 litert=args.litert,
-                context_length=args.context_length,
+                window_length=args.window_length,
                 carry_state=args.carry_state,
                 position_mode=args.position_mode,
                 verbose=1,

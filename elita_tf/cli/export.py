@@ -1,61 +1,57 @@
-"""`elita-export`: a training run's newest intact checkpoint as a SavedModel for serving, or a LiteRT file.
+"""`elita-export`: a training run's newest intact checkpoint as a keras-hub preset, a SavedModel or a LiteRT file.
 
+    elita-export --run-dir runs/compare/elita/seed-0 --format preset --output elita-preset
     elita-export --run-dir runs/compare/elita/seed-0 --output exported/elita
     elita-export --run-dir runs/compare/elita/seed-0 --format litert --output elita.tflite [--quantize int8]
 
-The library functions are `elita_tf.export.export_saved_model` and
-`elita_tf.litert.export_litert`; their signatures are described there.
+A preset holds the model and its tokenizer, nothing of the run (no checkpoints, logs or
+manifest): `keras_hub.upload_preset("kaggle://USER/MODEL/keras/VARIANT", "elita-preset")` or
+`keras_hub.upload_preset("hf://USER/MODEL", "elita-preset")` publishes it as it is. The library
+functions are `ElitaCausalLM.save_to_preset`, `elita_tf.export.export_saved_model` and
+`elita_tf.export.export_litert`; their formats are described there.
 """
 
 import argparse
-import json
 import os
 import sys
 
-import keras
+from elita_tf.export import export_litert, export_saved_model
+from elita_tf.training.checkpoints import CorruptCheckpointError
+from elita_tf.training.run_directory import load_run_model
 
-from elita_tf.export import export_saved_model
-from elita_tf.litert import export_litert
-from elita_tf.models.config import DecoderConfig
-from elita_tf.training.checkpoints import CorruptCheckpointError, latest_checkpoint
+FORMATS = ("saved_model", "litert", "preset")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="elita-export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
-    parser.add_argument("--output", required=True, help="the SavedModel directory or .tflite file to write")
+    parser.add_argument("--output", required=True, help="the directory (preset, SavedModel) or .tflite file to write")
     parser.add_argument(
         "--format",
         default="saved_model",
-        choices=["saved_model", "litert"],
-        help="saved_model (serving) or litert (on-device: prefill and decode signatures)",
+        choices=FORMATS,
+        help="saved_model (serving), litert (on-device: prefill and decode signatures) or preset (keras-hub)",
     )
     parser.add_argument("--quantize", choices=["int8"], help="litert only: int8 weights (dynamic-range)")
     args = parser.parse_args(argv)
     if args.quantize and args.format != "litert":
         parser.error(f"--quantize applies to --format litert. Received: --format {args.format}")
-    files = {name: os.path.join(args.run_dir, name) for name in ["run.json", "sentencepiece.model"]}
-    missing = [path for path in files.values() if not os.path.exists(path)]
     try:
-        checkpoint = latest_checkpoint(args.run_dir)
-    except CorruptCheckpointError as error:
+        causal_lm = load_run_model(args.run_dir)
+    except (FileNotFoundError, CorruptCheckpointError) as error:
         parser.error(str(error))
-    if checkpoint is None:
-        missing.append(os.path.join(args.run_dir, "checkpoints", "step-*.keras"))
-    if missing:
-        parser.error(f"the run directory lacks {', '.join(missing)}")
-    model = keras.models.load_model(checkpoint, compile=False)
-    with open(files["run.json"]) as f:
-        config = DecoderConfig.from_config(json.load(f)["model"])
-    with open(files["sentencepiece.model"], "rb") as f:
-        proto = f.read()
-    if args.format == "litert":
-        export_litert(model, config, args.output, quantize=args.quantize)
-        size = os.path.getsize(args.output) / 2**20
-        limit = "any length" if config.decode_limit is None else f"up to {config.decode_limit} positions"
-        print(f"LiteRT file written to {args.output} ({size:.2f} MiB; signatures: prefill, decode; decodes {limit})")
+    if args.format == "preset":
+        causal_lm.save_to_preset(args.output)
+        print(f"keras-hub preset written to {args.output}: ElitaCausalLM.from_preset({args.output!r})")
         return 0
-    export_saved_model(model, config, proto, args.output)
+    if args.format == "litert":
+        export_litert(causal_lm, args.output, quantize=args.quantize)
+        size = os.path.getsize(args.output) / 2**20
+        limit = causal_lm.backbone.decode_limit
+        reach = "any length" if limit is None else f"up to {limit} positions"
+        print(f"LiteRT file written to {args.output} ({size:.2f} MiB; signatures: prefill, decode; decodes {reach})")
+        return 0
+    export_saved_model(causal_lm, args.output)
     print(f"SavedModel written to {args.output} (signatures: serving_default, generate)")
     return 0
 

@@ -1,6 +1,6 @@
-"""`elita-train`: train (or resume) a decoder preset on WikiText.
+"""`elita-train`: train (or resume) a language model of a named architecture on WikiText.
 
-    elita-train --preset elita --output-dir runs/elita --epochs 3
+    elita-train --architecture elita --output-dir runs/elita --epochs 3
 
 Every flag is a field of `elita_tf.training.TrainSettings`; the loop is `elita_tf.training.train`.
 """
@@ -11,8 +11,8 @@ import os
 import sys
 
 from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
-from elita_tf.models import PRESETS
-from elita_tf.models.config import DECODER_POSITION_MODES
+from elita_tf.models import ARCHITECTURES
+from elita_tf.models.architectures import POSITION_MODES
 from elita_tf.training import (
     CorruptCheckpointError,
     DistributedSetupError,
@@ -24,7 +24,7 @@ from elita_tf.training.loop import check_carry_state
 from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES
 
 _HELP = {
-    "preset": f"one of {sorted(PRESETS)}",
+    "architecture": f"one of {sorted(ARCHITECTURES)}",
     "data_dir": f"local WikiText directory (wiki.*.tokens or .raw); defaults to ${DATA_DIR_ENV}; else downloads",
     "tfds_dir": "where tensorflow-datasets keeps prepared data",
     "max_steps": "stop after this many steps in all (a token budget)",
@@ -34,9 +34,9 @@ _HELP = {
     "eval_batches": "cap on validation/test batches (default: all)",
     "verbose": "Keras fit verbosity (1: progress bar)",
     "dtype_policy": "Keras dtype policy of the layers (weights stay float32)",
-    "position_mode": "ELiTA's positions past the training length: the sinusoids run on (fixed, the reference's) "
-    "or hold the last trained position (clamped). Default: the run's own when resuming; clamped for a new run, "
-    "fixed with --carry-state",
+    "position_mode": "ELiTA's positions past the training length: the sinusoids run on (fixed) or hold the last "
+    "trained position (clamped); length is the original's (moves with the sequence length, no decoding). "
+    "Default: the run's own when resuming, else the architecture's (elita: clamped, fixed with --carry-state)",
     "carry_state": "truncated backpropagation through time: each batch row reads its own stream, every block's "
     "state carries over from step to step and restarts at each article (elita; linear and additive have learned "
     "positions)",
@@ -46,7 +46,7 @@ _CHOICES = {
     "strategy": STRATEGIES,
     "optimizer": OPTIMIZERS,
     "dtype_policy": DTYPE_POLICIES,
-    "position_mode": DECODER_POSITION_MODES,
+    "position_mode": POSITION_MODES,
 }
 
 

@@ -1,7 +1,7 @@
 """The language-modelling `tf.data` pipeline.
 
     lines --SentencePiece (in graph)--> ids --concatenate--> windows of T + 1
-          --(inputs, targets)--> shuffled with a seed per epoch --> batches --> prefetch
+          --({"token_ids", "padding_mask"}, targets)--> shuffled with a seed per epoch --> batches --> prefetch
 
 Tokenising and cutting run once through `tf.data` (`token_windows`); the
 windows are small (WikiText-2 at T = 256 is ~13K of them), so they are held
@@ -14,13 +14,13 @@ import numpy as np
 import tensorflow as tf
 
 
-def token_windows(lines, tokenizer, seq_len, vocabulary_size=None, lines_per_batch=1024):
-    """All windows of `seq_len + 1` consecutive tokens of a split, in order.
+def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
+    """All windows of `sequence_length + 1` consecutive tokens of a split, in order.
 
     Args:
         lines: `tf.data.Dataset` of `tf.string` lines.
         tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
-        seq_len: int `T >= 2`, the model's input length.
+        sequence_length: int `T >= 2`, the model's input length.
         vocabulary_size: optional int, the model's: every id must be below it
             (a tokenizer with more pieces than the model would feed it ids it
             has no row for).
@@ -29,16 +29,16 @@ def token_windows(lines, tokenizer, seq_len, vocabulary_size=None, lines_per_bat
         int32 numpy array `[N, T + 1]` (the last partial window is dropped).
 
     Raises:
-        ValueError: for `seq_len < 2`, a corpus shorter than one window, or an
+        ValueError: for `sequence_length < 2`, a corpus shorter than one window, or an
             id outside `[0, vocabulary_size)`.
     """
-    if not isinstance(seq_len, int) or seq_len < 2:
-        raise ValueError(f"The sequence length must be an integer >= 2. Received: seq_len={seq_len!r}")
+    if not isinstance(sequence_length, int) or sequence_length < 2:
+        raise ValueError(f"The sequence length must be an integer >= 2. Received: sequence_length={sequence_length!r}")
     ids = lines.batch(lines_per_batch).map(lambda text: tokenizer.tokenize(text).flat_values).unbatch()
-    windows = ids.batch(seq_len + 1, drop_remainder=True).batch(4096)
+    windows = ids.batch(sequence_length + 1, drop_remainder=True).batch(4096)
     chunks = list(windows.as_numpy_iterator())
     if not chunks:
-        raise ValueError(f"The corpus is shorter than one window of {seq_len + 1} tokens.")
+        raise ValueError(f"The corpus is shorter than one window of {sequence_length + 1} tokens.")
     windows = np.concatenate(chunks).astype(np.int32)
     if vocabulary_size is not None and (windows.min() < 0 or windows.max() >= vocabulary_size):
         raise ValueError(
@@ -59,7 +59,7 @@ def steps_per_epoch(windows, batch_size):
 
 
 def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1):
-    """Batches of `(inputs [B, T], targets [B, T])`, targets shifted by one.
+    """Batches of `({"token_ids": [B, T], "padding_mask": [B, T]}, targets [B, T])`, targets shifted by one.
 
     Epoch `e` visits the windows in the order `stateless_shuffle(seed, e)`
     (or in order with `shuffle=False`); the last partial batch is dropped.
@@ -99,7 +99,8 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
             order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
         first = position * batch_size + shard * rows_per_shard
         rows = tf.gather(table, order[first : first + rows_per_shard])
-        return rows[:, :-1], rows[:, 1:]
+        token_ids = rows[:, :-1]
+        return {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}, rows[:, 1:]
 
     steps = tf.data.Dataset.range(start_step, end) if end is not None else tf.data.Dataset.range(start_step, 2**62)
     return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
@@ -143,22 +144,22 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
     return ids, resets
 
 
-def stream_steps_per_epoch(length, batch_size, seq_len):
+def stream_steps_per_epoch(length, batch_size, sequence_length):
     """Steps of `stream_dataset` in one pass over a stream of `length` tokens."""
-    steps = (length // batch_size - 1) // seq_len
+    steps = (length // batch_size - 1) // sequence_length
     if steps <= 0:
         raise ValueError(
-            f"A stream of {length} tokens cut into {batch_size} rows holds no segment of {seq_len + 1} tokens: "
+            f"A stream of {length} tokens cut into {batch_size} rows holds no segment of {sequence_length + 1} tokens: "
             "lower the batch size or sequence length."
         )
     return steps
 
 
-def stream_dataset(ids, resets, batch_size, seq_len, epochs=1, start_step=0):
+def stream_dataset(ids, resets, batch_size, sequence_length, epochs=1, start_step=0):
     """Batches of consecutive segments of `batch_size` parallel streams, for training with carried state.
 
     The stream is cut into `batch_size` contiguous rows; step `k` of an epoch
-    is the `k`-th segment of `seq_len` tokens of every row, so the state a
+    is the `k`-th segment of `sequence_length` tokens of every row, so the state a
     model carries from step `k` continues into step `k + 1`. Each epoch reads
     the rows again from their start, which is marked as a reset, as is every
     article start (`token_stream`).
@@ -166,14 +167,14 @@ def stream_dataset(ids, resets, batch_size, seq_len, epochs=1, start_step=0):
     Args:
         ids: int32 `[N]`, `resets`: bool `[N]`, from `token_stream`.
         batch_size: int `B`, the parallel rows.
-        seq_len: int `T`.
+        sequence_length: int `T`.
         epochs: int, or None to repeat forever.
         start_step: int. The first (global) step to produce: resuming.
 
     Returns:
-        A `tf.data.Dataset` of `((tokens [B, T], resets [B, T]), targets [B, T])`, prefetched.
+        A `tf.data.Dataset` of `({"token_ids", "padding_mask", "resets"}, targets)`, each `[B, T]`, prefetched.
     """
-    per_epoch = stream_steps_per_epoch(len(ids), batch_size, seq_len)
+    per_epoch = stream_steps_per_epoch(len(ids), batch_size, sequence_length)
     row_length = len(ids) // batch_size
     rows = tf.constant(ids[: batch_size * row_length].reshape(batch_size, row_length))
     row_resets = resets[: batch_size * row_length].reshape(batch_size, row_length).copy()
@@ -182,9 +183,14 @@ def stream_dataset(ids, resets, batch_size, seq_len, epochs=1, start_step=0):
     end = None if epochs is None else epochs * per_epoch
 
     def batch(step):
-        start = tf.cast(step % per_epoch, tf.int32) * seq_len
-        tokens = rows[:, start : start + seq_len + 1]
-        return (tokens[:, :-1], row_resets[:, start : start + seq_len]), tokens[:, 1:]
+        start = tf.cast(step % per_epoch, tf.int32) * sequence_length
+        tokens = rows[:, start : start + sequence_length + 1]
+        inputs = {
+            "token_ids": tokens[:, :-1],
+            "padding_mask": tf.ones_like(tokens[:, :-1]),
+            "resets": row_resets[:, start : start + sequence_length],
+        }
+        return inputs, tokens[:, 1:]
 
     steps = tf.data.Dataset.range(start_step, end if end is not None else 2**62)
     return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)

@@ -8,12 +8,12 @@ import tensorflow as tf
 import tensorflow_text
 
 
-def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
+def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=0):
     """Trains a SentencePiece model on an iterable of text lines.
 
     Args:
         lines: iterable of `str` (or `bytes`), e.g. the train split.
-        vocab_size: int. Pieces in the vocabulary. Defaults to `5000`.
+        vocabulary_size: int. Pieces in the vocabulary. Defaults to `5000`.
         model_type: `"unigram"` or `"bpe"`. Defaults to `"unigram"`.
         seed: int. Fixes SentencePiece's sampling, for reproducible vocabularies.
 
@@ -22,9 +22,9 @@ def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
         `make_tokenizer`.
 
     Raises:
-        ValueError: the corpus is empty, too small for `vocab_size` (with the
+        ValueError: the corpus is empty, too small for `vocabulary_size` (with the
             largest size it allows), or has more distinct characters than
-            `vocab_size` holds (with the smallest size it needs).
+            `vocabulary_size` holds (with the smallest size it needs).
     """
     text = [line.decode("utf-8") if isinstance(line, bytes) else line for line in lines]
     text = [line for line in text if line.strip()]
@@ -36,7 +36,7 @@ def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
         sentencepiece.SentencePieceTrainer.train(
             sentence_iterator=iter(text),
             model_writer=model,
-            vocab_size=vocab_size,
+            vocab_size=vocabulary_size,
             model_type=model_type,
             character_coverage=1.0,
             num_threads=1,
@@ -48,13 +48,13 @@ def train_sentencepiece(lines, vocab_size=5000, model_type="unigram", seed=0):
         too_large = re.search(r"Vocabulary size too high.*<= (\d+)", str(error))
         if too_small:
             raise ValueError(
-                f"A vocabulary of {vocab_size} pieces cannot hold every character of the corpus with the "
-                f"special pieces: use at least {too_small.group(1)}. Received: vocab_size={vocab_size}"
+                f"A vocabulary of {vocabulary_size} pieces cannot hold every character of the corpus with the "
+                f"special pieces: use at least {too_small.group(1)}. Received: vocabulary_size={vocabulary_size}"
             ) from None
         if too_large:
             raise ValueError(
-                f"The corpus is too small for a vocabulary of {vocab_size} pieces: use at most "
-                f"{too_large.group(1)}. Received: vocab_size={vocab_size}"
+                f"The corpus is too small for a vocabulary of {vocabulary_size} pieces: use at most "
+                f"{too_large.group(1)}. Received: vocabulary_size={vocabulary_size}"
             ) from None
         raise
     return model.getvalue()

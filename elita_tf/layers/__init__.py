@@ -7,6 +7,7 @@ from elita_tf.layers.decoder_block import DecoderBlock
 from elita_tf.layers.feedforward2 import FeedForward2
 from elita_tf.layers.linear_attention import LinearAttention
 from elita_tf.layers.mixer import CausalMixer
+from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.position_embedding import PositionEmbedding
 from elita_tf.layers.shaped_attention import ShapedAttention
 from elita_tf.layers.token_embedding import TokenEmbedding

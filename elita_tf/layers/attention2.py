@@ -49,7 +49,7 @@ class Attention2(CausalMixer):
         num_heads: int. Number of heads `H`.
         head_dim: int. Value width per head `D`.
         position_dim: int. Number of sinusoid components `p` of the position terms.
-        context_length: int. Training length `L`: in `"fixed"` mode position
+        position_scale: int. Training length `L`: in `"fixed"` mode position
             `i` is `u_i = i / (L - 1)`, the reference's `linspace(0, 1, L)`;
             longer sequences extrapolate. Defaults to `256`.
         position_mode: `"fixed"` (`u_i = i / (L - 1)`, consistent for
@@ -103,7 +103,7 @@ class Attention2(CausalMixer):
         num_heads,
         head_dim,
         position_dim,
-        context_length=256,
+        position_scale=256,
         position_mode="fixed",
         time_scale=1.0,
         logit_clip=None,
@@ -119,14 +119,14 @@ class Attention2(CausalMixer):
         check_positive_int("position_dim", position_dim)
         check_positive_int("chunk_size", chunk_size)
         check_choice("position_mode", position_mode, POSITION_MODES)
-        if not isinstance(context_length, int) or context_length < 2:
-            raise ValueError(f"`context_length` must be an integer >= 2. Received: context_length={context_length!r}")
+        if not isinstance(position_scale, int) or position_scale < 2:
+            raise ValueError(f"`position_scale` must be an integer >= 2. Received: position_scale={position_scale!r}")
         if logit_clip is not None and not logit_clip > 0:
             raise ValueError(f"`logit_clip` must be None or positive. Received: logit_clip={logit_clip!r}")
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.position_dim = position_dim
-        self.context_length = context_length
+        self.position_scale = position_scale
         self.position_mode = position_mode
         self.time_scale = float(time_scale)
         self.logit_clip = None if logit_clip is None else float(logit_clip)
@@ -209,10 +209,10 @@ class Attention2(CausalMixer):
         """`u [B or 1, T]` in the accumulator dtype, from the position index."""
         dtype = accumulator_dtype(self.compute_dtype)
         if self.position_mode == "clamped":
-            index = tf.minimum(index, self.context_length - 1)
+            index = tf.minimum(index, self.position_scale - 1)
         index = tf.cast(index, dtype)
         if self.position_mode != "length":
-            return index / (self.context_length - 1)
+            return index / (self.position_scale - 1)
         denominator = tf.cast(tf.maximum(length - 1, 1), dtype)
         return self.time_scale * index / denominator
 
@@ -298,7 +298,7 @@ class Attention2(CausalMixer):
                 "num_heads": self.num_heads,
                 "head_dim": self.head_dim,
                 "position_dim": self.position_dim,
-                "context_length": self.context_length,
+                "position_scale": self.position_scale,
                 "position_mode": self.position_mode,
                 "time_scale": self.time_scale,
                 "logit_clip": self.logit_clip,

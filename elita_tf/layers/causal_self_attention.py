@@ -22,8 +22,8 @@ class CausalSelfAttention(CausalMixer):
 
     The parallel form is `keras.layers.MultiHeadAttention` with a causal
     mask, so the baseline is Keras' own attention. Decoding keeps a
-    key/value cache of fixed size `[B, max_length, H, D]` and each row's
-    next position; a step costs O(max_length).
+    key/value cache of fixed size `[B, max_sequence_length, H, D]` and each row's
+    next position; a step costs O(max_sequence_length).
 
     Args:
         num_heads: int. Number of heads `H`.
@@ -31,7 +31,7 @@ class CausalSelfAttention(CausalMixer):
             `d // num_heads`.
         dropout: float. Dropout on the attention weights (training only).
             Defaults to `0.0`.
-        max_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int. Positions a decoding cache holds. Defaults to `1024`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -56,17 +56,17 @@ class CausalSelfAttention(CausalMixer):
 
     cache_names = ("key", "value", "valid", "position")
 
-    def __init__(self, num_heads, head_dim=None, dropout=0.0, max_length=1024, **kwargs):
+    def __init__(self, num_heads, head_dim=None, dropout=0.0, max_sequence_length=1024, **kwargs):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
         check_positive_int("head_dim", head_dim, allow_none=True)
-        check_positive_int("max_length", max_length)
+        check_positive_int("max_sequence_length", max_sequence_length)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.dropout = float(dropout)
-        self.max_length = max_length
+        self.max_sequence_length = max_sequence_length
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -93,11 +93,11 @@ class CausalSelfAttention(CausalMixer):
         return attention.output_dense(tf.cast(context, self.compute_dtype)), state
 
     def initial_state(self, batch_size, dtype=None):
-        """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`, `L = max_length`."""
+        """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`, `L = max_sequence_length`."""
         if not self.built:
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
         heads, head_dim = self.attention.key_dense.kernel.shape[-2:]
-        return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
+        return empty_kv_cache(batch_size, self.max_sequence_length, heads, head_dim, dtype or self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -106,7 +106,7 @@ class CausalSelfAttention(CausalMixer):
                 "num_heads": self.num_heads,
                 "head_dim": self.head_dim,
                 "dropout": self.dropout,
-                "max_length": self.max_length,
+                "max_sequence_length": self.max_sequence_length,
             }
         )
         return config

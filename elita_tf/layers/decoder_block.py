@@ -3,10 +3,11 @@ from keras.src.backend.common import global_state
 
 from elita_tf.layers.checks import check_choice, check_sequence_call
 from elita_tf.layers.mixer import CausalMixer
+from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 
 RESIDUALS = ("pre_norm", "parallel", "sequential")
-NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", None)
+NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", "rms_norm_outer_epsilon", None)
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -41,7 +42,9 @@ class DecoderBlock(CausalMixer):
         mixer: a `CausalMixer` (`Attention2`, `LinearAttention`, ...).
         ffn: optional position-wise layer `[B, T, d] -> [B, T, d]`.
         norm: `"layer_norm"`, `"unscaled_layer_norm"` (no scale or centre),
-            `"rms_norm"` or None. Defaults to `"layer_norm"`.
+            `"rms_norm"` (Keras': `x / sqrt(mean(x²) + ε)`),
+            `"rms_norm_outer_epsilon"` (`x / (sqrt(mean(x²)) + ε)`, the
+            Simplified Transformer's code) or None. Defaults to `"layer_norm"`.
         residual: `"pre_norm"`, `"parallel"` or `"sequential"`. Defaults to
             `"pre_norm"`.
         norm_epsilon: float. Defaults to `1e-5`.
@@ -111,6 +114,8 @@ class DecoderBlock(CausalMixer):
             # say so, and warns that it drops the mask.
             norm.supports_masking = True
             return norm
+        if self.norm == "rms_norm_outer_epsilon":
+            return OuterEpsilonRMSNormalization(**sub)
         if self.norm == "unscaled_layer_norm":
             return UnscaledLayerNormalization(**sub)
         return keras.layers.LayerNormalization(**sub)

@@ -7,13 +7,13 @@ from elita_tf.layers.initializers import clone_initializer
 
 @keras.saving.register_keras_serializable(package="elita_tf")
 class PositionEmbedding(keras.layers.Layer):
-    """Learned absolute position embeddings for positions `0 .. max_length - 1`.
+    """Learned absolute position embeddings for positions `0 .. max_sequence_length - 1`.
 
     Returns the embeddings of the input's positions (to be added to it):
     `[B, T, d]`, the inputs' shape (per sequence when decoding from `start_index [B]`).
 
     Args:
-        max_length: int. Longest sequence it has positions for.
+        max_sequence_length: int. Longest sequence it has positions for.
         initializer: Defaults to `RandomNormal(stddev=0.02)`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
@@ -25,20 +25,20 @@ class PositionEmbedding(keras.layers.Layer):
 
     Example:
     >>> x = tf.zeros([2, 10, 16])
-    >>> (x + PositionEmbedding(max_length=256)(x)).shape
+    >>> (x + PositionEmbedding(max_sequence_length=256)(x)).shape
     TensorShape([2, 10, 16])
     """
 
-    def __init__(self, max_length, initializer=None, **kwargs):
+    def __init__(self, max_sequence_length, initializer=None, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("max_length", max_length)
-        self.max_length = max_length
+        check_positive_int("max_sequence_length", max_sequence_length)
+        self.max_sequence_length = max_sequence_length
         self.initializer = keras.initializers.get(initializer or keras.initializers.RandomNormal(stddev=0.02))
 
     def build(self, inputs_shape):
         self.embeddings = self.add_weight(
             name="embeddings",
-            shape=(self.max_length, input_width(inputs_shape)),
+            shape=(self.max_sequence_length, input_width(inputs_shape)),
             initializer=clone_initializer(self.initializer),
             dtype=self.variable_dtype,
         )
@@ -50,8 +50,8 @@ class PositionEmbedding(keras.layers.Layer):
             positions = positions + tf.reshape(tf.cast(start_index, tf.int32), [-1, 1])
         tf.debugging.assert_less(
             tf.reduce_max(tf.concat([[-1], tf.reshape(positions, [-1])], 0)),
-            self.max_length,
-            message=f"'{self.name}' has learned positions for sequences of at most max_length={self.max_length}",
+            self.max_sequence_length,
+            message=f"'{self.name}' has learned positions for sequences of at most max_sequence_length={self.max_sequence_length}",
         )
         embedded = tf.cast(tf.gather(self.embeddings, tf.maximum(positions, 0)), self.compute_dtype)
         # The inputs' full shape: a [1, 0, d] addend is taken for a bias by oneDNN's Add at T = 0.
@@ -63,6 +63,6 @@ class PositionEmbedding(keras.layers.Layer):
     def get_config(self):
         return {
             **super().get_config(),
-            "max_length": self.max_length,
+            "max_sequence_length": self.max_sequence_length,
             "initializer": keras.initializers.serialize(self.initializer),
         }

@@ -38,7 +38,7 @@ class ShapedAttention(CausalMixer):
     Args:
         num_heads: int. Number of heads `H`; the input width must be divisible by it.
         value_projection: bool. Learn a value projection with gains. Defaults to `False`.
-        max_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int. Positions a decoding cache holds. Defaults to `1024`.
         query_initializer: initializer of the query kernel. Defaults to `"zeros"`.
         key_initializer: initializer of the key kernel. Defaults to
             `RandomNormal(stddev=0.02)`.
@@ -70,17 +70,17 @@ class ShapedAttention(CausalMixer):
         self,
         num_heads,
         value_projection=False,
-        max_length=1024,
+        max_sequence_length=1024,
         query_initializer="zeros",
         key_initializer=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
-        check_positive_int("max_length", max_length)
+        check_positive_int("max_sequence_length", max_sequence_length)
         self.num_heads = num_heads
         self.value_projection = bool(value_projection)
-        self.max_length = max_length
+        self.max_sequence_length = max_sequence_length
         self.query_initializer = keras.initializers.get(query_initializer)
         self.key_initializer = keras.initializers.get(key_initializer or keras.initializers.RandomNormal(stddev=0.02))
 
@@ -177,11 +177,11 @@ class ShapedAttention(CausalMixer):
     cache_names = ("key", "value", "valid", "position")
 
     def initial_state(self, batch_size, dtype=None):
-        """`(key [B, L, H, e], value [B, L, H, e], valid [B, L] bool, position [B])`, `L = max_length`."""
+        """`(key [B, L, H, e], value [B, L, H, e], valid [B, L] bool, position [B])`, `L = max_sequence_length`."""
         if not self.built:
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
         width, heads, head_dim = self.key_kernel.shape
-        return empty_kv_cache(batch_size, self.max_length, heads, head_dim, dtype or self.compute_dtype)
+        return empty_kv_cache(batch_size, self.max_sequence_length, heads, head_dim, dtype or self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -189,7 +189,7 @@ class ShapedAttention(CausalMixer):
             {
                 "num_heads": self.num_heads,
                 "value_projection": self.value_projection,
-                "max_length": self.max_length,
+                "max_sequence_length": self.max_sequence_length,
                 "query_initializer": keras.initializers.serialize(self.query_initializer),
                 "key_initializer": keras.initializers.serialize(self.key_initializer),
             }

@@ -9,13 +9,13 @@ class TokenEmbedding(keras.layers.Embedding):
     """Token embeddings that can also produce the output logits (tied weights).
 
     `call(ids)` embeds integer token ids `[B, T]` to `[B, T, d]`; ids outside
-    `[0, vocab_size)` are an error (`check_token_ids`), float ids are refused;
+    `[0, input_dim)` are an error (`check_token_ids`), float ids are refused;
     `call(x, reverse=True)` maps `[B, T, d]` to float32 logits `x Eᵀ`
-    `[B, T, vocab_size]` with the same matrix.
+    `[B, T, input_dim]` with the same matrix.
 
     Args:
-        vocab_size: int. Number of tokens.
-        width: int. Embedding width `d`.
+        input_dim: int. Number of tokens (the vocabulary size).
+        output_dim: int. Embedding width `d`.
         tie_weights: bool. Whether `reverse=True` may be used. Defaults to `True`.
         embeddings_initializer: Defaults to `RandomNormal(stddev=0.02)`.
         **kwargs: other `keras.layers.Embedding` arguments.
@@ -27,10 +27,10 @@ class TokenEmbedding(keras.layers.Embedding):
     TensorShape([1, 3, 100])
     """
 
-    def __init__(self, vocab_size, width, tie_weights=True, embeddings_initializer=None, **kwargs):
+    def __init__(self, input_dim, output_dim, tie_weights=True, embeddings_initializer=None, **kwargs):
         super().__init__(
-            vocab_size,
-            width,
+            input_dim,
+            output_dim,
             embeddings_initializer=embeddings_initializer or keras.initializers.RandomNormal(stddev=0.02),
             **kwargs,
         )
@@ -54,7 +54,5 @@ class TokenEmbedding(keras.layers.Embedding):
 
     def get_config(self):
         config = super().get_config()
-        config["width"] = config.pop("output_dim")
-        config["vocab_size"] = config.pop("input_dim")
         config["tie_weights"] = self.tie_weights
         return config

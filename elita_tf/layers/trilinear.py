@@ -83,7 +83,7 @@ class TriLinearAttention(CausalMixer):
 
     Decoding keeps `(qv, v)` of the positions still in reach: for a narrow
     layer the start position and the last `window - 1` (a ring buffer), for a
-    wide layer a buffer of `max_length` positions.
+    wide layer a buffer of `max_sequence_length` positions.
 
     The reference's channel dropout (`chP`, a mask on the state before every
     Norm) is not part of the layer: apply it to the inputs if wanted.
@@ -99,7 +99,7 @@ class TriLinearAttention(CausalMixer):
         hyper: float. Bonus `hyper / distance`, in bits. Defaults to `0.0`.
         wide: bool. Attend every earlier position (`window` is unused).
             Defaults to `False`.
-        max_length: int. Positions the decoding cache of a wide layer holds.
+        max_sequence_length: int. Positions the decoding cache of a wide layer holds.
             Defaults to `1024`.
         chunk_size: int. Queries per chunk of the banded kernel. Defaults to `32`.
         kernel_initializer: initializer of `W_QK`, `W_QV`, `W_K`, `W_V`.
@@ -140,7 +140,7 @@ class TriLinearAttention(CausalMixer):
         slope=0.0,
         hyper=0.0,
         wide=False,
-        max_length=1024,
+        max_sequence_length=1024,
         chunk_size=DEFAULT_CHUNK_SIZE,
         kernel_initializer=None,
         combiner_initializer="zeros",
@@ -159,7 +159,7 @@ class TriLinearAttention(CausalMixer):
                 "`window` must be an integer >= 2: a layer attends the window - 1 positions before the "
                 f"current one. Received: window={window!r}"
             )
-        check_positive_int("max_length", max_length)
+        check_positive_int("max_sequence_length", max_sequence_length)
         check_positive_int("chunk_size", chunk_size)
         for name, value in (("slope", slope), ("hyper", hyper)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -174,7 +174,7 @@ class TriLinearAttention(CausalMixer):
         self.slope = float(slope)
         self.hyper = float(hyper)
         self.wide = bool(wide)
-        self.max_length = max_length
+        self.max_sequence_length = max_sequence_length
         self.chunk_size = chunk_size
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.combiner_initializer = keras.initializers.get(combiner_initializer)
@@ -281,7 +281,7 @@ class TriLinearAttention(CausalMixer):
             `(qv [B, 1, S, qdim], v [B, 1, S, tt], valid [B, S] bool, position [B] int32)`,
             float32 (float64 for a float64 layer). Narrow: `S = window`, slot
             0 the start position, then the last `window - 1` positions. Wide:
-            `S = max_length`, slot `n` position `n`.
+            `S = max_sequence_length`, slot `n` position `n`.
         """
         return empty_banded_state(
             batch_size,
@@ -289,7 +289,7 @@ class TriLinearAttention(CausalMixer):
             self.query_dim,
             self.lowrank_dim,
             window=self._attention_window,
-            max_length=self.max_length,
+            max_sequence_length=self.max_sequence_length,
             dtype=dtype or self.compute_dtype,
         )
 
@@ -303,7 +303,7 @@ class TriLinearAttention(CausalMixer):
                 "slope": self.slope,
                 "hyper": self.hyper,
                 "wide": self.wide,
-                "max_length": self.max_length,
+                "max_sequence_length": self.max_sequence_length,
                 "chunk_size": self.chunk_size,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "combiner_initializer": keras.initializers.serialize(self.combiner_initializer),

@@ -1,14 +1,7 @@
-"""Decoder language models built from the layers, and their keras-hub classes."""
+"""The decoder language model as keras-hub classes, and the named architectures it is built from."""
 
-from elita_tf.models.backbone import ElitaBackbone
-from elita_tf.models.causal_lm import ElitaCausalLM
-from elita_tf.models.causal_lm_preprocessor import ElitaCausalLMPreprocessor
-from elita_tf.models.config import (
-    BLOCK_TYPES,
-    FFN_TYPES,
-    PRESETS,
-    DecoderConfig,
-    preset,
-)
-from elita_tf.models.decoder import build_decoder
-from elita_tf.models.tokenizer import ElitaTokenizer
+from elita_tf.models.architectures import ARCHITECTURES, BLOCK_TYPES, FFN_TYPES
+from elita_tf.models.elita_backbone import ElitaBackbone
+from elita_tf.models.elita_causal_lm import ElitaCausalLM
+from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
+from elita_tf.models.elita_tokenizer import ElitaTokenizer

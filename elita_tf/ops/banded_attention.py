@@ -34,7 +34,7 @@ Forms (every tensor `[B, H, T, ...]`; fold 3Lin's single head as `H = 1`):
 State (functional, fixed shape): `(keys [B, H, S, Dk], values [B, H, S, Dv],
 valid [B, S] bool, index [B] int32)`. With a window, `S = window`: slot 0 holds
 the start position, slots `1 .. window - 1` the last `window - 1` positions
-(oldest first). Without, `S = max_length`: slot `n` holds position `n`.
+(oldest first). Without, `S = max_sequence_length`: slot `n` holds position `n`.
 `index` is each row's number of positions seen.
 """
 
@@ -63,7 +63,7 @@ def _check_window(window):
         )
 
 
-def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, max_length=None, dtype=tf.float32):
+def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, max_sequence_length=None, dtype=tf.float32):
     """The state before any position, for `banded_attention(_step)`.
 
     Args:
@@ -72,20 +72,20 @@ def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, m
         key_dim: int `Dk`, the width of queries and keys.
         value_dim: int `Dv`.
         window: None or int >= 2, as in `banded_attention`.
-        max_length: int, the positions a state without a window can hold.
+        max_sequence_length: int, the positions a state without a window can hold.
         dtype: the input dtype; the state is float32 (float64 for float64).
 
     Returns:
         `(keys [B, H, S, Dk], values [B, H, S, Dv], valid [B, S], index [B])`,
-        zeros, all slots invalid, `S = window` or `max_length`.
+        zeros, all slots invalid, `S = window` or `max_sequence_length`.
     """
     _check_window(window)
-    if window is None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+    if window is None and (isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1):
         raise ValueError(
-            f"A state without a window needs `max_length`, a positive integer. Received: max_length={max_length!r}"
+            f"A state without a window needs `max_sequence_length`, a positive integer. Received: max_sequence_length={max_sequence_length!r}"
         )
     dtype = accumulator_dtype(dtype)
-    slots = window if window is not None else max_length
+    slots = window if window is not None else max_sequence_length
     return (
         tf.zeros([batch_size, num_heads, slots, key_dim], dtype),
         tf.zeros([batch_size, num_heads, slots, value_dim], dtype),
@@ -241,7 +241,7 @@ def banded_attention(
         initial_state: optional state of the positions before these, from
             `empty_banded_state()` or a previous call (prefill, then continue).
             Needed to continue a sequence without a window (its size is the
-            `max_length` it can hold).
+            `max_sequence_length` it can hold).
         chunk_size: int `C`, queries per chunk of the windowed form.
 
     Returns:
@@ -343,7 +343,7 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
     Returns:
         `(out [B, H, Dv], new_state)`, equal to the last row of
         `banded_attention` over all positions so far. Costs O(window) with a
-        window, O(max_length) without.
+        window, O(max_sequence_length) without.
     """
     _check_window(window)
     query, key, value, valid, scale = _prepare(

@@ -15,9 +15,9 @@ import tensorflow as tf
 from elita_tf.ops.utils import accumulator_dtype, real_extent, write_positions
 
 
-def empty_kv_cache(batch_size, max_length, num_heads, head_dim, dtype=tf.float32):
-    shape = [batch_size, max_length, num_heads, head_dim]
-    valid = tf.zeros([batch_size, max_length], tf.bool)
+def empty_kv_cache(batch_size, max_sequence_length, num_heads, head_dim, dtype=tf.float32):
+    shape = [batch_size, max_sequence_length, num_heads, head_dim]
+    valid = tf.zeros([batch_size, max_sequence_length], tf.bool)
     return tf.zeros(shape, dtype), tf.zeros(shape, dtype), valid, tf.zeros([batch_size], tf.int32)
 
 
@@ -37,11 +37,11 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         row `t` may attend cache slot `s` (written, not padding, `s <= position + t`).
     """
     key_cache, value_cache, valid, position = cache
-    batch, length, max_length = tf.shape(key)[0], tf.shape(key)[1], tf.shape(key_cache)[1]
+    batch, length, max_sequence_length = tf.shape(key)[0], tf.shape(key)[1], tf.shape(key_cache)[1]
     tf.debugging.assert_less_equal(
         tf.reduce_max(position) + length,
-        max_length,
-        message=f"The decoding cache of '{name}' is full: it holds max_length positions",
+        max_sequence_length,
+        message=f"The decoding cache of '{name}' is full: it holds max_sequence_length positions",
     )
 
     new_valid = tf.ones([batch, length], tf.bool) if mask is None else tf.cast(mask, tf.bool)
@@ -53,7 +53,7 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         for buffer, new in ((key_cache, key), (value_cache, value), (valid, new_valid))
     )
     query_position = position[:, None, None] + tf.range(length)[None, :, None]  # [B, T, 1]
-    visible = (tf.range(max_length)[None, None, :] <= query_position)[:, None] & valid[:, None, None, :]
+    visible = (tf.range(max_sequence_length)[None, None, :] <= query_position)[:, None] & valid[:, None, None, :]
     # Right padding is not part of the sequence: the next positions overwrite it.
     return (key_cache, value_cache, valid, position + real_extent(mask, length)), visible
 

@@ -96,9 +96,14 @@ def latest_checkpoint(run_dir):
     return None
 
 
+def load_checkpoint(path, compile=True):
+    """The model (an `ElitaCausalLM`, with its optimizer when `compile`) a checkpoint holds."""
+    return keras.models.load_model(path, compile=compile)
+
+
 def load_latest_checkpoint(run_dir, compile=True):
     """`(model, path)` from the newest intact checkpoint, or `(None, None)` when there is none."""
     path = latest_checkpoint(run_dir)
     if path is None:
         return None, None
-    return keras.models.load_model(path, compile=compile), path
+    return load_checkpoint(path, compile=compile), path

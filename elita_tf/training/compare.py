@@ -1,13 +1,13 @@
-"""Several presets on the same data and token budget, each with several seeds, then a plot and a table.
+"""Several architectures on the same data and token budget, each with several seeds, then a plot and a table.
 
     from elita_tf.training.compare import compare
-    compare("runs/compare", presets=["elita", "transformer"], seeds=[0, 1, 2], epochs=2)
+    compare("runs/compare", architectures=["elita", "transformer"], seeds=[0, 1, 2], epochs=2)
 
-Each preset and seed trains in its own process (`elita-train`, so its peak memory is its own),
-one after the other, under `OUTPUT_DIR/PRESET/seed-S`; a finished run is not trained again, an
-interrupted one resumes. Then the plot (each preset's train loss, averaged over seeds, against
-wall-clock time; test losses dashed; insets of average step time and peak memory) and
-`OUTPUT_DIR/results.md` (mean ± standard deviation over the seeds) are written.
+Each architecture and seed trains in its own process (`elita-train`, so its peak memory is its
+own), one after the other, under `OUTPUT_DIR/ARCHITECTURE/seed-S`; a finished run is not trained
+again, an interrupted one resumes. Then the plot (each architecture's train loss, averaged over
+seeds, against wall-clock time; test losses dashed; insets of average step time and peak memory)
+and `OUTPUT_DIR/results.md` (mean ± sample standard deviation over the seeds) are written.
 """
 
 import json
@@ -15,19 +15,19 @@ import os
 import subprocess
 import sys
 
-from elita_tf.models import PRESETS
+from elita_tf.models import ARCHITECTURES
 from elita_tf.training.plot import plot_comparison, results_table
 from elita_tf.training.settings import TrainSettings
 
 
-def run_dir(output_dir, preset, seed):
-    return os.path.join(output_dir, preset, f"seed-{seed}")
+def run_dir(output_dir, architecture, seed):
+    return os.path.join(output_dir, architecture, f"seed-{seed}")
 
 
-def train_command(output_dir, preset, seed, settings):
+def train_command(output_dir, architecture, seed, settings):
     """The `elita-train` command of one run; `settings` are `TrainSettings` fields shared by all runs."""
-    command = [sys.executable, "-m", "elita_tf.cli.train", "--preset", preset, "--seed", str(seed)]
-    command += ["--output-dir", run_dir(output_dir, preset, seed)]
+    command = [sys.executable, "-m", "elita_tf.cli.train", "--architecture", architecture, "--seed", str(seed)]
+    command += ["--output-dir", run_dir(output_dir, architecture, seed)]
     for name, value in settings.items():
         if value is True:
             command.append(f"--{name.replace('_', '-')}")
@@ -36,37 +36,39 @@ def train_command(output_dir, preset, seed, settings):
     return command
 
 
-def compare(output_dir, presets=("elita", "transformer"), seeds=(0,), plot=None, **settings):
-    """Trains every preset with every seed (skipping finished runs), then writes the plot and the tables.
+def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, **settings):
+    """Trains every architecture with every seed (skipping finished runs), then writes the plot and the tables.
 
     Args:
-        output_dir: str. Runs go to `output_dir/PRESET/seed-S`.
-        presets: names from `elita_tf.models.PRESETS`.
+        output_dir: str. Runs go to `output_dir/ARCHITECTURE/seed-S`.
+        architectures: names from `elita_tf.models.ARCHITECTURES`.
         seeds: distinct non-negative ints.
         plot: the PNG to write. Defaults to `output_dir/ELiTA.png`.
         **settings: other `TrainSettings` fields, the same for every run.
 
     Returns:
-        `{preset: [run_dir, ...]}`.
+        `{architecture: [run_dir, ...]}`.
     """
-    unknown = [p for p in presets if p not in PRESETS]
+    unknown = [a for a in architectures if a not in ARCHITECTURES]
     if unknown:
-        raise ValueError(f"Unknown presets. Expected names from {sorted(PRESETS)}. Received: presets={unknown}")
+        raise ValueError(
+            f"Unknown architectures. Expected names from {sorted(ARCHITECTURES)}. Received: architectures={unknown}"
+        )
     if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be distinct non-negative integers. Received: seeds={list(seeds)}")
     TrainSettings(output_dir=output_dir, **settings)  # refuse bad settings before the first run
     os.makedirs(output_dir, exist_ok=True)
-    runs = {preset: [] for preset in presets}
-    for preset in presets:
+    runs = {name: [] for name in architectures}
+    for name in architectures:
         for seed in seeds:
-            directory = run_dir(output_dir, preset, seed)
+            directory = run_dir(output_dir, name, seed)
             results = os.path.join(directory, "results.json")
             if os.path.exists(results):
-                print(f"{preset}, seed {seed}: already trained ({results})", flush=True)
+                print(f"{name}, seed {seed}: already trained ({results})", flush=True)
             else:
-                print(f"{preset}, seed {seed}: training", flush=True)
-                subprocess.run(train_command(output_dir, preset, seed, settings), check=True)
-            runs[preset].append(directory)
+                print(f"{name}, seed {seed}: training", flush=True)
+                subprocess.run(train_command(output_dir, name, seed, settings), check=True)
+            runs[name].append(directory)
 
     plot_path = plot or os.path.join(output_dir, "ELiTA.png")
     plot_comparison(runs, plot_path)
@@ -74,8 +76,8 @@ def compare(output_dir, presets=("elita", "transformer"), seeds=(0,), plot=None,
     with open(os.path.join(output_dir, "results.md"), "w") as f:
         f.write(table)
     summary = {
-        preset: {os.path.basename(d): json.load(open(os.path.join(d, "results.json"))) for d in dirs}
-        for preset, dirs in runs.items()
+        name: {os.path.basename(d): json.load(open(os.path.join(d, "results.json"))) for d in dirs}
+        for name, dirs in runs.items()
     }
     with open(os.path.join(output_dir, "results.json"), "w") as f:
         json.dump(summary, f, indent=2)

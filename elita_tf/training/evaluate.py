@@ -1,17 +1,18 @@
-"""`evaluate`: the loss and perplexity of a trained model (a run directory or any preset) on a WikiText split.
+"""`evaluate`: the loss and perplexity of a finished training run on a WikiText split.
 
     from elita_tf.training.evaluate import evaluate
     evaluate("runs/compare/elita/seed-0", split="test", quantize="int8")
     evaluate("runs/compare/elita/seed-0", split="test", litert="elita.tflite")  # the exported file
-    evaluate("runs/compare/elita/seed-0", context_length=4096)                 # longer windows
-    evaluate("runs/compare/elita/seed-0", context_length=4096, carry_state=True)  # the split as one stream
+    evaluate("runs/compare/elita/seed-0", window_length=4096)                   # longer windows
+    evaluate("runs/compare/elita/seed-0", window_length=4096, carry_state=True)  # the split as one stream
 
-By default the split is cut into the training run's windows (its `seq_len`, its tokenizer, every
-line ending with the end-of-line id), so the float result equals the run's own `results.json`
-figure. `context_length` cuts windows of another length; `carry_state` reads the whole split as
-one sequence, `context_length` tokens at a time, each segment continuing from the decoding state
-the previous one left (models whose every block carries a constant-size state). Either way the
-result has the loss by position, in log-spaced buckets: does the model use context it has seen?
+By default the split is cut into the training run's windows (its `sequence_length`, its
+tokenizer, every line ending with the end-of-line id), so the float result equals the run's own
+`results.json` figure. `window_length` cuts windows of another length; `carry_state` reads the
+whole split as one sequence, `window_length` tokens at a time, each segment continuing from the
+decoding state the previous one left (models whose every block carries a constant-size state).
+Either way the result has the loss by position, in log-spaced buckets: does the model use
+context it has seen?
 """
 
 import json
@@ -24,8 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.data import load_wikitext, make_tokenizer, token_windows
-from elita_tf.generation import empty_caches, forward_with_cache
-from elita_tf.litert import litert_loss
+from elita_tf.export import LiteRTModel
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 
 SPLITS = ("train", "validation", "test")
@@ -79,14 +79,13 @@ def _stream_losses(backbone, stream, segment_length, progress):
     Every segment continues from the decoding state the previous one left, so
     position `t` is scored with all `t` tokens before it in view.
     """
-    config, layers = backbone.decoder_config, backbone.decoder_layers
 
     @tf.function(reduce_retracing=True)
     def losses(inputs, targets, caches):
-        logits, caches = forward_with_cache(config, layers, inputs, caches)
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))[0], caches
+        hidden, caches = backbone.hidden_states(inputs, cache=caches)
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(targets, backbone.logits(hidden))[0], caches
 
-    caches = empty_caches(config, layers, 1)
+    caches = backbone.get_initial_cache(1)
     scored = []
     for start in range(0, len(stream) - 1, segment_length):
         stop = min(start + segment_length, len(stream) - 1)
@@ -99,7 +98,7 @@ def _stream_losses(backbone, stream, segment_length, progress):
 
 
 def evaluate(
-    preset_dir,
+    run_dir,
     split="test",
     data_dir=None,
     tfds_dir=None,
@@ -107,7 +106,7 @@ def evaluate(
     eval_batches=None,
     quantize=None,
     litert=None,
-    context_length=None,
+    window_length=None,
     carry_state=False,
     position_mode=None,
     verbose=0,
@@ -115,20 +114,20 @@ def evaluate(
     """Mean next-token cross-entropy of the preset's model on a split, with its loss by position, as a dict.
 
     Args:
-        preset_dir: a finished `elita-train` run directory (a keras-hub preset with its `run.json`).
+        run_dir: a finished `elita-train` run directory.
         split: `"train"`, `"validation"` or `"test"`. Defaults to `"test"`.
         data_dir: a local WikiText directory; None reads `ELITA_WIKITEXT_DIR`, else downloads.
         tfds_dir: where tensorflow-datasets keeps prepared data (its default when None).
         batch_size: int. Windows per batch. Defaults to the run's batch size,
-            scaled to keep its tokens per batch with another `context_length`.
+            scaled to keep its tokens per batch with another `window_length`.
         eval_batches: int or None. A cap on batches (windowed evaluation).
         quantize: None, or `"int8"` to evaluate the model after `quantize("int8")`.
         litert: None, or the path of this run's LiteRT file (`elita-export
             --format litert`) to score the windows through `ai_edge_litert`'s
             interpreter instead, one token at a time.
-        context_length: int or None. The window length `N`. Defaults to the
-            run's `seq_len`. Models with learned positions take at most their
-            `max_sequence_length`; ELiTA's sinusoidal positions continue past it.
+        window_length: int or None. The window length `N`. Defaults to the
+            run's `sequence_length`. Models with learned positions take at most
+            their `max_sequence_length`; ELiTA's sinusoidal positions continue past it.
         carry_state: bool. Read the split as one stream, `N` tokens at a
             time, each segment continuing from the decoding state of the one
             before; needs a model whose every block carries a constant-size
@@ -139,8 +138,8 @@ def evaluate(
         verbose: 1 for a progress bar (on stdout, as Keras').
 
     Returns:
-        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "context_length", "carry_state", "position_mode",
-        "quantize", "litert", "windows", "seq_len", "data": {...}, "trained_on": {...}}`.
+        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "window_length", "carry_state",
+        "position_mode", "quantize", "litert", "windows", "sequence_length", "data": {...}, "trained_on": {...}}`.
         `loss_by_position` is a list of `{"start", "end", "loss", "tokens"}`
         over log-spaced buckets of positions (within a window, or in the
         stream); `data` is the split's source and SHA-256; `trained_on` the run's, to compare.
@@ -153,46 +152,45 @@ def evaluate(
         raise ValueError(
             f"A LiteRT file carries its own quantization: pass `litert` or `quantize`. Received: quantize={quantize!r}"
         )
-    if litert is not None and (context_length is not None or carry_state):
+    if litert is not None and (window_length is not None or carry_state):
         raise ValueError(
-            "A LiteRT file is scored in the run's own windows: leave `context_length` and `carry_state` unset. "
-            f"Received: context_length={context_length!r}, carry_state={carry_state!r}"
+            "A LiteRT file is scored in the run's own windows: leave `window_length` and `carry_state` unset. "
+            f"Received: window_length={window_length!r}, carry_state={carry_state!r}"
         )
-    if context_length is not None and (
-        isinstance(context_length, bool) or not isinstance(context_length, int) or context_length < 2
+    if window_length is not None and (
+        isinstance(window_length, bool) or not isinstance(window_length, int) or window_length < 2
     ):
-        raise ValueError(f"`context_length` must be an integer >= 2. Received: context_length={context_length!r}")
-    manifest_path = os.path.join(preset_dir, "run.json")
+        raise ValueError(f"`window_length` must be an integer >= 2. Received: window_length={window_length!r}")
+    manifest_path = os.path.join(run_dir, "run.json")
     if not os.path.exists(manifest_path):
         raise FileNotFoundError(
-            f"{manifest_path} is missing: `preset_dir` must be an elita-train run directory "
-            f"(it records the windows to cut). Received: preset_dir={preset_dir!r}"
+            f"{manifest_path} is missing: `run_dir` must be an elita-train run directory "
+            f"(it records the windows to cut). Received: run_dir={run_dir!r}"
         )
     with open(manifest_path) as f:
         manifest = json.load(f)
-    seq_len = manifest["training"]["seq_len"]
-    length = context_length or seq_len
-    batch_size = batch_size or max(1, manifest["training"]["batch_size"] * seq_len // length)
+    sequence_length = manifest["training"]["sequence_length"]
+    length = window_length or sequence_length
+    batch_size = batch_size or max(1, manifest["training"]["batch_size"] * sequence_length // length)
 
-    causal_lm = ElitaCausalLM.from_preset(preset_dir)
+    causal_lm = ElitaCausalLM.from_preset(run_dir)
     backbone = causal_lm.backbone
-    if position_mode is not None and position_mode != backbone.decoder_config.position_mode:
+    if position_mode is not None and position_mode != backbone.position_mode:
         if litert is not None:
             raise ValueError(f"A LiteRT file has its own positions. Received: position_mode={position_mode!r}")
         trained = backbone
         backbone = ElitaBackbone.from_config({**trained.get_config(), "position_mode": position_mode})
         backbone.set_weights(trained.get_weights())
-    config = backbone.decoder_config
-    if carry_state and config.decode_limit is not None:
+    if carry_state and backbone.decode_limit is not None:
         raise ValueError(
             f"`carry_state` needs a model whose every block carries a constant-size state; this one "
-            f"({', '.join(sorted(set(config.blocks)))}, position_embedding={config.position_embedding}) holds at "
-            f"most max_sequence_length={config.decode_limit} positions. Evaluate it in windows instead."
+            f"({', '.join(sorted(set(backbone.blocks)))}, position_embedding={backbone.position_embedding}) holds "
+            f"at most max_sequence_length={backbone.decode_limit} positions. Evaluate it in windows instead."
         )
-    if config.position_embedding and length > config.context_length:
+    if backbone.position_embedding and length > backbone.max_sequence_length:
         raise ValueError(
-            f"This model has learned positions for at most max_sequence_length={config.context_length} tokens. "
-            f"Received: context_length={length}"
+            f"This model has learned positions for at most max_sequence_length={backbone.max_sequence_length} "
+            f"tokens. Received: window_length={length}"
         )
     if quantize:
         backbone.quantize(quantize)
@@ -228,7 +226,7 @@ def evaluate(
         if litert is None:
             sums, counts = _windowed_losses(backbone, windows[:scored], batch_size, bar.add if bar else lambda n: None)
         else:  # the interpreter scores window by window and gives the mean
-            loss = litert_loss(litert, windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
+            loss = LiteRTModel(litert).loss(windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
             tokens = scored * length
     if litert is None:
         loss, tokens = float(sums.sum() / counts.sum()), int(counts.sum())
@@ -239,13 +237,13 @@ def evaluate(
         "perplexity": math.exp(loss),
         "tokens": tokens,
         "loss_by_position": by_position,
-        "context_length": length,
+        "window_length": length,
         "carry_state": carry_state,
-        "position_mode": backbone.decoder_config.position_mode,
+        "position_mode": backbone.position_mode,
         "quantize": quantize,
         "litert": litert,
         "windows": scored,
-        "seq_len": seq_len,
+        "sequence_length": sequence_length,
         "data": data,
         "trained_on": manifest["data"],
     }

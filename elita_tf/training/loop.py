@@ -1,23 +1,28 @@
-"""The training loop: a decoder preset on WikiText with Keras `fit`, resumable exactly.
+"""The training loop: an `ElitaCausalLM` of a named architecture, fitted on WikiText, resumable exactly.
 
     from elita_tf.training import TrainSettings, train
-    results = train(TrainSettings("runs/elita", preset="elita", epochs=2))
+    results = train(TrainSettings("runs/elita", architecture="elita", epochs=2))
 
 WikiText is downloaded (and prepared once by tensorflow-datasets) unless `data_dir` or the
 environment variable `ELITA_WIKITEXT_DIR` names a local directory holding its files.
 
-Writes to `output_dir`: `run.json` (the run's manifest: architecture, training settings, data
-and tokenizer hashes), `sentencepiece.model`, `steps.csv` (loss, learning rate
-and wall time of every step), `tensorboard/`, `checkpoints/step-N.keras` (model and optimizer,
-every `checkpoint_every` steps and at each epoch end; the last `keep_checkpoints` kept) and
-`results.json` (validation and test loss and perplexity, step time, tokens/s, peak memory, the
-data's SHA-256, versions and load). At the end the directory becomes a keras-hub preset
-(`config.json`, `model.weights.h5`, `tokenizer.json`, ...): `ElitaCausalLM.from_preset(output_dir)`
-gives the trained model with its tokenizer. Training again into the same directory resumes exactly where
-the last intact checkpoint left off: same step, same data position, same result as an
-uninterrupted run. A directory holding another run (other settings, data or tokenizer), or one
-another process is writing, is refused before anything in it changes. `elita-train`
-(`elita_tf.cli.train`) is the command line.
+A run directory (`RunDirectory`) keeps the training state apart from the model it publishes:
+
+    run.json              the manifest: architecture, training settings, data and tokenizer hashes
+    sentencepiece.model   the tokenizer, trained on the train split
+    steps.csv             loss, learning rate and wall time of every step
+    tensorboard/          TensorBoard logs
+    checkpoints/          step-N.keras: model, optimizer (and carried state), every
+                          `checkpoint_every` steps and at each epoch end; the last few kept
+    results.json          validation and test loss and perplexity, step time, tokens/s, peak memory,
+                          the data's SHA-256, versions and load
+    preset/               at the end: the trained model as a keras-hub preset, nothing else
+                          (`ElitaCausalLM.from_preset(run_dir)` loads it; `keras_hub.upload_preset` publishes it)
+
+Training again into the same directory resumes exactly where the last intact checkpoint left
+off: same step, same data position, same result as an uninterrupted run. A directory holding
+another run (other settings, data or tokenizer), or one another process is writing, is refused
+before anything in it changes. `elita-train` (`elita_tf.cli.train`) is the command line.
 """
 
 import csv
@@ -47,7 +52,9 @@ from elita_tf.data import (
     token_windows,
     train_sentencepiece,
 )
-from elita_tf.models import ElitaCausalLM, build_decoder, preset
+from elita_tf.models import ElitaBackbone, ElitaCausalLM
+from elita_tf.models.architectures import architecture, decode_limit
+from elita_tf.models.elita_backbone import architecture_config
 from elita_tf.schedules import elita_adam, three_lin_sgd
 from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoint
 from elita_tf.training.distributed import (
@@ -58,8 +65,10 @@ from elita_tf.training.distributed import (
     make_strategy,
 )
 from elita_tf.training.run_directory import (
+    TOKENIZER,
     RunDirectory,
     RunDirectoryError,
+    save_run_preset,
     write_atomically,
 )
 
@@ -92,66 +101,66 @@ def _sha256(data):
 
 
 def model_config(settings):
-    return preset(
-        settings.preset,
-        vocab_size=settings.vocab_size,
-        width=settings.width,
-        num_layers=settings.layers,
-        num_heads=settings.heads,
-        head_dim=settings.head_dim,
-        context_length=settings.seq_len,
-        dropout=settings.dropout,
-        # Unresolved (None) only before `resolve_position_mode`: the architecture checks do not depend on it.
-        **({} if settings.position_mode is None else {"position_mode": settings.position_mode}),
-    )
+    """The run's architecture: `ElitaBackbone` arguments, its recipe at the run's size."""
+    overrides = {
+        "vocabulary_size": settings.vocabulary_size,
+        "hidden_dim": settings.hidden_dim,
+        "num_layers": settings.num_layers,
+        "num_heads": settings.num_heads,
+        "head_dim": settings.head_dim,
+        "max_sequence_length": settings.sequence_length,
+        "dropout": settings.dropout,
+    }
+    if settings.position_mode is not None:
+        overrides["position_mode"] = settings.position_mode
+    return architecture_config(settings.architecture, **overrides)
 
 
 def resolve_position_mode(settings, run_path):
     """`settings` with `position_mode` decided, when it was left to the run (None).
 
-    Resuming keeps the stored run's mode (`fixed` for a run written before
-    the field existed). A new run trained in windows never sees a position
-    past `seq_len`, so it holds later ones at the last trained position
-    (`clamped`): the reference's sinusoids, run on, leave what they were
-    trained on past about 16x the training length (README: Long context).
-    A new `carry_state` run gets `fixed`: its positions run on through each
-    article and are trained there. `run_path` is the directory whose
-    `run.json` a resumed run has (the chief's `output_dir` for every worker).
+    Resuming keeps the stored run's mode. A recipe that sets its own keeps it
+    (`elita-reference`: `"length"`). Otherwise a new run trained in windows
+    never sees a position past `sequence_length`, so it holds later ones at
+    the last trained position (`clamped`): the reference's sinusoids, run on,
+    leave what they were trained on past about 16x the training length
+    (docs/long-context.md). A new `carry_state` run gets `fixed`: its
+    positions run on through each article and are trained there. `run_path`
+    is the directory whose `run.json` a resumed run has (the chief's
+    `output_dir` for every worker).
     """
     if settings.position_mode is not None:
         return settings
     stored = None if settings.force_new else RunDirectory(run_path).read_manifest()
     if stored is not None:
-        mode = stored.get("model", {}).get("position_mode", ADDED_FIELDS["model.position_mode"])
+        mode = stored["model"]["position_mode"]
     else:
-        mode = "fixed" if settings.carry_state else "clamped"
+        mode = architecture(settings.architecture).get("position_mode")
+        mode = mode or ("fixed" if settings.carry_state else "clamped")
     return dataclasses.replace(settings, position_mode=mode)
 
 
 def check_carry_state(settings):
-    """Raises `ValueError` unless the preset can carry its state (`TrainSettings.carry_state`)."""
+    """Raises `ValueError` unless the architecture can carry its state (`TrainSettings.carry_state`)."""
     config = model_config(settings)
-    if config.decode_limit is not None:
+    limit = decode_limit(config["blocks"], config["position_embedding"], config["max_sequence_length"])
+    if limit is not None or config["position_mode"] == "length":
         raise ValueError(
-            "--carry-state needs a model whose every block keeps a constant-size state and no learned positions "
-            f"(elita). Received: preset={settings.preset!r} (blocks {sorted(set(config.blocks))}, "
-            f"position_embedding={config.position_embedding})"
+            "--carry-state needs a model whose every block keeps a constant-size state, no learned positions and "
+            f"positions that do not move with the length (elita). Received: architecture={settings.architecture!r} "
+            f"(blocks {sorted(set(config['blocks']))}, position_embedding={config['position_embedding']}, "
+            f"position_mode={config['position_mode']!r})"
         )
-
-
-# Fields added to the manifest since runs were first written, and what a run without them did:
-# such a run resumes under a version that records them.
-ADDED_FIELDS = {"model.position_mode": "fixed", "training.dtype_policy": "float32", "training.carry_state": False}
 
 
 def requested_manifest(settings, config, data):
     """What makes this run this run: a resumed run must match it field by field."""
     return {
-        "preset": settings.preset,
-        "model": config.get_config(),
+        "architecture": settings.architecture,
+        "model": config,
         "data": {"dataset": data["dataset"], "sha256": data["sha256"]},
         "training": {
-            "seq_len": settings.seq_len,
+            "sequence_length": settings.sequence_length,
             "batch_size": settings.batch_size,
             "seed": settings.seed,
             "optimizer": settings.optimizer,
@@ -173,11 +182,11 @@ def prepare_run(settings, run_dir):
     )
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
-    stored = run_dir.check_manifest(manifest, absent_means=ADDED_FIELDS)
-    tokenizer_path = run_dir.file("sentencepiece.model")
+    stored = run_dir.check_manifest(manifest)
+    tokenizer_path = run_dir.file(TOKENIZER)
     if stored is None:
         lines = (line.decode("utf-8") for line in splits["train"].as_numpy_iterator())
-        proto = train_sentencepiece(lines, vocab_size=settings.vocab_size, seed=settings.seed)
+        proto = train_sentencepiece(lines, vocabulary_size=settings.vocabulary_size, seed=settings.seed)
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
     else:
@@ -189,11 +198,11 @@ def prepare_run(settings, run_dir):
             )
     tokenizer = make_tokenizer(proto)
     windows = {
-        split: token_windows(lines, tokenizer, settings.seq_len, vocabulary_size=settings.vocab_size)
+        split: token_windows(lines, tokenizer, settings.sequence_length, vocabulary_size=settings.vocabulary_size)
         for split, lines in splits.items()
     }
     if settings.carry_state:  # the train split as one stream, with its article starts
-        windows["train_stream"] = token_stream(splits["train"], tokenizer, vocabulary_size=settings.vocab_size)
+        windows["train_stream"] = token_stream(splits["train"], tokenizer, vocabulary_size=settings.vocabulary_size)
     return config, windows, data
 
 
@@ -313,7 +322,9 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         check_carry_state(settings)
     config, windows, data = prepare_run(settings, run_dir)
     if settings.carry_state:
-        per_epoch = stream_steps_per_epoch(len(windows["train_stream"][0]), settings.batch_size, settings.seq_len)
+        per_epoch = stream_steps_per_epoch(
+            len(windows["train_stream"][0]), settings.batch_size, settings.sequence_length
+        )
     else:
         per_epoch = steps_per_epoch(windows["train"], settings.batch_size)
     total = (
@@ -331,34 +342,29 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
     with strategy.scope():
         model, checkpoint = load_latest_checkpoint(checkpoints)
         if model is None:
-            # The layers take the global policy when made: set it for them alone.
-            previous_policy = keras.config.dtype_policy()
-            keras.config.set_dtype_policy(settings.dtype_policy)
-            try:
-                model = build_decoder(config, name=settings.preset)
-            finally:
-                keras.config.set_dtype_policy(previous_policy)
+            model = ElitaCausalLM(ElitaBackbone(**config, dtype=settings.dtype_policy))
             if settings.carry_state:
                 model.enable_carried_state(settings.batch_size)
             model.compile(
                 optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                weighted_metrics=None,  # the loss alone: fit takes it a chunk of tokens at a time
             )
-    adapt_to_multi_worker(model, strategy, [settings.batch_size // replicas, settings.seq_len])
+    adapt_to_multi_worker(model, strategy, [settings.batch_size // replicas, settings.sequence_length])
     start = int(model.optimizer.iterations.numpy())
     if in_multi_worker_mode(strategy):
         # Paths may differ from machine to machine; everything else must match.
         local = {"output_dir", "data_dir", "tfds_dir", "verbose"}
         arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
         request = json.dumps([requested_manifest(settings, config, data), arguments], sort_keys=True).encode()
-        with open(run_dir.file("sentencepiece.model"), "rb") as f:
+        with open(run_dir.file(TOKENIZER), "rb") as f:
             tokenizer = f.read()
         fingerprint = lambda blob: int(_sha256(blob)[:15], 16)  # noqa: E731  (fits in an int64)
         check_workers_agree(
             strategy, {"arguments": fingerprint(request), "tokenizer": fingerprint(tokenizer), "start step": start}
         )
     if start and chief:
-        print(f"Resuming {settings.preset} from step {start} ({checkpoint})", flush=True)
+        print(f"Resuming {settings.architecture} from step {start} ({checkpoint})", flush=True)
 
     def evaluation(split):
         def shard(index, count):
@@ -383,7 +389,7 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         if settings.carry_state:  # one process (checked): the batch's rows are the streams
             ids, resets = windows["train_stream"]
             stream = lambda shard, num_shards: stream_dataset(  # noqa: E731
-                ids, resets, settings.batch_size, settings.seq_len, epochs=None, start_step=step
+                ids, resets, settings.batch_size, settings.sequence_length, epochs=None, start_step=step
             )
         else:
             stream = functools.partial(
@@ -404,13 +410,14 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         step += steps
 
     results = {
-        "preset": settings.preset,
+        "architecture": settings.architecture,
         "seed": settings.seed,
         "steps": total,
-        "params": model.count_params(),
+        "params": model.backbone.count_params(),
+        "params_without_embeddings": model.backbone.count_params_without_embeddings(),
         "replicas": replicas,
         "data": data,
-        "config": {"model": config.get_config(), "settings": dataclasses.asdict(settings)},
+        "config": {"model": config, "settings": dataclasses.asdict(settings)},
         "software": software_versions(),
     }
     for split in ["validation", "test"]:
@@ -419,15 +426,14 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         results[f"{split}_perplexity"] = math.exp(loss)
     if step_log.step_times:
         results["step_time_s"] = sum(step_log.step_times) / len(step_log.step_times)
-        results["tokens_per_s"] = settings.batch_size * settings.seq_len / results["step_time_s"]
+        results["tokens_per_s"] = settings.batch_size * settings.sequence_length / results["step_time_s"]
     results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     # A figure taken while other work shared the cores says so here.
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(run_dir.file("results.json"), json.dumps(results, indent=2))
     if chief:
-        # The run directory becomes a keras-hub preset: ElitaCausalLM.from_preset(output_dir).
-        with open(run_dir.file("sentencepiece.model"), "rb") as f:
-            ElitaCausalLM.from_decoder(model, config, f.read()).save_to_preset(run_dir.path)
+        # The trained model as a keras-hub preset, in the run's `preset/` folder.
+        save_run_preset(model, run_dir.path)
         print(json.dumps(results, indent=2), flush=True)
     return results

@@ -98,9 +98,9 @@ def results_table(runs):
         runs: `{label: run_dir}` or `{label: [run_dir, ...]}`.
     """
     lines = [
-        "| model | seeds | params | test loss | test perplexity | validation loss | step time (s) | tokens/s "
-        "| peak memory (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | seeds | params | params without embeddings | test loss | test perplexity | validation loss "
+        "| step time (s) | tokens/s | peak memory (MiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, run_dirs in runs.items():
         results = [read_run(d)[1] for d in _as_list(run_dirs)]
@@ -111,7 +111,8 @@ def results_table(runs):
 
         seeds = ", ".join(str(r.get("seed", "?")) for r in results)
         lines.append(
-            f"| {label} | {seeds} | {results[0]['params']:,} | {cell('test_loss', '.4f')} | "
+            f"| {label} | {seeds} | {results[0]['params']:,} | {results[0]['params_without_embeddings']:,} | "
+            f"{cell('test_loss', '.4f')} | "
             f"{cell('test_perplexity', '.1f')} | {cell('validation_loss', '.4f')} | {cell('step_time_s', '.3f')} | "
             f"{cell('tokens_per_s', ',.0f')} | {cell('peak_memory_mib', ',.0f')} |"
         )

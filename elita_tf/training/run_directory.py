@@ -17,19 +17,15 @@ import shutil
 import socket
 import time
 
+from elita_tf.models import ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
+from elita_tf.models.elita_backbone import RUN_PRESET
+from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, load_checkpoint
+
 MANIFEST = "run.json"
+TOKENIZER = "sentencepiece.model"
 LOCK = ".lock"
 # What a run writes: `--force-new` removes exactly these.
-ARTEFACTS = (
-    MANIFEST,
-    "config.json",
-    "sentencepiece.model",
-    "steps.csv",
-    "results.json",
-    "checkpoints",
-    "tensorboard",
-    "checkpoint.keras",  # the single checkpoint of runs made before run.json
-)
+ARTEFACTS = (MANIFEST, TOKENIZER, "steps.csv", "results.json", CHECKPOINT_DIR, "tensorboard", RUN_PRESET)
 
 
 class RunDirectoryError(ValueError):
@@ -56,13 +52,9 @@ def _flatten(tree, prefix=""):
     return flat
 
 
-def manifest_differences(stored, requested, absent_means=None):
-    """`["field: stored X, requested Y", ...]` over every field of either manifest.
-
-    `absent_means` maps flattened fields added after a stored run was made
-    (`"model.position_mode"`) to the value that run behaved as.
-    """
-    a, b = {**(absent_means or {}), **_flatten(stored)}, _flatten(requested)
+def manifest_differences(stored, requested):
+    """`["field: stored X, requested Y", ...]` over every field of either manifest."""
+    a, b = _flatten(stored), _flatten(requested)
     return [
         f"{key}: stored {a.get(key, '(absent)')!r}, requested {b.get(key, '(absent)')!r}"
         for key in sorted(set(a) | set(b))
@@ -135,14 +127,12 @@ class RunDirectory:
         with open(self.file(MANIFEST)) as f:
             return json.load(f)
 
-    def check_manifest(self, requested, absent_means=None):
+    def check_manifest(self, requested):
         """Resumes, starts, or refuses, before anything is written.
 
         Args:
             requested: the manifest of the run asked for (without the
                 tokenizer's hash, which the run adds once it has one).
-            absent_means: optional dict, flattened field to value: what a
-                run stored before the field existed behaved as.
 
         Returns:
             The stored manifest when resuming the same run, or None for a new
@@ -163,12 +153,12 @@ class RunDirectory:
             if leftovers:
                 raise RunDirectoryError(
                     f"The run directory {self.path!r} holds {', '.join(leftovers)} but no {MANIFEST}: files of a "
-                    "run that failed before it started, or of an older version. Nothing was changed. Use "
+                    "run that failed before it started. Nothing was changed. Use "
                     "--force-new to remove them, or choose another --output-dir."
                 )
             return None
         comparable = {key: value for key, value in stored.items() if key != "tokenizer_sha256"}
-        differences = manifest_differences(comparable, requested, absent_means)
+        differences = manifest_differences(comparable, requested)
         if differences:
             raise RunDirectoryError(
                 f"The run directory {self.path!r} holds another run; resuming it with these arguments would mix "
@@ -180,3 +170,38 @@ class RunDirectory:
 
     def write_manifest(self, manifest):
         write_atomically(self.file(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def save_run_preset(model, run_path):
+    """Writes `model`'s backbone with the run's tokenizer as a keras-hub preset in `run_path/preset/`.
+
+    The preprocessor's `sequence_length` is the training length.
+    """
+    with open(os.path.join(run_path, TOKENIZER), "rb") as f:
+        tokenizer = ElitaTokenizer(proto=f.read())
+    with open(os.path.join(run_path, MANIFEST)) as f:
+        sequence_length = json.load(f)["training"]["sequence_length"]
+    preprocessor = ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+    ElitaCausalLM(model.backbone, preprocessor).save_to_preset(os.path.join(run_path, RUN_PRESET))
+
+
+def load_run_model(run_path):
+    """The `ElitaCausalLM` of a run's newest intact checkpoint, with the run's tokenizer and preprocessor.
+
+    Raises:
+        FileNotFoundError: naming what the directory lacks (manifest, tokenizer or checkpoint).
+        CorruptCheckpointError: when every checkpoint is corrupt.
+    """
+    checkpoint = latest_checkpoint(run_path)
+    wanted = [os.path.join(run_path, name) for name in (MANIFEST, TOKENIZER)]
+    missing = [path for path in wanted if not os.path.exists(path)]
+    if checkpoint is None:
+        missing.append(os.path.join(run_path, CHECKPOINT_DIR, "step-*.keras"))
+    if missing:
+        raise FileNotFoundError(f"{run_path!r} is not an elita-train run directory: it lacks {', '.join(missing)}")
+    model = load_checkpoint(checkpoint)
+    with open(wanted[1], "rb") as f:
+        tokenizer = ElitaTokenizer(proto=f.read())
+    with open(wanted[0]) as f:
+        sequence_length = json.load(f)["training"]["sequence_length"]
+    return ElitaCausalLM(model.backbone, ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length))

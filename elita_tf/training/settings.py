@@ -3,8 +3,7 @@
 import dataclasses
 
 from elita_tf.data.wikitext import CONFIG_NAMES
-from elita_tf.models import PRESETS
-from elita_tf.models.config import DECODER_POSITION_MODES
+from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 OPTIMIZERS = ("adam", "normalized-sgd")
@@ -13,29 +12,34 @@ DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
-    """One training run of a decoder preset on WikiText (`elita_tf.training.train`).
+    """One training run of an architecture on WikiText (`elita_tf.training.train`).
+
+    The model's fields carry `ElitaBackbone`'s names; `sequence_length` is the
+    training window `T`, which is also the model's `max_sequence_length`.
 
     Attributes:
         output_dir: str. The run directory (see `RunDirectory`).
-        preset: str. One of `elita_tf.models.PRESETS`. Defaults to `"elita"`.
+        architecture: str. One of `elita_tf.models.ARCHITECTURES`. Defaults to `"elita"`.
         data_dir: str or None. A local WikiText directory; None reads
             `ELITA_WIKITEXT_DIR`, else downloads.
         dataset: str. A WikiText config. Defaults to `"wikitext-2-v1"`.
         tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
-        vocab_size: int. SentencePiece pieces, the model's vocabulary. Defaults to `5000`.
-        seq_len: int. Training length `T`. Defaults to `256`.
+        vocabulary_size: int. SentencePiece pieces, the model's vocabulary. Defaults to `5000`.
+        sequence_length: int. Training length `T`. Defaults to `256`.
         batch_size: int. Global batch. Defaults to `128`.
         epochs: int. Defaults to `1`.
         max_steps: int or None. A cap on steps in all (a token budget).
-        width, layers, heads, head_dim: int. The model's size.
+        hidden_dim, num_layers, num_heads, head_dim: int. The model's size.
         dropout: float. Residual dropout. Defaults to `0.0`.
-        position_mode: str or None. ELiTA's positions past the training
-            length: `"fixed"` (the reference's sinusoids, running on) or
-            `"clamped"` (every later position reads as the last one
-            trained). None (the default) takes the stored run's when
-            resuming; a new run gets `"clamped"`, or `"fixed"` with
-            `carry_state`, whose positions run on through each article and
-            are trained there (`resolve_position_mode`).
+        position_mode: str or None. ELiTA's positions: `"fixed"` (the
+            sinusoids run on past the training length), `"clamped"` (every
+            later position reads as the last one trained) or `"length"` (the
+            original's, moving with the sequence length; no decoding). None
+            (the default) takes the stored run's when resuming, else the
+            architecture's own (`elita-reference`: `"length"`); a new `elita`
+            run gets `"clamped"`, or `"fixed"` with `carry_state`, whose
+            positions run on through each article and are trained there
+            (`resolve_position_mode`).
         optimizer: str. `"adam"` (ELiTA's: `min(1e-3, 1e-2 / sqrt(step))`,
             beta1 0.9, beta2 0.99) or `"normalized-sgd"` (3Lin's: every
             matrix moves by 0.1 in norm per step, linearly to 0 over the
@@ -60,23 +64,23 @@ class TrainSettings:
         verbose: int. Keras `fit` verbosity (1: progress bar). Defaults to `1`.
 
     Example:
-    >>> settings = TrainSettings("runs/elita", preset="elita", epochs=2)  # doctest: +SKIP
+    >>> settings = TrainSettings("runs/elita", architecture="elita", epochs=2)  # doctest: +SKIP
     >>> results = elita_tf.training.train(settings)                       # doctest: +SKIP
     """
 
     output_dir: str
-    preset: str = "elita"
+    architecture: str = "elita"
     data_dir: str = None
     dataset: str = "wikitext-2-v1"
     tfds_dir: str = None
-    vocab_size: int = 5000
-    seq_len: int = 256
+    vocabulary_size: int = 5000
+    sequence_length: int = 256
     batch_size: int = 128
     epochs: int = 1
     max_steps: int = None
-    width: int = 64
-    layers: int = 6
-    heads: int = 4
+    hidden_dim: int = 64
+    num_layers: int = 6
+    num_heads: int = 4
     head_dim: int = 16
     dropout: float = 0.0
     position_mode: str = None
@@ -96,27 +100,27 @@ class TrainSettings:
             value = getattr(self, name)
             raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
-        if self.preset not in PRESETS:
-            fail("preset", f"one of {sorted(PRESETS)}")
+        if self.architecture not in ARCHITECTURES:
+            fail("architecture", f"one of {sorted(ARCHITECTURES)}")
         if self.dataset not in CONFIG_NAMES:
             fail("dataset", f"one of {CONFIG_NAMES}")
         if self.strategy not in STRATEGIES:
             fail("strategy", f"one of {list(STRATEGIES)}")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"one of {list(OPTIMIZERS)}")
-        if self.position_mode is not None and self.position_mode not in DECODER_POSITION_MODES:
-            fail("position_mode", f"one of {list(DECODER_POSITION_MODES)}")
+        if self.position_mode is not None and self.position_mode not in POSITION_MODES:
+            fail("position_mode", f"one of {list(POSITION_MODES)}")
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
-        positive = ["vocab_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "width", "layers"]
-        for name in positive + ["heads", "head_dim", "max_steps", "eval_batches"]:
+        positive = ["vocabulary_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "hidden_dim"]
+        for name in positive + ["num_layers", "num_heads", "head_dim", "max_steps", "eval_batches"]:
             value = getattr(self, name)
             if value is None and name in ("max_steps", "eval_batches"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 fail(name, "a positive integer")
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
-            fail("seq_len", "an integer >= 2")
+        if isinstance(self.sequence_length, bool) or not isinstance(self.sequence_length, int) or self.sequence_length < 2:
+            fail("sequence_length", "an integer >= 2")
         if not 0.0 <= self.dropout < 1.0:
             fail("dropout", "in [0, 1)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:

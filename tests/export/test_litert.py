@@ -42,8 +42,8 @@ def trained(tiny_wikitext, tmp_path_factory):
     """A small ELiTA trained on the tiny corpus, exported in float and in int8 through `elita-export`."""
     root = tmp_path_factory.mktemp("litert")
     run = root / "run"
-    flags = {"--vocab-size": 60, "--seq-len": 32, "--batch-size": 16, "--width": 64, "--layers": 2}
-    flags.update({"--heads": 4, "--head-dim": 16, "--epochs": 20, "--max-steps": 60, "--eval-batches": 2})
+    flags = {"--vocabulary-size": 60, "--sequence-length": 32, "--batch-size": 16, "--hidden-dim": 64, "--num-layers": 2}
+    flags.update({"--num-heads": 4, "--head-dim": 16, "--epochs": 20, "--max-steps": 60, "--eval-batches": 2})
     args = ["--data-dir", tiny_wikitext, "--output-dir", str(run), "--verbose", "0"]
     results = train(parse_args(args + [str(item) for pair in flags.items() for item in pair]))
     files = {}
@@ -101,7 +101,7 @@ def test_int8_file_is_under_half_the_size_and_agrees_with_keras(trained, tiny_wi
 def test_every_preset_exports_and_decodes_its_greedy_tokens(name, tmp_path):
     # Key/value blocks (transformer, simplified) and 3Lin hold max_sequence_length positions; the rest a fixed state.
     keras.utils.set_random_seed(0)
-    config = preset(name, vocab_size=50, width=16, num_layers=2, num_heads=2, head_dim=8, context_length=48)
+    config = preset(name, vocab_size=50, width=16, num_layers=2, num_heads=2, head_dim=8, window_length=48)
     model = build_decoder(config)
     path = export_litert(model, config, str(tmp_path / f"{name}.tflite"))
     want = Generator(model, config)(PROMPTS, 12).numpy().tolist()

@@ -12,7 +12,7 @@ WEIGHTS = ["k1", "k2", "k3", "a1", "a2", "b1", "b2", "c", "value_kernel", "outpu
 
 
 def _layer(dtype="float32", seed=0, logit_scale=None, **kwargs):
-    kwargs = {"num_heads": 3, "head_dim": 5, "position_dim": 4, "context_length": 64, "chunk_size": 16, **kwargs}
+    kwargs = {"num_heads": 3, "head_dim": 5, "position_dim": 4, "position_scale": 64, "chunk_size": 16, **kwargs}
     layer = Attention2(dtype=dtype, **kwargs)
     layer.build((None, None, WIDTH))
     rng = np.random.default_rng(seed)
@@ -36,9 +36,9 @@ def reference(layer, x, start=0):
     x = tf.cast(x, tf.float64)
     length = x.shape[1]
     if layer.position_mode == "fixed":
-        u = (start + np.arange(length)) / (layer.context_length - 1)
+        u = (start + np.arange(length)) / (layer.position_scale - 1)
     elif layer.position_mode == "clamped":
-        u = np.minimum(start + np.arange(length), layer.context_length - 1) / (layer.context_length - 1)
+        u = np.minimum(start + np.arange(length), layer.position_scale - 1) / (layer.position_scale - 1)
     else:
         u = np.linspace(0.0, layer.time_scale, length)
     u = tf.constant(u, tf.float64)
@@ -104,13 +104,13 @@ def test_length_mode_is_the_reference_linspace():
 
 
 def test_fixed_mode_equals_length_mode_at_the_training_length():
-    fixed, length = _layer(context_length=40), _layer(position_mode="length", context_length=40)
+    fixed, length = _layer(position_scale=40), _layer(position_mode="length", position_scale=40)
     x = _inputs(40)
     np.testing.assert_allclose(fixed(x), length(x), rtol=1e-5, atol=1e-6)
 
 
 def test_clamped_mode_holds_the_last_trained_position():
-    fixed, clamped = _layer(context_length=40), _layer(position_mode="clamped", context_length=40)
+    fixed, clamped = _layer(position_scale=40), _layer(position_mode="clamped", position_scale=40)
     x = _inputs(100)
     want = reference(clamped, x)
     np.testing.assert_allclose(clamped(x), want, rtol=1e-4, atol=1e-4)
@@ -144,7 +144,7 @@ def test_trains_with_fit():
     keras.utils.set_random_seed(0)
     tokens = keras.Input((None,), dtype="int32")
     x = keras.layers.Embedding(16, 32)(tokens)
-    x = x + Attention2(num_heads=4, head_dim=8, position_dim=4, context_length=24)(x)
+    x = x + Attention2(num_heads=4, head_dim=8, position_dim=4, position_scale=24)(x)
     logits = keras.layers.Dense(16)(x)
     model = keras.Model(tokens, logits)
     model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -9,7 +9,7 @@ WIDTH = 8
 
 
 def _layer(dtype="float32", **kwargs):
-    layer = CausalSelfAttention(**{"num_heads": 2, "max_length": 300, **kwargs}, dtype=dtype)
+    layer = CausalSelfAttention(**{"num_heads": 2, "max_sequence_length": 300, **kwargs}, dtype=dtype)
     layer.build((None, None, WIDTH))
     rng = np.random.default_rng(0)
     for var in layer.weights:
@@ -63,7 +63,7 @@ def test_arguments_and_a_full_cache_are_errors():
         CausalSelfAttention(0)
     with pytest.raises(ValueError, match="dropout=1.5"):
         CausalSelfAttention(2, dropout=1.5)
-    layer = CausalSelfAttention(2, max_length=4)
+    layer = CausalSelfAttention(2, max_sequence_length=4)
     with pytest.raises(ValueError, match="build or call it"):
         layer.get_initial_cache(1)
     layer.build((None, None, WIDTH))

@@ -30,31 +30,31 @@ from tests.layers.reference_check import assert_mixed_precision_finite
 
 WIDTH = 16
 MIXERS = {
-    "attention2": lambda: Attention2(2, 8, 4, context_length=128, logit_clip=20.0, chunk_size=16),
+    "attention2": lambda: Attention2(2, 8, 4, position_scale=128, logit_clip=20.0, chunk_size=16),
     "linear": lambda: LinearAttention(2, 8, chunk_size=16),
     "additive_global": lambda: AdditiveAttention(2, chunk_size=16),
     "additive_window_8": lambda: AdditiveAttention(2, window=8),
     "additive_window_40": lambda: AdditiveAttention(2, window=40, chunk_size=32),
-    "causal_self_attention": lambda: CausalSelfAttention(2, head_dim=4, max_length=128),
-    "shaped": lambda: ShapedAttention(2, value_projection=True, max_length=128),
+    "causal_self_attention": lambda: CausalSelfAttention(2, head_dim=4, max_sequence_length=128),
+    "shaped": lambda: ShapedAttention(2, value_projection=True, max_sequence_length=128),
     # The Combiner starts at zero (the layer is the identity): give it weights that show a leak.
-    "3lin": lambda: TriLinearAttention(16, 16, window=8, max_length=128, combiner_initializer="glorot_uniform"),
+    "3lin": lambda: TriLinearAttention(16, 16, window=8, max_sequence_length=128, combiner_initializer="glorot_uniform"),
     "3lin_wide": lambda: TriLinearAttention(
-        16, 16, window=8, wide=True, max_length=128, combiner_initializer="glorot_uniform"
+        16, 16, window=8, wide=True, max_sequence_length=128, combiner_initializer="glorot_uniform"
     ),
     # The blocks of the decoder recipes.
     "block_elita": lambda: DecoderBlock(Attention2(2, 8, 4), FeedForward2(), norm="unscaled_layer_norm"),
     "block_transformer": lambda: DecoderBlock(
-        CausalSelfAttention(2, max_length=128), WideFeedForward(activation="gelu"), dropout=0.1
+        CausalSelfAttention(2, max_sequence_length=128), WideFeedForward(activation="gelu"), dropout=0.1
     ),
     "block_sas_p": lambda: DecoderBlock(
-        ShapedAttention(2, max_length=128), WideFeedForward(use_bias=False), norm="rms_norm", residual="parallel"
+        ShapedAttention(2, max_sequence_length=128), WideFeedForward(use_bias=False), norm="rms_norm", residual="parallel"
     ),
     "block_sas": lambda: DecoderBlock(
-        ShapedAttention(2, max_length=128), WideFeedForward(), norm="rms_norm", residual="sequential"
+        ShapedAttention(2, max_sequence_length=128), WideFeedForward(), norm="rms_norm", residual="sequential"
     ),
     "block_3lin": lambda: DecoderBlock(
-        TriLinearAttention(16, 16, window=8, max_length=128, combiner_initializer="glorot_uniform"), norm=None
+        TriLinearAttention(16, 16, window=8, max_sequence_length=128, combiner_initializer="glorot_uniform"), norm=None
     ),
 }
 # Long inputs for the mixed-precision check: linear-time layers at 16K, quadratic ones shorter.

@@ -9,7 +9,7 @@ WIDTH = 8
 
 
 def _layer(dtype="float32", **kwargs):
-    layer = ShapedAttention(**{"num_heads": 2, "max_length": 300, **kwargs}, dtype=dtype)
+    layer = ShapedAttention(**{"num_heads": 2, "max_sequence_length": 300, **kwargs}, dtype=dtype)
     layer.build((None, None, WIDTH))
     rng = np.random.default_rng(0)
     for var in layer.weights:

@@ -14,7 +14,7 @@ NARROW = {"window": 5, "slope": 0.25, "hyper": 6.0}
 
 
 def _layer(dtype="float32", seed=0, **kwargs):
-    kwargs = {"query_dim": 8, "lowrank_dim": 16, "chunk_size": 16, "max_length": 128, **kwargs}
+    kwargs = {"query_dim": 8, "lowrank_dim": 16, "chunk_size": 16, "max_sequence_length": 128, **kwargs}
     layer = TriLinearAttention(dtype=dtype, **kwargs)
     layer.build((None, None, WIDTH))
     rng = np.random.default_rng(seed)
@@ -135,7 +135,7 @@ def test_decode_from_the_first_token():
 
 
 def test_wide_cache_overflow_is_an_error():
-    layer = _layer(wide=True, max_length=8)
+    layer = _layer(wide=True, max_sequence_length=8)
     with pytest.raises(tf.errors.InvalidArgumentError, match="fewer positions"):
         layer(_inputs(9), cache=layer.get_initial_cache(2))
 

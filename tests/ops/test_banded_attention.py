@@ -123,7 +123,7 @@ def test_prefill_then_chunk_then_steps_equal_parallel(window):
     mask[0, 30:35] = False
     mask[1, 60] = False
     full, _ = banded_attention(q, k, v, window=window, mask=mask, chunk_size=CHUNK, **BIAS)
-    state = empty_banded_state(2, 2, 4, 3, window=window, max_length=128, dtype=tf.float64)
+    state = empty_banded_state(2, 2, 4, 3, window=window, max_sequence_length=128, dtype=tf.float64)
     outs = []
     for lo, hi in [(0, 50), (50, 70)]:
         out, state = banded_attention(
@@ -152,7 +152,7 @@ def test_prefill_then_chunk_then_steps_equal_parallel(window):
 def test_steps_from_empty_state(window):
     q, k, v = _inputs(12, seed=8)
     full, _ = banded_attention(q, k, v, window=window, **BIAS)
-    state = empty_banded_state(2, 2, 4, 3, window=window, max_length=12, dtype=tf.float64)
+    state = empty_banded_state(2, 2, 4, 3, window=window, max_sequence_length=12, dtype=tf.float64)
     for t in range(12):
         out, state = banded_attention_step(state, q[:, :, t], k[:, :, t], v[:, :, t], window=window, **BIAS)
         np.testing.assert_allclose(out, full[:, :, t], rtol=1e-12, atol=1e-12)
@@ -211,8 +211,8 @@ def test_bad_arguments():
     for window in [0, 1, 2.5, True]:
         with pytest.raises(ValueError, match="window"):
             banded_attention(q, k, v, window=window)
-    with pytest.raises(ValueError, match="max_length=None"):
+    with pytest.raises(ValueError, match="max_sequence_length=None"):
         empty_banded_state(1, 1, 4, 3)
-    state = empty_banded_state(2, 2, 4, 3, max_length=3, dtype=tf.float64)
+    state = empty_banded_state(2, 2, 4, 3, max_sequence_length=3, dtype=tf.float64)
     with pytest.raises(tf.errors.InvalidArgumentError, match="fewer positions"):
         banded_attention(q, k, v, initial_state=state)

@@ -24,7 +24,7 @@ CARRY = ["--carry-state", "--batch-size", "128", "--max-steps", "16"]
 
 def test_the_stream_marks_article_starts_and_segments_continue_each_other(tiny_wikitext, tmp_path):
     splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
-    proto = train_sentencepiece((line.decode() for line in splits["train"].as_numpy_iterator()), vocab_size=60)
+    proto = train_sentencepiece((line.decode() for line in splits["train"].as_numpy_iterator()), vocabulary_size=60)
     tokenizer = make_tokenizer(proto)
     ids, resets = token_stream(splits["train"], tokenizer, vocabulary_size=60)
     # The tiny corpus has a ` = Heading k = ` article title every 20 lines: 20 in its 400 lines.
@@ -32,7 +32,9 @@ def test_the_stream_marks_article_starts_and_segments_continue_each_other(tiny_w
     heading = tokenizer.tokenize("= Heading 3 =").numpy()[:-1]  # without the end-of-line id
     starts = np.flatnonzero(resets)
     np.testing.assert_array_equal(ids[starts[3] : starts[3] + len(heading)], heading)
-    batches = list(stream_dataset(ids, resets, 4, 16, epochs=2).as_numpy_iterator())
+    batches = [
+        ((x["token_ids"], x["resets"]), y) for x, y in stream_dataset(ids, resets, 4, 16, epochs=2).as_numpy_iterator()
+    ]
     per_epoch = (len(ids) // 4 - 1) // 16
     assert len(batches) == 2 * per_epoch
     (first, first_resets), first_targets = batches[0]
@@ -78,8 +80,9 @@ def test_carry_state_trains_checkpoints_its_state_and_resumes_exactly(tiny_wikit
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--preset", "transformer"], "--carry-state needs a model whose every block keeps a constant-size state"),
-        (["--preset", "linear"], "position_embedding=True"),
+        (["--architecture", "transformer"], "--carry-state needs a model whose every block keeps a constant-size state"),
+        (["--architecture", "linear"], "position_embedding=True"),
+        (["--architecture", "elita-reference"], "position_mode='length'"),
         (["--strategy", "mirrored"], "`carry_state` needs strategy='default'. Received: strategy='mirrored'"),
     ],
 )

@@ -5,13 +5,14 @@ import subprocess
 import sys
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
-from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, train
+from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, load_latest_checkpoint, train
 from elita_tf.training.evaluate import evaluate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,17 +26,17 @@ def _args(data_dir, out, *extra):
         str(out),
         "--tfds-dir",
         str(out) + "_tfds",
-        "--vocab-size",
+        "--vocabulary-size",
         "60",
-        "--seq-len",
+        "--sequence-length",
         "16",
         "--batch-size",
         "64",
-        "--width",
+        "--hidden-dim",
         "16",
-        "--layers",
+        "--num-layers",
         "1",
-        "--heads",
+        "--num-heads",
         "2",
         "--head-dim",
         "8",
@@ -75,15 +76,24 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     results = train(parse_args(_args(tiny_wikitext, whole)))
     assert results["steps"] == 12 and np.isfinite(results["test_loss"])
     assert results["test_perplexity"] == pytest.approx(np.exp(results["test_loss"]))
-    for name in ["run.json", "sentencepiece.model", "config.json", "model.weights.h5", "tokenizer.json", "checkpoints"]:
+    for name in ["run.json", "sentencepiece.model", "checkpoints", "steps.csv", "results.json", "tensorboard"]:
         assert os.path.exists(whole / name), name
-    # The run directory is a keras-hub preset of the trained model.
+    # The trained model is a keras-hub preset in the run's preset/ folder, which holds nothing else.
+    assert sorted(os.listdir(whole / "preset")) == [
+        "assets",
+        "config.json",
+        "metadata.json",
+        "model.weights.h5",
+        "preprocessor.json",
+        "task.json",
+        "tokenizer.json",
+    ]
     causal_lm = ElitaCausalLM.from_preset(str(whole))
-    trained = keras.models.load_model(latest_checkpoint(whole))
+    assert keras_hub.models.CausalLM.from_preset(str(whole / "preset")).backbone.num_layers == 1
+    trained, _ = load_latest_checkpoint(str(whole))
     ids = np.array([[2, 5, 9, 14, 3]], "int32")
-    np.testing.assert_allclose(
-        causal_lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}), trained(ids), rtol=1e-5, atol=1e-5
-    )
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    np.testing.assert_allclose(causal_lm(x), trained(x), rtol=1e-5, atol=1e-5)
     assert causal_lm.generate("the cat", max_length=12).startswith("the cat")
     # elita-evaluate cuts the run's own windows: the float figure is the run's; int8 is close to it.
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(whole) + "_tfds"}
@@ -133,13 +143,13 @@ def test_step_log_writes_each_batch_loss(tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--preset", "gpt"], "`preset` must be one of ['3lin', 'additive', 'additive-reference', 'elita'"),
-        (["--seq-len", "1"], "`seq_len` must be an integer >= 2. Received: seq_len=1"),
+        (["--architecture", "gpt"], "`architecture` must be one of ['3lin', 'additive', 'additive-reference', 'elita'"),
+        (["--sequence-length", "1"], "`sequence_length` must be an integer >= 2. Received: sequence_length=1"),
         (["--batch-size", "0"], "`batch_size` must be a positive integer. Received: batch_size=0"),
         (["--max-steps", "-5"], "`max_steps` must be a positive integer. Received: max_steps=-5"),
         (["--eval-batches", "0"], "Received: eval_batches=0"),
         (["--keep-checkpoints", "0"], "Received: keep_checkpoints=0"),
-        (["--width", "0"], "Received: width=0"),
+        (["--hidden-dim", "0"], "Received: hidden_dim=0"),
         (["--dropout", "1.5"], "`dropout` must be in [0, 1). Received: dropout=1.5"),
         (["--seed", "-1"], "`seed` must be a non-negative integer. Received: seed=-1"),
         (["--strategy", "tpu"], "invalid choice: 'tpu'"),
@@ -158,7 +168,7 @@ def test_bad_data_stops_before_training(tmp_path, capsys, tiny_wikitext):
         parse_args(_args(str(tmp_path / "nowhere"), tmp_path / "run"))
     assert "wiki.train.tokens" in capsys.readouterr().err
     with pytest.raises(ValueError, match="too small for a vocabulary"):
-        train(parse_args(_args(tiny_wikitext, tmp_path / "big", "--vocab-size", "50000")))
+        train(parse_args(_args(tiny_wikitext, tmp_path / "big", "--vocabulary-size", "50000")))
     assert not os.path.exists(tmp_path / "big" / "checkpoints")
 
 
@@ -200,7 +210,7 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
             sys.executable,
             "-m",
             "elita_tf.cli.compare",
-            "--presets",
+            "--architectures",
             "elita",
             "transformer",
             "--output-dir",
@@ -230,5 +240,5 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
     assert runs[0]["test_loss"] != runs[1]["test_loss"]  # the seeds are different runs
     for r in runs:  # what reproduces a figure
         assert r["software"]["tensorflow"] and r["software"]["keras"] and r["software"]["elita_tf"]
-        assert r["config"]["model"]["vocab_size"] == 60 and r["config"]["settings"]["seed"] == r["seed"]
+        assert r["config"]["model"]["vocabulary_size"] == 60 and r["config"]["settings"]["seed"] == r["seed"]
         assert r["load_average"]["cpus"] >= 1 and r["load_average"]["max"] >= 0

@@ -34,8 +34,8 @@ def test_windows_of_another_length_report_the_loss_by_position(elita_run):
     own = evaluate(run, eval_batches=1, **data)  # the run's windows (T = 16): one bucket, the mean itself
     assert [(b["start"], b["end"]) for b in own["loss_by_position"]] == [(0, 16)]
     assert own["loss_by_position"][0]["loss"] == pytest.approx(own["loss"], rel=1e-9)
-    assert own["tokens"] == own["windows"] * 16 and own["context_length"] == 16
-    longer = evaluate(run, context_length=40, batch_size=4, **data)
+    assert own["tokens"] == own["windows"] * 16 and own["window_length"] == 16
+    longer = evaluate(run, window_length=40, batch_size=4, **data)
     buckets = longer["loss_by_position"]
     assert [(b["start"], b["end"]) for b in buckets] == [(0, 16), (16, 40)]
     assert sum(b["tokens"] for b in buckets) == longer["tokens"] == longer["windows"] * 40
@@ -45,8 +45,8 @@ def test_windows_of_another_length_report_the_loss_by_position(elita_run):
 
 def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_run):
     run, data = elita_run
-    fixed = evaluate(run, context_length=40, batch_size=4, **data)
-    clamped = evaluate(run, context_length=40, batch_size=4, position_mode="clamped", **data)
+    fixed = evaluate(run, window_length=40, batch_size=4, **data)
+    clamped = evaluate(run, window_length=40, batch_size=4, position_mode="clamped", **data)
     assert (fixed["position_mode"], clamped["position_mode"]) == ("fixed", "clamped")
     # Up to the training length (16) the two modes are one function; past it they differ.
     inside, past = (b["loss"] for b in fixed["loss_by_position"])
@@ -56,13 +56,13 @@ def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_
 
 def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_run):
     run, data = elita_run
-    result = evaluate(run, context_length=16, carry_state=True, **data)
+    result = evaluate(run, window_length=16, carry_state=True, **data)
     # The same stream in one parallel pass: segments of 16 with carried states give the same losses.
     causal_lm = ElitaCausalLM.from_preset(run)
     splits = load_wikitext("wikitext-2-v1", local_dir=data["data_dir"], tfds_dir=data["tfds_dir"])
     stream = token_windows(splits["test"], make_tokenizer(causal_lm.preprocessor.tokenizer.proto), 2).reshape(-1)
     ids = tf.constant(stream[None, :-1])
-    logits = causal_lm.backbone({"token_ids": ids, "padding_mask": tf.ones_like(ids)})
+    logits = causal_lm({"token_ids": ids, "padding_mask": tf.ones_like(ids)})
     per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(stream[None, 1:], logits)[0].numpy()
     assert result["tokens"] == len(per_token) > 1000 and result["windows"] == 1
     assert result["loss"] == pytest.approx(per_token.mean(), rel=1e-5)
@@ -76,11 +76,11 @@ def test_the_cli_writes_the_json_and_refuses_what_cannot_be_done(elita_run, tmp_
     run, data = elita_run
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in data.items()]
     output = tmp_path / "by_position.json"
-    assert evaluate_main(["--run-dir", run, "--context-length", "32", "--output", str(output), *flags]) == 0
+    assert evaluate_main(["--run-dir", run, "--window-length", "32", "--output", str(output), *flags]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert json.loads(output.read_text()) == printed and printed["context_length"] == 32
+    assert json.loads(output.read_text()) == printed and printed["window_length"] == 32
     for extra, message in [
-        (["--context-length", "1"], "context_length=1"),
+        (["--window-length", "1"], "window_length=1"),
         (["--carry-state", "--litert", "x.tflite"], "LiteRT file is scored in the run's own windows"),
     ]:
         with pytest.raises(SystemExit):
@@ -90,9 +90,9 @@ def test_the_cli_writes_the_json_and_refuses_what_cannot_be_done(elita_run, tmp_
 
 def test_carrying_state_needs_constant_size_states(tiny_wikitext, tmp_path):
     run = tmp_path / "transformer"
-    train(parse_args(_args(tiny_wikitext, run, "--preset", "transformer", "--max-steps", "1")))
+    train(parse_args(_args(tiny_wikitext, run, "--architecture", "transformer", "--max-steps", "1")))
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds"}
     with pytest.raises(ValueError, match="constant-size state.*max_sequence_length=16"):
         evaluate(str(run), carry_state=True, **data)
-    with pytest.raises(ValueError, match="learned positions for at most max_sequence_length=16.*context_length=32"):
-        evaluate(str(run), context_length=32, **data)
+    with pytest.raises(ValueError, match="learned positions for at most max_sequence_length=16.*window_length=32"):
+        evaluate(str(run), window_length=32, **data)

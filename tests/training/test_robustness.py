@@ -70,14 +70,16 @@ def test_another_data_dir_is_read_not_the_cached_corpus(tiny_wikitext, tmp_path)
 def test_a_directory_holding_another_run_is_refused_untouched(tiny_wikitext, tmp_path):
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        _run(tiny_wikitext, out, "--preset", "elita", callbacks=[Interrupt(6)])
+        _run(tiny_wikitext, out, "--architecture", "elita", callbacks=[Interrupt(6)])
     before = {name: (out / name).read_bytes() for name in ["run.json", "sentencepiece.model"]}
-    with pytest.raises(RunDirectoryError, match=r"(?s)another run.*preset: stored 'elita', requested 'transformer'"):
-        _run(tiny_wikitext, out, "--preset", "transformer")
-    with pytest.raises(RunDirectoryError, match=r"model.vocab_size: stored 60, requested 70"):
-        _run(tiny_wikitext, out, "--vocab-size", "70")
-    with pytest.raises(RunDirectoryError, match=r"model.width: stored 16, requested 32"):
-        _run(tiny_wikitext, out, "--width", "32")
+    with pytest.raises(
+        RunDirectoryError, match=r"(?s)another run.*architecture: stored 'elita', requested 'transformer'"
+    ):
+        _run(tiny_wikitext, out, "--architecture", "transformer")
+    with pytest.raises(RunDirectoryError, match=r"model.vocabulary_size: stored 60, requested 70"):
+        _run(tiny_wikitext, out, "--vocabulary-size", "70")
+    with pytest.raises(RunDirectoryError, match=r"model.hidden_dim: stored 16, requested 32"):
+        _run(tiny_wikitext, out, "--hidden-dim", "32")
     with pytest.raises(RunDirectoryError, match=r"data.sha256"):
         _run(_greek_corpus(str(tmp_path / "greek")), out)
     assert {name: (out / name).read_bytes() for name in before} == before
@@ -86,9 +88,9 @@ def test_a_directory_holding_another_run_is_refused_untouched(tiny_wikitext, tmp
     with pytest.raises(RunDirectoryError, match="not the tokenizer this run was trained with"):
         _run(tiny_wikitext, out)
     # --force-new starts over, with the new arguments.
-    results = _run(tiny_wikitext, out, "--preset", "transformer", "--max-steps", "3", "--force-new")
-    assert results["preset"] == "transformer" and results["steps"] == 3
-    assert json.loads((out / "run.json").read_text())["preset"] == "transformer"
+    results = _run(tiny_wikitext, out, "--architecture", "transformer", "--max-steps", "3", "--force-new")
+    assert results["architecture"] == "transformer" and results["steps"] == 3
+    assert json.loads((out / "run.json").read_text())["architecture"] == "transformer"
 
 
 def test_files_of_a_run_without_a_manifest_are_not_reused(tiny_wikitext, tmp_path):
@@ -174,28 +176,31 @@ def test_a_line_that_is_not_utf8_names_its_file_and_line(tmp_path):
 
 def test_vocabulary_messages_say_which_way_to_go():
     greek = ["α β γ δ ε ζ η θ ι κ λ μ ν ξ ο π ρ σ τ υ"] * 30
-    with pytest.raises(ValueError, match=r"cannot hold every character.*use at least \d+. Received: vocab_size=10"):
-        train_sentencepiece(greek, vocab_size=10)
+    with pytest.raises(ValueError, match=r"cannot hold every character.*use at least \d+. Received: vocabulary_size=10"):
+        train_sentencepiece(greek, vocabulary_size=10)
     with pytest.raises(ValueError, match=r"too small for a vocabulary of 5000 pieces: use at most \d+"):
-        train_sentencepiece(greek, vocab_size=5000)
+        train_sentencepiece(greek, vocabulary_size=5000)
 
 
 def test_the_pipeline_refuses_ids_the_model_has_no_row_for(tiny_wikitext, tmp_path):
     splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
     lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
-    tokenizer = make_tokenizer(train_sentencepiece(lines, vocab_size=60))
+    tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
     assert token_windows(splits["train"], tokenizer, 16, vocabulary_size=60).max() < 60
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 40\)"):
         token_windows(splits["train"], tokenizer, 16, vocabulary_size=40)
 
 
-def test_every_preset_takes_an_empty_sequence():
-    from elita_tf.models import PRESETS, build_decoder, preset
+def test_every_architecture_takes_an_empty_sequence():
+    from elita_tf.models import ARCHITECTURES, ElitaBackbone
 
-    for name in sorted(PRESETS):
+    for name in sorted(ARCHITECTURES):
         keras.utils.set_random_seed(0)
-        model = build_decoder(preset(name, vocab_size=20, width=16, num_layers=1, num_heads=2, head_dim=8))
-        assert model(np.zeros((2, 0), "int32")).shape == (2, 0, 20), name
+        backbone = ElitaBackbone.from_architecture(
+            name, vocabulary_size=20, hidden_dim=16, num_layers=1, num_heads=2, head_dim=8
+        )
+        ids = np.zeros((2, 0), "int32")
+        assert backbone({"token_ids": ids, "padding_mask": ids}).shape == (2, 0, 20), name
 
 
 def test_kill_9_mid_run_then_the_same_command_finishes(tiny_wikitext, tmp_path, capsys):
@@ -223,7 +228,7 @@ def test_kill_9_mid_run_then_the_same_command_finishes(tiny_wikitext, tmp_path, 
 
 def test_normalized_sgd_trains_3lin_and_is_part_of_the_run(tiny_wikitext, tmp_path):
     out = tmp_path / "run"
-    results = _run(tiny_wikitext, out, "--preset", "3lin", "--optimizer", "normalized-sgd")
+    results = _run(tiny_wikitext, out, "--architecture", "3lin", "--optimizer", "normalized-sgd")
     model = keras.models.load_model(latest_checkpoint(out))
     assert type(model.optimizer).__name__ == "NormalizedSGD"
     # The last tenth of the run decays linearly to 0: at the end the rate is 0.
@@ -232,7 +237,7 @@ def test_normalized_sgd_trains_3lin_and_is_part_of_the_run(tiny_wikitext, tmp_pa
     assert np.isfinite(results["test_loss"]) and losses[-1] < losses[0]
     assert results["config"]["settings"]["optimizer"] == "normalized-sgd"
     with pytest.raises(RunDirectoryError, match=r"training.optimizer: stored 'normalized-sgd', requested 'adam'"):
-        _run(tiny_wikitext, out, "--preset", "3lin")
+        _run(tiny_wikitext, out, "--architecture", "3lin")
 
 
 def test_mixed_bfloat16_trains_with_float32_weights_and_is_part_of_the_run(tiny_wikitext, tmp_path):
@@ -240,8 +245,8 @@ def test_mixed_bfloat16_trains_with_float32_weights_and_is_part_of_the_run(tiny_
     results = _run(tiny_wikitext, out, "--dtype-policy", "mixed_bfloat16")
     model = keras.models.load_model(latest_checkpoint(out))
     # The blocks compute in bfloat16 after loading too; the logits stay float32.
-    assert model.get_layer("block_0").compute_dtype == "bfloat16"
-    assert model.get_layer("logits").compute_dtype == "float32"
+    assert model.backbone.get_layer("block_0").compute_dtype == "bfloat16"
+    assert model.backbone.get_layer("logits").compute_dtype == "float32"
     assert {weight.dtype for weight in model.trainable_weights} == {"float32"}
     losses = [float(row["loss"]) for row in csv.DictReader(open(out / "steps.csv"))]
     assert np.isfinite(results["test_loss"]) and losses[-1] < losses[0]
@@ -269,16 +274,8 @@ def test_a_new_run_clamps_its_positions_and_a_resumed_run_keeps_its_own(tiny_wik
     carried = parse_args(_args(tiny_wikitext, tmp_path / "carried", "--carry-state"))
     assert carried.position_mode is None
     assert resolve_position_mode(carried, carried.output_dir).position_mode == "fixed"
+    # The original's positions, which move with the length, are elita-reference's own.
+    reference = parse_args(_args(tiny_wikitext, tmp_path / "reference", "--architecture", "elita-reference"))
+    assert resolve_position_mode(reference, reference.output_dir).position_mode == "length"
     with pytest.raises(SystemExit):
-        parse_args(_args(tiny_wikitext, out, "--position-mode", "length"))
-
-
-def test_a_run_stored_before_newer_fields_resumes_as_what_it_was(tiny_wikitext, tmp_path):
-    out = tmp_path / "run"
-    _run(tiny_wikitext, out, "--max-steps", "2")
-    manifest = json.load(open(out / "run.json"))
-    del manifest["model"]["position_mode"], manifest["training"]["dtype_policy"], manifest["training"]["carry_state"]
-    json.dump(manifest, open(out / "run.json", "w"))
-    assert _run(tiny_wikitext, out, "--max-steps", "4")["steps"] == 4
-    with pytest.raises(RunDirectoryError, match=r"model.position_mode: stored 'fixed', requested 'clamped'"):
-        _run(tiny_wikitext, out, "--max-steps", "6", "--position-mode", "clamped")
+        parse_args(_args(tiny_wikitext, out, "--position-mode", "sliding"))

@@ -22,7 +22,7 @@ every layer's one-step (recurrent) form in a loop, which gives the same
 state. `quantize="int8"` stores the weights as int8 (the converter's
 dynamic-range quantization); activations and the state stay float32.
 
-Driving the interpreter (`pip install "elita-tf[litert]"`; `litert_generate` does this):
+Driving the interpreter (`pip install "elita-tf[litert]"`; `LiteRTModel` in `litert_model.py` does this):
 
     from ai_edge_litert.interpreter import Interpreter
     runner = Interpreter(model_path="elita.tflite")
@@ -36,11 +36,8 @@ Driving the interpreter (`pip install "elita-tf[litert]"`; `litert_generate` doe
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from elita_tf.generation import empty_caches, forward_with_cache
-from elita_tf.models.config import DecoderConfig
 
 QUANTIZATIONS = (None, "int8")
 
@@ -64,20 +61,17 @@ def unflatten_state(flat, template):
 
 
 class OnDeviceDecoder(tf.Module):
-    """The `prefill` and `decode` functions of one model, as LiteRT signatures (see the module docstring).
+    """The `prefill` and `decode` functions of one backbone, as LiteRT signatures (see the module docstring).
 
     Args:
-        model: a model from `build_decoder` (or loaded from `.keras`).
-        config: its `DecoderConfig` (or the dict).
+        backbone: an `ElitaBackbone`.
     """
 
-    def __init__(self, model, config):
+    def __init__(self, backbone):
         super().__init__()
-        self.model = model
-        self.config = DecoderConfig.from_config(config) if isinstance(config, dict) else config
-        self._layers = {layer.name: layer for layer in model.layers}
-        self._weights = [(variable, tf.constant(variable.numpy())) for variable in model.variables]
-        self._template = empty_caches(self.config, self._layers, 1)
+        self.backbone = backbone
+        self._weights = [(variable, tf.constant(variable.numpy())) for variable in backbone.variables]
+        self._template = backbone.get_initial_cache(1)
         self.state_spec = {
             name: tf.TensorSpec(tensor.shape, tensor.dtype, name=name)
             for name, tensor in flatten_state(self._template).items()
@@ -99,13 +93,14 @@ class OnDeviceDecoder(tf.Module):
         # The weights enter as constants: variable reads would stay resource variables in the
         # flatbuffer, which the interpreter never initialises.
         with keras.StatelessScope(state_mapping=self._weights):
-            logits, caches = forward_with_cache(self.config, self._layers, token, caches)
-        return tf.cast(logits[:, -1], tf.float32), caches
+            hidden, caches = self.backbone.hidden_states(token, cache=caches)
+            logits = self.backbone.logits(hidden[:, -1:])
+        return logits[:, -1], caches
 
     def _prefill(self, token_ids):
         # One recurrent step a token: the same state as the parallel form, in built-in ops.
-        caches = empty_caches(self.config, self._layers, 1)
-        logits = tf.zeros([1, self.config.vocab_size], tf.float32)
+        caches = self.backbone.get_initial_cache(1)
+        logits = tf.zeros([1, self.backbone.vocabulary_size], tf.float32)
 
         def body(index, logits, caches):
             token = tf.reshape(tf.gather(token_ids, index, axis=1), [1, 1])  # static: the one-step form
@@ -122,22 +117,24 @@ class OnDeviceDecoder(tf.Module):
         return {"logits": logits, **flatten_state(caches)}
 
 
-def export_litert(model, config, path, quantize=None):
-    """Writes `model` as a LiteRT flatbuffer with `prefill` and `decode` signatures; returns `path`.
+def export_litert(causal_lm, path, quantize=None):
+    """Writes `causal_lm` (an `ElitaCausalLM`) as a LiteRT flatbuffer with `prefill` and `decode` signatures.
 
     Args:
-        model: a model from `build_decoder` (or loaded from `.keras`).
-        config: its `DecoderConfig` (or the dict).
+        causal_lm: an `ElitaCausalLM` (its backbone is what is converted).
         path: the `.tflite` file to write.
         quantize: None (float32 weights) or `"int8"` (int8 weights,
             dynamic-range quantization).
+
+    Returns:
+        `path`.
 
     Raises:
         ValueError: for another `quantize`.
     """
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"`quantize` must be one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
-    decoder = OnDeviceDecoder(model, config)
+    decoder = OnDeviceDecoder(causal_lm.backbone)
     functions = [decoder.prefill.get_concrete_function(), decoder.decode.get_concrete_function()]
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, decoder)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex: plain LiteRT runs it
@@ -148,63 +145,3 @@ def export_litert(model, config, path, quantize=None):
     with open(path, "wb") as f:
         f.write(flatbuffer)
     return path
-
-
-def litert_signatures(path):
-    """`(prefill, decode)` signature runners of a file `export_litert` wrote, in `ai_edge_litert`'s interpreter."""
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        raise ImportError(
-            'Running a LiteRT file needs the ai-edge-litert interpreter: pip install "elita-tf[litert]".'
-        ) from None
-    interpreter = Interpreter(model_path=path)
-    signatures = interpreter.get_signature_list()
-    if sorted(signatures) != ["decode", "prefill"]:
-        raise ValueError(
-            f"{path} is not an elita-tf LiteRT file: it needs the signatures prefill and decode. "
-            f"Received: signatures={sorted(signatures)}"
-        )
-    return interpreter.get_signature_runner("prefill"), interpreter.get_signature_runner("decode")
-
-
-def litert_generate(path, prompt, max_new_tokens):
-    """Greedy continuation of one prompt (a list of token ids) through a LiteRT file; a list of ids.
-
-    The caller keeps prompt + new tokens within the model's decoding limit
-    (`DecoderConfig.decode_limit`, None for constant-size states): a
-    flatbuffer cannot raise, and past its buffers the output is undefined.
-    """
-    if not len(prompt):
-        raise ValueError("The prompt is empty: prefill needs at least one token. Received: prompt=[]")
-    prefill, decode = litert_signatures(path)
-    state = prefill(token_ids=np.asarray([prompt], np.int32))
-    tokens = []
-    for _ in range(max_new_tokens):
-        tokens.append(int(np.argmax(state.pop("logits")[0])))
-        if len(tokens) < max_new_tokens:
-            state = decode(token_ids=np.asarray([tokens[-1:]], np.int32), **state)
-    return tokens
-
-
-def litert_loss(path, windows, progress=None):
-    """Mean next-token cross-entropy of a LiteRT file over windows `[N, T + 1]`, each from an empty state.
-
-    The first token is prefilled and every later one decoded, so each
-    position is scored exactly as the Keras model scores the window in
-    parallel. `progress`, if given, is called after each window.
-    """
-    prefill, decode = litert_signatures(path)
-    total, count = 0.0, 0
-    for window in np.asarray(windows, np.int32):
-        state = prefill(token_ids=window[None, :1])
-        for position in range(1, len(window)):
-            logits = state.pop("logits")[0].astype(np.float64)
-            top = logits.max()
-            total += top + np.log(np.exp(logits - top).sum()) - logits[window[position]]
-            count += 1
-            if position < len(window) - 1:
-                state = decode(token_ids=window[None, position : position + 1], **state)
-        if progress is not None:
-            progress()
-    return total / count

@@ -3,8 +3,8 @@
 import keras
 import keras_hub
 
-from elita_tf.models.backbone import ElitaBackbone
-from elita_tf.models.tokenizer import ElitaTokenizer
+from elita_tf.models.elita_backbone import ElitaBackbone
+from elita_tf.models.elita_tokenizer import ElitaTokenizer
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

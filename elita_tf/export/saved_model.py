@@ -1,0 +1,104 @@
+"""SavedModel export for serving: token ids -> logits, and text -> generated text.
+
+    elita-export --run-dir runs/compare/elita/seed-0 --output exported/elita
+
+Signatures (dynamic batch and length):
+- `serving_default(token_ids int32 [B, T]) -> {"logits": float32 [B, T, V]}`
+- `generate(prompts string [B], max_new_tokens int32 []) -> {"text": string [B], "token_ids": int32 [B, N]}`:
+  SentencePiece tokenisation, `ElitaCausalLM.generate_step` with keras-hub's greedy sampler, and
+  detokenisation, all in the graph.
+
+Loading the SavedModel needs the tensorflow-text ops registered (`import tensorflow_text` first);
+TensorFlow's `saved_model_cli show` needs nothing, and `saved_model_cli run` runs with them:
+
+    python -c "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; \
+        sys.exit(saved_model_cli.main())" run --dir exported/elita --tag_set serve \
+        --signature_def generate --inputs "prompts=prompts.npy;max_new_tokens=n.npy"
+"""
+
+import keras
+import keras_hub
+import sentencepiece
+import tensorflow as tf
+
+from elita_tf.data.tokenizer import make_tokenizer
+from elita_tf.models import ElitaCausalLM
+
+
+def _seed_empty(ragged, token_id):
+    """Rows with no token get `token_id`: an empty prompt starts a new line of text."""
+    empty = tf.cast(tf.equal(ragged.row_lengths(), 0), tf.int64)
+    seed = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], token_id), empty)
+    return tf.concat([tf.cast(seed, ragged.dtype), ragged], axis=1)
+
+
+def _check_length(longest, max_new_tokens, limit):
+    """Graph assertions: `max_new_tokens >= 0`, and the longest prompt plus them within `limit` (None: none)."""
+    checks = [
+        tf.debugging.Assert(
+            max_new_tokens >= 0, ["max_new_tokens must be >= 0. Received: max_new_tokens =", max_new_tokens]
+        )
+    ]
+    if limit is not None:
+        message = (
+            f"The prompt and max_new_tokens exceed the {limit} positions this model's position table or "
+            "decoding buffers hold. Received: prompt length ="
+        )
+        checks.append(
+            tf.debugging.Assert(
+                longest + max_new_tokens <= limit, [message, longest, "max_new_tokens =", max_new_tokens]
+            )
+        )
+    with tf.control_dependencies(checks):
+        return tf.identity(max_new_tokens)
+
+
+def export_saved_model(causal_lm, path):
+    """Writes `causal_lm` (an `ElitaCausalLM` with its preprocessor) as a SavedModel; returns `path`.
+
+    `generate` continues an empty prompt from the end-of-line id (every
+    training line ends with it), returns empty texts for `max_new_tokens=0`,
+    and fails with the values named for a negative `max_new_tokens` or one
+    that takes the prompt past `max_sequence_length` in a model with finite
+    buffers. `serving_default` fails on token ids outside
+    `[0, vocabulary_size)`, naming them.
+    """
+    if causal_lm.preprocessor is None:
+        raise ValueError(
+            "The SavedModel's `generate` signature tokenizes text: export an ElitaCausalLM with its preprocessor "
+            "(ElitaCausalLM.from_preset gives one). Received: preprocessor=None"
+        )
+    proto = causal_lm.preprocessor.tokenizer.proto
+    tokenizer = make_tokenizer(proto, add_eos=False)
+    end_of_line = sentencepiece.SentencePieceProcessor(model_proto=proto).eos_id()
+    backbone = causal_lm.backbone
+    greedy = ElitaCausalLM(backbone)  # the same weights, with keras-hub's greedy sampler
+    greedy.sampler = keras_hub.samplers.GreedySampler()
+
+    def serve(token_ids):
+        return {"logits": backbone({"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)})}
+
+    def generate(prompts, max_new_tokens):
+        ragged = _seed_empty(tokenizer.tokenize(prompts), end_of_line)
+        lengths = tf.cast(ragged.row_lengths(), tf.int32)
+        longest = tf.reduce_max(lengths)
+        max_new_tokens = _check_length(longest, max_new_tokens, backbone.decode_limit)
+        width = longest + max_new_tokens
+        token_ids = tf.cast(ragged.to_tensor(default_value=0, shape=[None, width]), tf.int32)
+        padding_mask = tf.range(width)[None, :] < lengths[:, None]
+        filled = greedy.generate_step({"token_ids": token_ids, "padding_mask": padding_mask})["token_ids"]
+        # Row b's new tokens start right after its prompt.
+        tokens = tf.gather(filled, lengths[:, None] + tf.range(max_new_tokens)[None, :], batch_dims=1)
+        return {"text": tokenizer.detokenize(tokens), "token_ids": tokens}
+
+    archive = keras.export.ExportArchive()
+    archive.track(backbone)
+    archive.track(tokenizer)
+    archive.add_endpoint("serving_default", serve, [tf.TensorSpec([None, None], tf.int32, name="token_ids")])
+    archive.add_endpoint(
+        "generate",
+        generate,
+        [tf.TensorSpec([None], tf.string, name="prompts"), tf.TensorSpec([], tf.int32, name="max_new_tokens")],
+    )
+    archive.write_out(path, verbose=False)
+    return path

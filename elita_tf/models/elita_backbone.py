@@ -1,0 +1,520 @@
+"""`ElitaBackbone`: the decoder language model, as a keras-hub `Backbone`.
+
+    token ids [B, T] -> token embedding (+ learned positions) -> blocks -> final norm -> logits [B, T, V]
+
+Every block is a `DecoderBlock(mixer, ffn, norm, residual)`; the block type picks the recipe:
+
+    elita        x += Attention2(LN(x));         x += FFN(LN(x))    (LN without scale/centre, as the reference)
+    linear       x += LinearAttention(LN(x));    x += FFN(LN(x))
+    additive     x += AdditiveAttention(LN(x));  x += FFN(LN(x))
+    transformer  x += CausalSelfAttention(LN(x)); x += FFN(LN(x))   (FFN "mlp": 4d GELU)
+    simplified   SAS-P, skip-less: x = g_M ShapedAttention(RMSNorm(x)) + g_F FFN(RMSNorm(x))
+                 ("mlp": the paper's 4d ReLU MLP without biases; "wide": one One Wide FFN shared by every block)
+    3lin         x += TriLinearAttention(x)      (normalises its input itself)
+
+One function runs the layers in order (`_run_layers`): on `keras.Input`s it builds the functional
+model; on token ids with a cache it is the decoding step. Nothing in it depends on the block type,
+so training, evaluation, generation and the exports can never disagree on the architecture.
+"""
+
+import inspect
+import os
+
+import keras
+import keras_hub
+import tensorflow as tf
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+from elita_tf.layers import (
+    AdditiveAttention,
+    Attention2,
+    CausalSelfAttention,
+    DecoderBlock,
+    FeedForward2,
+    LinearAttention,
+    PositionEmbedding,
+    ShapedAttention,
+    TokenEmbedding,
+    TriLinearAttention,
+    WideFeedForward,
+)
+from elita_tf.layers.checks import check_integer_ids
+from elita_tf.layers.trilinear import alibi_v1
+from elita_tf.models.architectures import architecture, check_architecture, decode_limit
+from elita_tf.ops.cross_entropy import chunked_cross_entropy
+from elita_tf.ops.utils import document_positions, position_after, real_extent
+
+
+def _additive_window(config, index):
+    if config["windows"] is not None:
+        return config["windows"][index]
+    # The reference: 4 * 2^l, the last layer global.
+    return None if index == config["num_layers"] - 1 else 4 * 2**index
+
+
+def _make_mixer(config, index, dtype):
+    block = config["blocks"][index]
+    common = {"name": "mixer", "dtype": dtype}
+    if block == "elita":
+        return Attention2(
+            config["num_heads"],
+            config["head_dim"],
+            config["position_dim"],
+            position_scale=config["position_scale"] or config["max_sequence_length"],
+            position_mode=config["position_mode"],
+            logit_clip=config["logit_clip"],
+            **common,
+        )
+    if block == "linear":
+        return LinearAttention(config["num_heads"], config["head_dim"], **common)
+    if block == "additive":
+        return AdditiveAttention(
+            config["num_heads"], window=_additive_window(config, index), dropout=config["dropout"], **common
+        )
+    if block == "transformer":
+        return CausalSelfAttention(
+            config["num_heads"],
+            head_dim=config["head_dim"],
+            dropout=config["dropout"],
+            max_sequence_length=config["max_sequence_length"],
+            **common,
+        )
+    if block == "simplified":
+        value_projection = config["first_value_projection"] and index == config["blocks"].index("simplified")
+        return ShapedAttention(
+            config["num_heads"],
+            value_projection=value_projection,
+            max_sequence_length=config["max_sequence_length"],
+            **common,
+        )
+    slope, hyper, wide = alibi_v1(index)
+    windows = config["windows"]
+    width = config["hidden_dim"]
+    return TriLinearAttention(
+        # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
+        query_dim=max(16, width // 2),
+        lowrank_dim=max(16, width // 4 // 16 * 16),
+        window=64 if windows is None or windows[index] is None else windows[index],
+        slope=slope,
+        hyper=hyper,
+        wide=wide,
+        max_sequence_length=config["max_sequence_length"],
+        **common,
+    )
+
+
+def _make_ffn(config, index, shared_ffn, dtype):
+    block = config["blocks"][index]
+    if config["ffn"] == "none" or block == "3lin":
+        return None
+    if config["ffn"] == "wide":
+        return shared_ffn
+    if config["ffn"] == "feedforward2":
+        return FeedForward2(factor=config["ffn_factor"], name="ffn", dtype=dtype)
+    if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        return WideFeedForward(num_layers=1, use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype)
+    stddev = config["ffn_init_stddev"]
+    init = "glorot_uniform" if stddev is None else keras.initializers.RandomNormal(stddev=stddev)
+    return WideFeedForward(
+        num_layers=1, activation="gelu", use_bias=config["ffn_bias"], kernel_initializer=init, name="ffn", dtype=dtype
+    )
+
+
+# Each block type's norm, epsilon and residual form.
+_BLOCK_RECIPES = {
+    "elita": ("unscaled_layer_norm", 1e-3, "pre_norm"),  # ELiTA's LayerNorm has no scale or centre
+    "linear": ("layer_norm", 1e-3, "pre_norm"),
+    "additive": ("layer_norm", 1e-3, "pre_norm"),
+    "transformer": ("layer_norm", 1e-5, "pre_norm"),
+    "simplified": ("rms_norm", 1e-5, "parallel"),
+    "3lin": (None, 1e-5, "pre_norm"),  # 3Lin normalises its own input
+}
+
+
+def _make_block(config, index, shared_ffn, dtype):
+    norm, epsilon, residual = _BLOCK_RECIPES[config["blocks"][index]]
+    if norm is not None and config["norm"] is not None:
+        norm = config["norm"]
+    return DecoderBlock(
+        _make_mixer(config, index, dtype),
+        _make_ffn(config, index, shared_ffn, dtype),
+        norm=norm,
+        norm_epsilon=epsilon if config["norm_epsilon"] is None else config["norm_epsilon"],
+        residual=residual,
+        dropout=config["dropout"],
+        name=f"block_{index}",
+        dtype=dtype,
+    )
+
+
+def _make_layers(config, dtype):
+    """Every layer of the decoder, by its stable name (`token_embedding`, `block_{i}`, `final_norm`, ...)."""
+    epsilon = 1e-3 if config["norm_epsilon"] is None else config["norm_epsilon"]
+    layers = {
+        "token_embedding": TokenEmbedding(
+            config["vocabulary_size"], config["hidden_dim"], tie_weights=config["tied_embeddings"], dtype=dtype
+        )
+    }
+    if config["position_embedding"]:
+        layers["position_embedding"] = PositionEmbedding(config["max_sequence_length"], dtype=dtype)
+    if config["embedding_norm"]:
+        layers["embedding_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
+    layers["embedding_dropout"] = keras.layers.Dropout(config["dropout"], dtype=dtype)
+    shared_ffn = None
+    if config["ffn"] == "wide":
+        shared_ffn = WideFeedForward(num_layers=config["num_layers"], name="wide_ffn", dtype=dtype)
+    for i in range(config["num_layers"]):
+        layers[f"block_{i}"] = _make_block(config, i, shared_ffn, dtype)
+    if config["final_norm"]:
+        layers["final_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
+    if not config["tied_embeddings"]:
+        layers["logits"] = keras.layers.Dense(config["vocabulary_size"], dtype="float32")
+    for name, layer in layers.items():
+        layer.name = name  # stable names: weights load by name
+    return layers
+
+
+def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets=None, training=None):
+    """Final hidden states `[B, T, d]` (and the new cache, with `cache`) of the layers on token ids."""
+    blocks = None if cache is None else [cache[f"block_{i}"] for i in range(config["num_layers"])]
+    start = None if cache is None else cache["position"]
+    x = layers["token_embedding"](token_ids)
+    if config["position_embedding"]:
+        x = x + layers["position_embedding"](x, start_index=start)
+    if config["embedding_norm"]:
+        x = layers["embedding_norm"](x)
+    x = layers["embedding_dropout"](x, training=training)
+    extra = {} if resets is None else {"resets": resets}
+    new_cache = {}
+    for i in range(config["num_layers"]):
+        block = layers[f"block_{i}"]
+        if cache is None:
+            x = block(x, padding_mask=padding_mask, training=training, **extra)
+        else:
+            x, new_cache[f"block_{i}"] = block(
+                x, padding_mask=padding_mask, cache=blocks[i], training=training, **extra
+            )
+    if config["final_norm"]:
+        x = layers["final_norm"](x)
+    if cache is None:
+        return x
+    length = tf.shape(token_ids)[1]
+    end = real_extent(padding_mask, length)
+    if resets is None:
+        new_cache["position"] = start + end
+    else:
+        new_cache["position"] = position_after(document_positions(length, start, resets), start, end)
+    return x, new_cache
+
+
+def _logits(config, layers, hidden):
+    logits = (
+        layers["token_embedding"](hidden, reverse=True) if config["tied_embeddings"] else layers["logits"](hidden)
+    )
+    logits = keras.ops.cast(logits, "float32")
+    return logits * config["hidden_dim"] ** -0.5 if config["scaled_tied_logits"] else logits
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class ElitaBackbone(keras_hub.models.Backbone):
+    """A decoder language model of ELiTA or any related block, as a keras-hub backbone.
+
+    `{"token_ids": int [B, T], "padding_mask": [B, T]}` -> float32 logits
+    `[B, T, vocabulary_size]`. Like keras-hub's RWKV-7 backbone it ends in the
+    language-model head, so `ElitaBackbone.from_preset(path)` gives the whole
+    trained network. The arguments are the architecture: `get_config()`
+    returns them, and a training run's manifest records them as they are.
+    `ElitaBackbone.from_architecture(name, ...)` starts from a named recipe
+    (`elita_tf.models.ARCHITECTURES`); `docs/math.md` writes out every block.
+
+    Args:
+        vocabulary_size: int. Size of the token vocabulary.
+        num_layers: int. Number of blocks. Defaults to `6`.
+        num_heads: int. Heads per attention layer. Defaults to `4`.
+        hidden_dim: int. Model width `d`. Defaults to `64`.
+        head_dim: int. Width per head (ELiTA values, linear attention,
+            Transformer). Defaults to `16`.
+        max_sequence_length: int. The positions the finite buffers hold:
+            learned position tables, key/value buffers and 3Lin's wide layers.
+            Models without any of those (ELiTA, and linear or additive blocks
+            without learned positions) generate past it. Defaults to `256`.
+        position_scale: int or None. ELiTA's position scale `L`, the length
+            its sinusoidal positions span: `u_i = i / (L - 1)`. None (the
+            default) uses `max_sequence_length`.
+        position_mode: ELiTA's positions (see `Attention2`): `"fixed"`
+            (the default; past `L` the sinusoids run on), `"clamped"` (every
+            position past `L - 1` reads as `L - 1`) or `"length"` (the
+            original's `u_i = i / (T - 1)`, which moves with the sequence
+            length: it trains and evaluates in windows, but cannot decode).
+        logit_clip: float or None. Clip ELiTA's logits to `±logit_clip`, as
+            the original did at 20. Defaults to None (exact).
+        blocks: str, or one str per layer: `"elita"`, `"transformer"`,
+            `"simplified"`, `"linear"`, `"3lin"` or `"additive"`. Defaults to `"elita"`.
+        ffn: `"feedforward2"` (the default), `"mlp"`, `"wide"` (One Wide FFN) or `"none"`.
+        ffn_factor: int. `FeedForward2`'s second branch width. Defaults to `8`.
+        position_dim: int. Sinusoid components of ELiTA's position terms. Defaults to `16`.
+        position_embedding: bool. Add learned absolute position embeddings. Defaults to `False`.
+        windows: None or one window (int or None) per layer, for additive and
+            3Lin blocks. None picks the originals' defaults: `4 * 2**l` with the
+            last layer global for additive, 64 for 3Lin.
+        dropout: float. Residual dropout. Defaults to `0.0`.
+        tied_embeddings: bool. The head uses the token embedding matrix. Defaults to `False`.
+        norm: None (each block type's own norm), or the norm of every block
+            that has one: `"layer_norm"`, `"unscaled_layer_norm"`, `"rms_norm"`
+            or `"rms_norm_outer_epsilon"` (see `DecoderBlock`).
+        norm_epsilon: float or None. Epsilon of every norm: the blocks', the
+            embedding norm's and the final norm's. None keeps each one's own
+            (1e-3 for ELiTA, linear and additive blocks and the final norm, 1e-5
+            for the Transformer's and the Simplified Transformer's blocks).
+        embedding_norm: bool. A LayerNorm over `E + P` before the first block,
+            as fastformerLM's. Defaults to `False`.
+        final_norm: bool. A LayerNorm after the last block. Defaults to `True`.
+        scaled_tied_logits: bool. Tied logits divided by `sqrt(hidden_dim)`, as
+            fastformerLM's. Needs `tied_embeddings`. Defaults to `False`.
+        ffn_bias: bool. Biases in the `"mlp"` FFN of every block but
+            `"simplified"` (whose MLP never has them). Defaults to `True`.
+        ffn_init_stddev: float or None. `N(0, σ²)` init of that FFN's kernels
+            (GPT-2 style, fastformerLM's 0.02); None is Keras' Glorot.
+        first_value_projection: bool. A learned value projection with gains in
+            the first `"simplified"` block, as the Simplified Transformer's
+            official configuration. Defaults to `False`.
+        dtype: optional dtype policy of every layer (e.g. `"mixed_bfloat16"`).
+            Recurrent states, accumulators and the logits stay float32.
+
+    Every projection is a Keras `Dense` or `EinsumDense` layer, so
+    `quantize("int8")` covers them all and `enable_lora(rank)` adapts them
+    all (`default_lora_layer_names`); the documented weights stay reachable
+    by name (`backbone.get_layer("block_0").mixer.k1` is ELiTA's `k1` kernel).
+
+    Example:
+    >>> backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=100, num_layers=2, hidden_dim=32)
+    >>> backbone({"token_ids": tf.ones([2, 8], tf.int32), "padding_mask": tf.ones([2, 8], tf.int32)}).shape
+    TensorShape([2, 8, 100])
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers=6,
+        num_heads=4,
+        hidden_dim=64,
+        head_dim=16,
+        max_sequence_length=256,
+        position_scale=None,
+        position_mode="fixed",
+        logit_clip=None,
+        blocks="elita",
+        ffn="feedforward2",
+        ffn_factor=8,
+        position_dim=16,
+        position_embedding=False,
+        windows=None,
+        dropout=0.0,
+        tied_embeddings=False,
+        norm=None,
+        norm_epsilon=None,
+        embedding_norm=False,
+        final_norm=True,
+        scaled_tied_logits=False,
+        ffn_bias=True,
+        ffn_init_stddev=None,
+        first_value_projection=False,
+        dtype=None,
+        **kwargs,
+    ):
+        config = check_architecture(
+            vocabulary_size=vocabulary_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            head_dim=head_dim,
+            max_sequence_length=max_sequence_length,
+            position_scale=position_scale,
+            position_mode=position_mode,
+            logit_clip=logit_clip,
+            blocks=blocks,
+            ffn=ffn,
+            ffn_factor=ffn_factor,
+            position_dim=position_dim,
+            position_embedding=position_embedding,
+            windows=windows,
+            dropout=dropout,
+            tied_embeddings=tied_embeddings,
+            norm=norm,
+            norm_epsilon=norm_epsilon,
+            embedding_norm=embedding_norm,
+            final_norm=final_norm,
+            scaled_tied_logits=scaled_tied_logits,
+            ffn_bias=ffn_bias,
+            ffn_init_stddev=ffn_init_stddev,
+            first_value_projection=first_value_projection,
+        )
+        # === Layers ===
+        layers = _make_layers(config, dtype)
+        self.token_embedding = layers["token_embedding"]
+
+        # === Functional model ===
+        token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input((None,), dtype="int32", name="padding_mask")
+        hidden = _run_layers(config, layers, token_ids, keras.ops.cast(padding_mask, "bool"))
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+            outputs=_logits(config, layers, hidden),
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # === Config ===
+        self._architecture = config
+        self._layers_by_name = layers
+        for name, value in config.items():
+            setattr(self, name, value)
+
+    @property
+    def decode_limit(self):
+        """The positions generation can reach (`architectures.decode_limit`): `max_sequence_length`, or None."""
+        return decode_limit(self.blocks, self.position_embedding, self.max_sequence_length)
+
+    def call(self, inputs, training=None, mask=None):
+        # A functional model casts its inputs to the `keras.Input` dtype: float ids would be truncated silently.
+        if not in_symbolic_scope() and isinstance(inputs, dict) and "token_ids" in inputs:
+            check_integer_ids(inputs["token_ids"], self.vocabulary_size)
+        return super().call(inputs, training=training, mask=mask)
+
+    def get_initial_cache(self, batch_size):
+        """The decoding cache before any position: each block's (`block_{i}`) and each row's `position` `[B]`."""
+        if self.position_mode == "length":
+            raise ValueError(
+                "position_mode='length' moves every position with the sequence length: a cache of earlier "
+                "positions is never valid, so this model cannot decode step by step. Use position_mode='fixed' "
+                f"or 'clamped' (the same weights). Received: position_mode={self.position_mode!r}"
+            )
+        cache = {f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)}
+        cache["position"] = tf.zeros([batch_size], tf.int32)
+        return cache
+
+    def hidden_states(self, token_ids, padding_mask=None, cache=None, resets=None, training=None):
+        """The final hidden states `[B, T, d]` on token ids, continuing `cache` when given.
+
+        Args:
+            token_ids: int `[B, T]`.
+            padding_mask: optional bool `[B, T]`, False at padding. Right
+                padding is not part of a row's sequence: its cache ends after
+                the row's last real position, and what follows overwrites it.
+            cache: optional, from `get_initial_cache` or an earlier call: row
+                `b` continues at `cache["position"][b]`.
+            resets: optional bool `[B, T]`, True where a new document starts:
+                no position sees anything of an earlier document, and
+                positions restart at 0 there (packed documents, or a stream
+                carried in `cache`). Needs a model whose every block keeps a
+                constant-size state, without learned positions.
+            training: bool, for dropout.
+
+        Returns:
+            `hidden [B, T, d]`, or `(hidden, new_cache)` with a cache.
+        """
+        if resets is not None and self.decode_limit is not None:
+            raise ValueError(
+                "Documents restarting inside a sequence (`resets`) need blocks that keep a constant-size state and no "
+                f"learned positions (elita, linear, additive). Received: blocks={sorted(set(self.blocks))}, "
+                f"position_embedding={self.position_embedding}"
+            )
+        token_ids = check_integer_ids(token_ids, self.vocabulary_size)
+        return _run_layers(self._architecture, self._layers_by_name, token_ids, padding_mask, cache, resets, training)
+
+    def logits(self, hidden):
+        """Float32 logits `[B, T, V]` from final hidden states `[B, T, d]`: the head."""
+        return _logits(self._architecture, self._layers_by_name, hidden)
+
+    def token_losses(self, hidden, labels, gradient_in_forward=False):
+        """Per-token cross-entropy `[B, T]` of the head on `hidden [B, T, d]`, without the `[B, T, V]` logits.
+
+        The same logits as `logits` (the tied embedding's transpose or the
+        `logits` layer, and the tied head's scale), taken a chunk of tokens
+        at a time by `chunked_cross_entropy`, float32 whatever the compute
+        dtype. `gradient_in_forward=True` (training a mean loss) saves the
+        backward pass its recomputation of the logits.
+        """
+        if self.tied_embeddings:
+            kernel, bias = keras.ops.transpose(self.token_embedding.embeddings), None
+        else:
+            head = self.get_layer("logits")
+            kernel, bias = head.kernel, head.bias
+        scale = self.hidden_dim**-0.5 if self.scaled_tied_logits else 1.0
+        return chunked_cross_entropy(
+            hidden, kernel, labels, bias=bias, scale=scale, gradient_in_forward=gradient_in_forward
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self._architecture)
+        return config
+
+    def count_params_without_embeddings(self):
+        """Weights of the blocks and norms: `count_params()` less the token and position tables and the head."""
+        tables = [name for name in ("token_embedding", "position_embedding", "logits") if name in self._layers_by_name]
+        return self.count_params() - sum(self.get_layer(name).count_params() for name in tables)
+
+    def default_lora_layer_names(self):
+        """Every projection of every block (not the embedding or the head): `enable_lora(rank)` adapts them all."""
+        return [
+            *("k1", "k2", "k3", "query", "key", "value", "output", "attention_output"),  # token mixers
+            *("query_key", "query_value", "combiner"),  # 3Lin
+            *("w1", "w2", "w3", "inner", "outer"),  # feed-forward networks
+        ]
+
+    @classmethod
+    def from_architecture(cls, name, vocabulary_size, **overrides):
+        """A randomly initialised backbone of a named recipe (`elita_tf.models.ARCHITECTURES`), with overrides.
+
+        Example:
+        >>> ElitaBackbone.from_architecture("transformer", vocabulary_size=100, num_layers=2).num_layers
+        2
+        """
+        return cls(vocabulary_size=vocabulary_size, **{**architecture(name), **overrides})
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder."""
+        return super().from_preset(resolve_preset(preset), load_weights=load_weights, **kwargs)
+
+
+def architecture_config(name, **overrides):
+    """The architecture of recipe `name` with overrides, as `ElitaBackbone(**config)` takes it, checked.
+
+    These are the `get_config()` fields of the backbone it builds (without
+    Keras' `name`, `trainable` and `dtype`): what a run's manifest records.
+
+    Example:
+    >>> architecture_config("transformer", vocabulary_size=100)["position_embedding"]
+    True
+    """
+    defaults = {
+        key: parameter.default
+        for key, parameter in inspect.signature(ElitaBackbone.__init__).parameters.items()
+        if parameter.default is not inspect.Parameter.empty and key != "dtype"
+    }
+    return check_architecture(**{**defaults, **architecture(name), **overrides})
+
+
+RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
+
+
+def resolve_preset(preset):
+    """A preset handle or directory; for an `elita-train` run directory, its `preset/` folder.
+
+    Raises:
+        ValueError: for a run directory whose run has not finished (it has
+            no preset yet), saying how to export its last checkpoint.
+    """
+    if isinstance(preset, str) and os.path.isfile(os.path.join(preset, "run.json")):
+        folder = os.path.join(preset, RUN_PRESET)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise ValueError(
+                f"{preset!r} is an elita-train run that has not finished: its preset is written at the end. "
+                f"Resume it with the same elita-train command, or export its last checkpoint with "
+                f"`elita-export --run-dir {preset} --format preset --output DIR`."
+            )
+        return folder
+    return preset

@@ -1,0 +1,287 @@
+"""`ElitaCausalLM`: the one model that trains, evaluates, generates and exports (keras-hub's `CausalLM`)."""
+
+import keras
+import keras_hub
+import tensorflow as tf
+from keras import ops
+from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+
+from elita_tf.layers.checks import check_integer_ids
+from elita_tf.models.elita_backbone import ElitaBackbone, resolve_preset
+from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
+
+
+@keras.saving.register_keras_serializable(package="elita_tf")
+class ElitaCausalLM(keras_hub.models.CausalLM):
+    """An ELiTA (or related) decoder language model: keras-hub's `fit`, `generate`, samplers and presets.
+
+    **Training.** Compiled with `SparseCategoricalCrossentropy(from_logits=True)`
+    and no metrics (`weighted_metrics=None`), `fit` and `evaluate` take the
+    loss from the final hidden states a chunk of tokens at a time
+    (`ElitaBackbone.token_losses`): the step never holds the `[B, T, V]`
+    logits and their gradient (docs/math.md §10). It is the same loss, sample
+    weights included, as Keras' on the logits `call` returns; any other loss
+    or metric takes Keras' own step. `enable_carried_state` makes `fit` carry
+    every block's state from batch to batch (truncated backpropagation
+    through time).
+
+    **Generation.** `generate_step` prefills, in one parallel pass, every
+    position before the shortest prompt's last token, then takes one cached
+    step per position: constant-size states for ELiTA, linear and additive
+    attention, ring buffers for windows, key/value buffers for softmax
+    attention. Prompts are right-padded, and a row inside its prompt is fed
+    its own next token, so each row continues exactly as it would alone.
+
+    Inputs are `{"token_ids": int [B, T], "padding_mask": [B, T]}`, optionally
+    with `"resets": bool [B, T]` (True where a new document starts; models
+    whose every block keeps a constant-size state). Float token ids are
+    refused, never truncated.
+
+    Args:
+        backbone: an `ElitaBackbone`.
+        preprocessor: an `ElitaCausalLMPreprocessor`, or None to work on
+            `{"token_ids", "padding_mask"}` directly.
+
+    Example:
+    >>> causal_lm = ElitaCausalLM.from_preset("runs/compare/elita/seed-0")  # doctest: +SKIP
+    >>> causal_lm.generate("The history of", max_length=64)  # doctest: +SKIP
+    >>> causal_lm.compile(sampler=keras_hub.samplers.TopKSampler(k=40))  # doctest: +SKIP
+    """
+
+    backbone_cls = ElitaBackbone
+    preprocessor_cls = ElitaCausalLMPreprocessor
+
+    carried_state = None  # the cache `fit` carries from batch to batch (`enable_carried_state`)
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        # === Functional model ===
+        inputs = backbone.input
+        # The backbone's policy: under mixed_float16, `compile` then scales the loss.
+        kwargs.setdefault("dtype", backbone.dtype_policy)
+        super().__init__(inputs=inputs, outputs=backbone(inputs), **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        if isinstance(inputs, dict) and "resets" in inputs:  # packed documents: outside the functional graph
+            backbone = self.backbone
+            hidden = backbone.hidden_states(
+                inputs["token_ids"], _padding_mask(inputs), resets=inputs["resets"], training=training
+            )
+            return backbone.logits(hidden)
+        if not in_symbolic_scope() and isinstance(inputs, dict) and "token_ids" in inputs:
+            check_integer_ids(inputs["token_ids"], self.backbone.vocabulary_size)
+        return super().call(inputs, training=training, mask=mask)
+
+    def call_with_cache(self, token_ids, cache, padding_mask=None):
+        """Continues the sequence `cache` summarises with `token_ids [B, T]`.
+
+        Args:
+            token_ids: int `[B, T]`.
+            cache: from `backbone.get_initial_cache` or a previous call.
+            padding_mask: optional bool `[B, T]`; positions after a row's last
+                real one (right padding) are left out of its cache.
+
+        Returns:
+            `(logits [B, T, V], hidden_states [B, T, d], cache)`.
+        """
+        hidden, cache = self.backbone.hidden_states(token_ids, padding_mask, cache=cache)
+        return self.backbone.logits(hidden), hidden, cache
+
+    def generate_step(self, inputs, stop_token_ids=None):
+        """Fills the unmasked positions of `{"token_ids", "padding_mask"}` (right-padded prompts); XLA-compilable."""
+        token_ids, padding_mask = inputs["token_ids"], ops.cast(inputs["padding_mask"], "bool")
+        backbone = self.backbone
+        limit = backbone.decode_limit
+        batch_size, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        if isinstance(length, int) and limit is not None and length > limit:
+            raise ValueError(
+                f"`max_length` {length} exceeds the {limit} positions this model's position table or decoding "
+                f"buffers hold: generate at most {limit}. Received: max_length={length}"
+            )
+        row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=1)
+        index = ops.min(row_lengths)
+        # A row with no token has nothing to continue from (the preprocessor always adds the start token).
+        empty = tf.debugging.assert_positive(
+            index, message="Every prompt needs at least one token: padding_mask has a row with none"
+        )
+        with tf.control_dependencies([empty]):
+            index = tf.identity(index)
+        # One parallel pass over every position before the shortest prompt's last token; hidden states
+        # only, since its logits (`[B, max_length, V]`) would be computed and thrown away.
+        prefill_mask = ops.tile(ops.arange(length)[None, :] < index - 1, [batch_size, 1])
+        hidden_states, cache = backbone.hidden_states(
+            token_ids, prefill_mask, cache=backbone.get_initial_cache(batch_size)
+        )
+
+        def next(prompt, cache, index):
+            token = ops.slice(prompt, [0, index - 1], [batch_size, 1])
+            logits, hidden_states, cache = self.call_with_cache(token, cache)
+            return ops.squeeze(logits, axis=1), ops.squeeze(hidden_states, axis=1), cache
+
+        token_ids = self.sampler(
+            next=next,
+            prompt=token_ids,
+            cache=cache,
+            index=index,
+            mask=padding_mask,
+            stop_token_ids=stop_token_ids,
+            hidden_states=hidden_states,
+            model=self,
+        )
+        if stop_token_ids is not None:
+            # Everything after the first stop token past each prompt is padding.
+            stops = ops.zeros_like(padding_mask)
+            for stop_token_id in stop_token_ids:
+                stops = ops.logical_or(stops, ops.equal(token_ids, stop_token_id))
+            stops = ops.cast(ops.logical_and(stops, ops.logical_not(padding_mask)), "int32")
+            padding_mask = ops.equal(ops.cumsum(stops, axis=1) - stops, 0)
+        else:
+            padding_mask = ops.ones_like(token_ids, dtype="bool")
+        return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+    # --- Training -------------------------------------------------------------------------------
+
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
+        """keras-hub's `compile`; `weighted_metrics=None` (and no `metrics`) trains on the loss alone."""
+        super().compile(optimizer, loss, weighted_metrics=weighted_metrics, sampler=sampler, **kwargs)
+        if weighted_metrics is None and kwargs.get("metrics") is None:
+            # Keras keeps the metrics of an earlier compile (keras-hub compiles every task when made).
+            self._compile_metrics = None
+
+    def compile_from_config(self, config):
+        """Keras' own: a checkpoint loads compiled, with its optimizer (Keras skips a custom `compile`)."""
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def enable_carried_state(self, batch_size):
+        """Makes `fit` carry every block's decoding state from one batch to the next.
+
+        Truncated backpropagation through time: `fit` then takes batches
+        `({"token_ids", "padding_mask", "resets"}, labels)` of consecutive
+        segments of `batch_size` streams (`elita_tf.data.stream_dataset`). Each
+        step continues from the state the previous one left (a constant, with
+        no gradient: gradients stop at segment boundaries), and no position
+        sees anything before its document's start (`resets`). The state is
+        saved with the model, so a resumed run continues exactly.
+
+        Raises:
+            ValueError: for a model with a block that keeps no constant-size
+                state, or learned positions.
+        """
+        backbone = self.backbone
+        if backbone.decode_limit is not None or backbone.position_mode == "length":
+            raise ValueError(
+                "Carrying the state needs blocks that keep a constant-size state, no learned positions and "
+                f"positions that do not move with the length. Received: blocks={sorted(set(backbone.blocks))}, "
+                f"position_embedding={backbone.position_embedding}, position_mode={backbone.position_mode!r}"
+            )
+        cache = backbone.get_initial_cache(batch_size)
+        with tf.init_scope():
+            self.carried_state = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), cache)
+
+    def _chunked_loss_applies(self):
+        loss = getattr(self, "loss", None)
+        if self._compile_metrics is not None or not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+            return False
+        loss_config = loss.get_config()
+        return (
+            loss_config["from_logits"]
+            and loss_config.get("ignore_class") is None
+            and loss_config["reduction"] == "sum_over_batch_size"
+        )
+
+    def _chunked_loss(self, x, labels, sample_weight, training, carry=False):
+        """The batch's mean loss, as Keras computes a compiled loss (sample weights, regularisers, replicas).
+
+        With `carry`, the forward continues from the carried state and updates it.
+        """
+        backbone = self.backbone
+        token_ids, padding_mask = x["token_ids"], _padding_mask(x)
+        if not carry:
+            hidden = backbone.hidden_states(token_ids, padding_mask, resets=x.get("resets"), training=training)
+        else:
+            cache = tf.nest.map_structure(lambda v: v.read_value(), self.carried_state)
+            hidden, cache = backbone.hidden_states(
+                token_ids, padding_mask, cache=cache, resets=x["resets"], training=training
+            )
+            tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
+        per_token = backbone.token_losses(hidden, labels, gradient_in_forward=training)
+        if sample_weight is not None:  # Keras' "sum_over_batch_size": weighted sum over every token
+            per_token = per_token * ops.cast(sample_weight, per_token.dtype)
+        loss = ops.mean(per_token)
+        for extra in self.losses:  # regularisers, as `compute_loss` adds them
+            loss = loss + ops.cast(ops.sum(extra), loss.dtype)
+        return loss / tf.distribute.get_strategy().num_replicas_in_sync
+
+    def _track_loss(self, loss, token_ids):
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        self._loss_tracker.update_state(loss * replicas, sample_weight=tf.shape(token_ids)[0])
+
+    def train_step(self, data):
+        x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if not self._chunked_loss_applies():
+            if self.carried_state is not None:
+                raise ValueError(
+                    "With a carried state, `fit` computes the loss itself: compile with "
+                    "SparseCategoricalCrossentropy(from_logits=True) and no metrics (weighted_metrics=None). "
+                    f"Received: loss={self.loss!r}"
+                )
+            return super().train_step(data)
+        if self.carried_state is not None and not (isinstance(x, dict) and "resets" in x):
+            raise ValueError(
+                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'resets'}, labels)` batches "
+                f"(elita_tf.data.stream_dataset). Received: inputs {x!r}"
+            )
+        with tf.GradientTape() as tape:
+            loss = self._chunked_loss(x, labels, sample_weight, training=True, carry=self.carried_state is not None)
+            self._track_loss(loss, x["token_ids"])
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
+        return self.get_metrics_result()
+
+    def test_step(self, data):
+        x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if not self._chunked_loss_applies():
+            return super().test_step(data)
+        self._track_loss(self._chunked_loss(x, labels, sample_weight, training=False), x["token_ids"])
+        return self.get_metrics_result()
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for i, variable in enumerate(tf.nest.flatten(self.carried_state or {})):
+            store[f"carried_state_{i}"] = variable.numpy()
+
+    def load_own_variables(self, store):
+        carried = {key for key in store.keys() if key.startswith("carried_state_")}
+        super().load_own_variables({key: store[key] for key in store.keys() if key not in carried})
+        for i, variable in enumerate(tf.nest.flatten(self.carried_state or {})):
+            variable.assign(store[f"carried_state_{i}"])
+
+    def get_config(self):
+        config = super().get_config()
+        if self.carried_state is not None:
+            config["carried_state_batch_size"] = int(self.carried_state["position"].shape[0])
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        carried_batch_size = config.pop("carried_state_batch_size", None)
+        model = super().from_config(config)
+        if carried_batch_size is not None:
+            model.enable_carried_state(carried_batch_size)
+        return model
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder."""
+        return super().from_preset(resolve_preset(preset), load_weights=load_weights, **kwargs)
+
+
+def _padding_mask(inputs):
+    mask = inputs.get("padding_mask")
+    return None if mask is None else ops.cast(mask, "bool")

@@ -1,0 +1,288 @@
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.data.tokenizer import train_sentencepiece
+from elita_tf.models import (
+    ARCHITECTURES,
+    ElitaBackbone,
+    ElitaCausalLM,
+    ElitaCausalLMPreprocessor,
+    ElitaTokenizer,
+)
+from elita_tf.schedules import InverseSqrtSchedule, elita_adam
+
+# The architectures that decode step by step (elita-reference's positions move with the length).
+DECODING = sorted(name for name in ARCHITECTURES if name != "elita-reference")
+
+SIZE = {"num_layers": 2, "hidden_dim": 16, "num_heads": 2, "head_dim": 8, "max_sequence_length": 32}
+LINES = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
+
+
+@pytest.fixture(scope="module")
+def proto():
+    return train_sentencepiece(LINES, vocabulary_size=40)
+
+
+def _backbone(name, **overrides):
+    keras.utils.set_random_seed(0)
+    backbone = ElitaBackbone.from_architecture(name, vocabulary_size=40, **{**SIZE, **overrides})
+    rng = np.random.default_rng(0)
+    for w in backbone.weights:  # zero-initialised parts (3Lin Combiner, pooling vectors) made non-trivial
+        if np.all(w.numpy() == 0) and len(w.shape) > 0 and "bias" not in w.path and "beta" not in w.path:
+            w.assign(rng.normal(size=w.shape) * 0.3)
+    return backbone
+
+
+def _greedy(backbone, jit_compile=False):
+    causal_lm = ElitaCausalLM(backbone)
+    causal_lm.compile(sampler="greedy", jit_compile=jit_compile)
+    return causal_lm
+
+
+def _assert_greedy_is_the_parallel_argmax(backbone, token_ids, lengths):
+    """Each generated token is the argmax of the parallel forward over the row's own sequence so far."""
+    for row, length in zip(token_ids, lengths):
+        logits = backbone({"token_ids": row[None], "padding_mask": np.ones((1, len(row)), "int32")})[0]
+        np.testing.assert_array_equal(row[length:], np.argmax(logits[length - 1 : -1], axis=-1))
+
+
+def _prompts(lengths, width, vocabulary_size=40):
+    rng = np.random.default_rng(1)
+    token_ids = np.zeros((len(lengths), width), "int32")
+    padding_mask = np.zeros((len(lengths), width), "int32")
+    for i, length in enumerate(lengths):
+        token_ids[i, :length] = rng.integers(3, vocabulary_size, size=length)
+        padding_mask[i, :length] = 1
+    return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+
+@pytest.mark.parametrize("name", DECODING)
+def test_greedy_generate_is_the_parallel_argmax_for_prompts_of_different_lengths(name):
+    backbone = _backbone(name)
+    lengths = [7, 2, 1, 5]
+    out = _greedy(backbone).generate(_prompts(lengths, 24), stop_token_ids=None)
+    assert out["token_ids"].shape == (4, 24) and np.all(out["padding_mask"])
+    _assert_greedy_is_the_parallel_argmax(backbone, out["token_ids"], lengths)
+
+
+@pytest.mark.parametrize("name", ["elita", "3lin", "transformer"])
+def test_generate_compiles_with_xla(name):
+    backbone = _backbone(name)
+    prompts = _prompts([6, 3], 20)
+    compiled = _greedy(backbone, jit_compile=True).generate(prompts, stop_token_ids=None)
+    np.testing.assert_array_equal(
+        compiled["token_ids"], _greedy(backbone).generate(prompts, stop_token_ids=None)["token_ids"]
+    )
+
+
+@pytest.mark.parametrize("name", ["elita", "linear", "additive"])
+def test_recurrent_state_blocks_decode_to_four_times_the_training_length(name):
+    # Linear and additive blocks carry constant-size states; their presets' learned position tables are left out.
+    backbone = _backbone(name, position_embedding=False)
+    assert backbone.decode_limit is None
+    lengths = [9, 4]
+    out = _greedy(backbone).generate(_prompts(lengths, 4 * SIZE["max_sequence_length"]), stop_token_ids=None)
+    _assert_greedy_is_the_parallel_argmax(backbone, out["token_ids"], lengths)
+
+
+def test_a_finite_buffer_refuses_a_longer_generation_by_name():
+    with pytest.raises(ValueError, match=r"`max_length` 40 exceeds the 32 positions.*Received: max_length=40"):
+        _greedy(_backbone("transformer")).generate(_prompts([3], 40), stop_token_ids=None)
+
+
+def test_text_in_text_out_fit_and_preset_round_trip(proto, tmp_path):
+    backbone = _backbone("elita")
+    # After the seed: `tf.random.set_seed` drops the SentencePiece resource of a tokenizer made before it.
+    tokenizer = ElitaTokenizer(proto=proto)
+    preprocessor = ElitaCausalLMPreprocessor(tokenizer, sequence_length=24)
+    causal_lm = ElitaCausalLM(backbone, preprocessor)
+    causal_lm.compile(sampler="greedy")
+    history = causal_lm.fit(LINES[:32], batch_size=8, epochs=2, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    # The start token is the end-of-line piece: a prompt is a new line of the training text.
+    x, y, weights = preprocessor(["the cat"])
+    assert int(x["token_ids"][0, 0]) == tokenizer.end_token_id == tokenizer.start_token_id
+    logits = causal_lm(x)
+    assert logits.shape == (1, 24, 40) and logits.dtype == "float32"
+
+    text = causal_lm.generate(["the cat", "a dog sees"], max_length=20)
+    assert [t[: len(p)] for t, p in zip(text, ["the cat", "a dog sees"])] == ["the cat", "a dog sees"]
+
+    causal_lm.save_to_preset(str(tmp_path))
+    assert isinstance(keras_hub.models.Backbone.from_preset(str(tmp_path)), ElitaBackbone)
+    loaded = ElitaCausalLM.from_preset(str(tmp_path))
+    loaded.compile(sampler="greedy")
+    assert loaded.generate(["the cat", "a dog sees"], max_length=20) == text
+    np.testing.assert_allclose(loaded(x), causal_lm(x), rtol=1e-6, atol=1e-6)
+
+
+def test_stop_tokens_end_each_row():
+    causal_lm = ElitaCausalLM(_backbone("linear"))
+    causal_lm.compile(sampler="greedy")
+    prompts = _prompts([3, 2], 16)
+    full = causal_lm.generate(prompts, stop_token_ids=None)["token_ids"]
+    stop = int(full[0, 4])  # the second new token of row 0
+    out = causal_lm.generate(prompts, stop_token_ids=[stop])
+    first_stop = 3 + list(full[0, 3:]).index(stop)
+    assert list(out["padding_mask"][0]) == [True] * (first_stop + 1) + [False] * (16 - first_stop - 1)
+
+
+def test_an_empty_prompt_row_and_the_original_positions_are_refused_by_name():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="padding_mask has a row with none"):
+        _greedy(_backbone("elita")).generate(_prompts([3, 0], 8), stop_token_ids=None)
+    with pytest.raises(ValueError, match="position_mode='length'.*cannot decode"):
+        _greedy(_backbone("elita-reference")).generate(_prompts([3], 8), stop_token_ids=None)
+
+
+def test_float_token_ids_are_refused_not_truncated():
+    causal_lm = ElitaCausalLM(_backbone("elita"))
+    floats = {"token_ids": np.array([[1.5, 2.0, 3.7]]), "padding_mask": np.ones((1, 3), "int32")}
+    with pytest.raises(TypeError, match="float ids are refused.*float64"):
+        causal_lm(floats)
+    with pytest.raises(TypeError, match="float ids are refused.*float64"):
+        causal_lm.backbone(floats)
+
+
+@pytest.mark.parametrize("name", DECODING)
+def test_int8_and_lora_cover_every_projection(name):
+    backbone = _backbone(name)
+    x = _prompts([8], 8)
+    want = backbone(x)
+    matrices = {w.path for w in backbone.weights if len(w.shape) >= 2}
+    lora = _backbone(name)
+    lora.enable_lora(4)
+    adapted = {w.path.rsplit("/", 1)[0] for w in lora.trainable_weights if "lora_kernel" in w.path}
+    # Every block's projections get adapters; only they (and, as Keras does, their biases) train.
+    assert {w.path.rsplit("/", 1)[0] for w in lora.trainable_weights} == adapted
+    assert all(w.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b", "bias") for w in lora.trainable_weights)
+    projections = {p.rsplit("/", 1)[0] for p in matrices if p.endswith("kernel") and not p.startswith("logits")}
+    assert adapted == projections
+    np.testing.assert_allclose(lora(x), want, rtol=1e-6, atol=1e-6)  # B starts at zero: the same function
+
+    backbone.quantize("int8")
+    int8 = {w.path.rsplit("/", 1)[0] for w in backbone.weights if w.dtype == "int8"}
+    head = set() if backbone.tied_embeddings else {"logits"}  # a tied head is the embedding
+    assert projections | head <= int8
+    got = backbone(x)
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()  # close, and not the float model
+    assert not np.array_equal(got, want)
+    # Generation runs on the quantized model too.
+    out = _greedy(backbone).generate(_prompts([4, 2], 10), stop_token_ids=None)
+    assert out["token_ids"].shape == (2, 10)
+
+
+# --- Training: fit with the chunked output-head loss ------------------------------------------------
+
+TRAIN = {"hidden_dim": 32, "num_layers": 2, "num_heads": 2, "head_dim": 8, "max_sequence_length": 32}
+
+
+def _rule_batches(vocab=24, length=32, batch=8, steps=20, seed=0):
+    """Sequences of `next = (5 * token + 1) mod V` from random starts: learnable in a few steps."""
+    tokens = np.random.default_rng(seed).integers(0, vocab, size=(steps, batch, 1))
+    columns = [tokens]
+    for _ in range(length):
+        columns.append((5 * columns[-1] + 1) % vocab)
+    seqs = np.concatenate(columns, axis=-1).astype("int32")
+    return [({"token_ids": s[:, :-1], "padding_mask": np.ones_like(s[:, :-1])}, s[:, 1:]) for s in seqs]
+
+
+def _trainable(name, dtype=None, optimizer=None, jit_compile=False, **compile_kwargs):
+    """A causal LM compiled as `elita-train` compiles it: the loss alone, no metrics."""
+    keras.utils.set_random_seed(0)
+    causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(name, vocabulary_size=24, dtype=dtype, **TRAIN))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    compile_kwargs.setdefault("weighted_metrics", None)
+    causal_lm.compile(optimizer or elita_adam(), loss, jit_compile=jit_compile, **compile_kwargs)
+    return causal_lm
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_architecture_trains_20_steps(name):
+    causal_lm = _trainable(name)
+    assert causal_lm._chunked_loss_applies()
+    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches()]
+    assert all(np.isfinite(losses))
+    # fastformerLM's head divides tied logits of N(0, 0.02) embeddings by sqrt(d): it starts
+    # uniform and moves slowly at this learning rate (measured: 3.18 -> 3.08 in 20 steps).
+    drop = 0.05 if name == "additive-reference" else 0.3
+    assert np.mean(losses[-5:]) < losses[0] - drop, losses
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_the_chunked_loss_trains_and_evaluates_as_keras_loss_on_the_logits(name):
+    # Plain SGD: the weights move by the gradients themselves (Adam would magnify round-off
+    # in gradients that are zero in exact arithmetic, such as a softmax key bias's).
+    chunked = _trainable(name, optimizer=keras.optimizers.SGD(0.5))
+    plain = _trainable(name, optimizer=keras.optimizers.SGD(0.5), weighted_metrics=[])
+    plain.set_weights(chunked.get_weights())
+    assert chunked._chunked_loss_applies() and not plain._chunked_loss_applies()
+    weights = np.random.default_rng(3).uniform(size=(8, 32)).astype("float32")  # as a preprocessor's padding gives
+    for x, y in _rule_batches(steps=3):
+        got, want = chunked.train_on_batch(x, y, sample_weight=weights), plain.train_on_batch(x, y, weights)
+        np.testing.assert_allclose(got, want[0] if isinstance(want, list) else want, rtol=1e-5)
+    for got, want in zip(chunked.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    x, y = _rule_batches(steps=1, seed=1)[0]
+    want = plain.evaluate(x, y, verbose=0)
+    np.testing.assert_allclose(chunked.evaluate(x, y, verbose=0), want[0] if isinstance(want, list) else want, rtol=1e-5)
+
+
+def test_a_checkpoint_keeps_the_chunked_loss_and_a_metric_takes_keras_step(tmp_path):
+    causal_lm = _trainable("elita", optimizer=keras.optimizers.SGD(0.5))
+    path = str(tmp_path / "model.keras")
+    causal_lm.save(path)
+    restored = keras.models.load_model(path)
+    assert restored._chunked_loss_applies()
+    x, y = _rule_batches(steps=1)[0]
+    np.testing.assert_allclose(restored.train_on_batch(x, y), causal_lm.train_on_batch(x, y), rtol=1e-6)
+    restored.compile(
+        keras.optimizers.SGD(0.5), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
+    )
+    assert not restored._chunked_loss_applies()  # a metric needs the logits
+
+
+def test_out_of_range_ids_under_xla_give_nan_not_a_clamped_row():
+    # XLA drops assertions and clamps gathers: the embedding marks the row NaN instead.
+    causal_lm = _trainable("elita", jit_compile=True)
+    x, y = _rule_batches(steps=1)[0]
+    assert np.isfinite(causal_lm.train_on_batch(x, y))
+    x["token_ids"][1, 2] = 99
+    assert np.isnan(causal_lm.train_on_batch(x, y))
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_architecture_trains_and_generates_under_xla(name):
+    # Keras compiles with XLA by default on GPUs: the training step and the decoding loop must compile.
+    causal_lm = _trainable(name, jit_compile=True)
+    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches(steps=3)]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    if name in DECODING:
+        prompts = _prompts([3, 1], 9, vocabulary_size=24)
+        causal_lm.compile(sampler="greedy", jit_compile=True)
+        compiled = causal_lm.generate(prompts, stop_token_ids=None)["token_ids"]
+        causal_lm.compile(sampler="greedy", jit_compile=False)
+        np.testing.assert_array_equal(compiled, causal_lm.generate(prompts, stop_token_ids=None)["token_ids"])
+
+
+@pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_every_architecture_fits_under_mixed_precision(name, policy_name):
+    causal_lm = _trainable(name, dtype=policy_name)
+    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches(steps=3)]
+    assert all(np.isfinite(losses)), losses
+    assert all(w.dtype == "float32" for w in causal_lm.weights)
+    # Keras scales the loss under mixed_float16: the task follows its backbone's policy.
+    scaled = isinstance(causal_lm.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert scaled == (policy_name == "mixed_float16")
+
+
+def test_inverse_sqrt_schedule():
+    schedule = InverseSqrtSchedule()
+    lr = [float(schedule(step)) for step in [0, 99, 100, 399, 9999]]
+    np.testing.assert_allclose(lr, [1e-3, 1e-3, 1e-2 / np.sqrt(101), 5e-4, 1e-4], rtol=1e-6)
+    assert InverseSqrtSchedule.from_config(schedule.get_config()).get_config() == {"peak": 1e-3, "scale": 1e-2}
+    optimizer = elita_adam()
+    assert (optimizer.beta_1, optimizer.beta_2) == (0.9, 0.99)
