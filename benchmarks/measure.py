@@ -74,3 +74,25 @@ def loss_functions(forward, weights=(), jit_compile=False):
 
     fwd = tf.function(lambda *inputs: tf.reduce_sum(forward(*inputs)), jit_compile=jit_compile)
     return fwd, tf.function(loss_and_grads, jit_compile=jit_compile)
+
+
+def training_model(architecture, output_head="chunked", dtype_policy="float32", jit_compile=False, **size):
+    """An `ElitaCausalLM` compiled as `elita-train` compiles it: Adam with the ELiTA schedule, the loss alone.
+
+    `size` holds `ElitaBackbone` arguments (`vocabulary_size`, `hidden_dim`, ...). `output_head="full"`
+    takes Keras' own step on the `[B, T, V]` logits instead of the chunked loss.
+    """
+    import keras
+
+    from elita_tf.models import ElitaBackbone, ElitaCausalLM
+    from elita_tf.schedules import elita_adam
+
+    causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(architecture, dtype=dtype_policy, **size))
+    causal_lm.compile(
+        elita_adam(),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=None,
+        jit_compile=jit_compile,
+    )
+    causal_lm.chunked_loss = output_head == "chunked"
+    return causal_lm

@@ -1,6 +1,6 @@
 """Where a training step's time goes: the TensorFlow profiler's op times, grouped by part of the model.
 
-Runs `--warmup` steps of a preset at the seed configuration (the same compiled `train_on_batch`
+Runs `--warmup` steps of an architecture at the seed configuration (the same compiled `train_on_batch`
 as `training_step.py`), traces `--steps` more with `tf.profiler`, and reads the trace
 (`*.xplane.pb`) back: every TensorFlow op's time on the executor threads, grouped into the
 token mixers, the feed-forward networks, the norms, the output head with its loss, the
@@ -11,9 +11,9 @@ op time summed over threads, per step; the wall-clock step is printed beside the
 at the step's memory peak, by the op that made them: what the backward pass keeps from the
 forward pass, and the working memory around the peak.
 
-    python benchmarks/profile_step.py --preset elita
-    python benchmarks/profile_step.py --preset elita --dtype-policy mixed_bfloat16 --memory
-    python benchmarks/profile_step.py --preset transformer --output-head full
+    python benchmarks/profile_step.py --architecture elita
+    python benchmarks/profile_step.py --architecture elita --dtype-policy mixed_bfloat16 --memory
+    python benchmarks/profile_step.py --architecture transformer --output-head full
 """
 
 import argparse
@@ -22,6 +22,8 @@ import glob
 import re
 import tempfile
 import time
+
+from measure import training_model
 
 PARTS = [
     ("mixer norm", r"block_\d+(?:_\d+)?/mixer_norm"),
@@ -109,12 +111,12 @@ def read_op_times(logdir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="elita")
-    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--architecture", default="elita")
+    parser.add_argument("--sequence-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--vocab-size", type=int, default=5000)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--vocabulary-size", type=int, default=5000)
+    parser.add_argument("--hidden-dim", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=6)
     parser.add_argument("--output-head", choices=["chunked", "full"], default="chunked")
     parser.add_argument("--dtype-policy", default="float32")
     parser.add_argument("--warmup", type=int, default=2)
@@ -123,24 +125,23 @@ def main():
     parser.add_argument("--memory", action="store_true", help="also list the tensors alive at the memory peak")
     args = parser.parse_args()
 
-    import keras
     import numpy as np
     import tensorflow as tf
 
-    from elita_tf.models import build_decoder, preset
-    from elita_tf.schedules import elita_adam
-
-    keras.config.set_dtype_policy(args.dtype_policy)
-    config = preset(
-        args.preset, vocab_size=args.vocab_size, width=args.width, num_layers=args.layers, context_length=args.seq_len
+    model = training_model(
+        args.architecture,
+        args.output_head,
+        args.dtype_policy,
+        vocabulary_size=args.vocabulary_size,
+        hidden_dim=args.hidden_dim,
+        num_layers=args.num_layers,
+        max_sequence_length=args.sequence_length,
     )
-    model = build_decoder(config)
-    model.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.chunked_head = args.output_head == "chunked"
     rng = np.random.default_rng(0)
-    x, y = (
-        tf.constant(rng.integers(0, args.vocab_size, size=(args.batch_size, args.seq_len)), tf.int32) for _ in range(2)
-    )
+    shape = (args.batch_size, args.sequence_length)
+    token_ids = tf.constant(rng.integers(0, args.vocabulary_size, size=shape), tf.int32)
+    x = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}  # elita-train's batches
+    y = tf.constant(rng.integers(0, args.vocabulary_size, size=shape), tf.int32)
     for _ in range(args.warmup):
         model.train_on_batch(x, y)
     logdir = tempfile.mkdtemp(prefix="elita-profile-")
@@ -162,8 +163,8 @@ def main():
     ms = lambda ps: ps / 1e9 / args.steps  # noqa: E731  (per step)
 
     print(
-        f"# {args.preset}, B={args.batch_size} T={args.seq_len} V={args.vocab_size} d={args.width} "
-        f"L={args.layers}, {args.output_head} head, {args.dtype_policy}"
+        f"# {args.architecture}, B={args.batch_size} T={args.sequence_length} V={args.vocabulary_size} "
+        f"d={args.hidden_dim} L={args.num_layers}, {args.output_head} head, {args.dtype_policy}"
     )
     print(f"# wall-clock step (profiled) {wall * 1000:.0f} ms; op time over all threads {ms(total):.0f} ms a step")
     print("| part | forward ms | backward ms | share of op time |")

@@ -56,8 +56,8 @@ def main():
     print("|---|---|---|---|")
     for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs):
         run_dir = os.path.join(args.runs, name)
-        seq_len = _load(os.path.join(run_dir, "run.json"))["training"]["seq_len"]
-        left.axvline(seq_len, color=color, linestyle=":", linewidth=1)
+        sequence_length = _load(os.path.join(run_dir, "run.json"))["training"]["sequence_length"]
+        left.axvline(sequence_length, color=color, linestyle=":", linewidth=1)
         for file, stream_file, label, style in (
             ("test-windows.json", "test-stream.json", name, "o-"),
             ("test-windows-clamped.json", "test-stream-clamped.json", f"{name}, clamped positions", "s--"),
@@ -71,11 +71,11 @@ def main():
             cells = ", ".join(f"{b['start']}-{b['end']}: {b['loss']:.3f}" for b in buckets)
             stream = _load(os.path.join(run_dir, stream_file))
             whole = f"{stream['loss']:.3f}" if stream else "-"
-            print(f"| {label} | {seq_len} | {cells} | {whole} |")
+            print(f"| {label} | {sequence_length} | {cells} | {whole} |")
         if name.startswith("elita"):
             p1, p2 = position_terms(run_dir)
             for terms, style in ((p1, "-"), (p2, "--")):
-                inside, past = terms[..., :seq_len], terms[..., seq_len:]
+                inside, past = terms[..., :sequence_length], terms[..., sequence_length:]
                 # A run trained at 16K has no position past T in the range drawn.
                 beyond = f"past T [{past.min():.2f}, {past.max():.2f}]" if past.size else "nothing past T"
                 print(
@@ -84,7 +84,7 @@ def main():
                 )
             spread = p1.reshape(-1, POSITIONS)
             right.plot(np.arange(1, POSITIONS + 1), spread.T, color=color, linewidth=0.6, alpha=0.5)
-            right.axvline(seq_len, color=color, linestyle=":", linewidth=1)
+            right.axvline(sequence_length, color=color, linestyle=":", linewidth=1)
     left.set(xscale="log", xlabel="position in the window", ylabel="test loss", title="Loss by position")
     left.legend()
     right.set(xscale="log", xlabel="position", ylabel="P1 (every layer and head)", title="ELiTA's key position terms")

@@ -185,9 +185,10 @@ def stream_dataset(ids, resets, batch_size, sequence_length, epochs=1, start_ste
     def batch(step):
         start = tf.cast(step % per_epoch, tf.int32) * sequence_length
         tokens = rows[:, start : start + sequence_length + 1]
+        token_ids = tokens[:, :-1]
         inputs = {
-            "token_ids": tokens[:, :-1],
-            "padding_mask": tf.ones_like(tokens[:, :-1]),
+            "token_ids": token_ids,
+            "padding_mask": tf.ones_like(token_ids),
             "resets": row_resets[:, start : start + sequence_length],
         }
         return inputs, tokens[:, 1:]

@@ -83,9 +83,9 @@ def export_saved_model(causal_lm, path):
         lengths = tf.cast(ragged.row_lengths(), tf.int32)
         longest = tf.reduce_max(lengths)
         max_new_tokens = _check_length(longest, max_new_tokens, backbone.decode_limit)
-        width = longest + max_new_tokens
-        token_ids = tf.cast(ragged.to_tensor(default_value=0, shape=[None, width]), tf.int32)
-        padding_mask = tf.range(width)[None, :] < lengths[:, None]
+        # Right-padded prompts with room for the new tokens.
+        token_ids = tf.pad(tf.cast(ragged.to_tensor(default_value=0), tf.int32), [[0, 0], [0, max_new_tokens]])
+        padding_mask = tf.range(longest + max_new_tokens)[None, :] < lengths[:, None]
         filled = greedy.generate_step({"token_ids": token_ids, "padding_mask": padding_mask})["token_ids"]
         # Row b's new tokens start right after its prompt.
         tokens = tf.gather(filled, lengths[:, None] + tf.range(max_new_tokens)[None, :], batch_dims=1)

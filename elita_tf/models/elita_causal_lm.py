@@ -21,7 +21,7 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
     (`ElitaBackbone.token_losses`): the step never holds the `[B, T, V]`
     logits and their gradient (docs/math.md §10). It is the same loss, sample
     weights included, as Keras' on the logits `call` returns; any other loss
-    or metric takes Keras' own step. `enable_carried_state` makes `fit` carry
+    or metric, or `chunked_loss = False`, takes Keras' own step. `enable_carried_state` makes `fit` carry
     every block's state from batch to batch (truncated backpropagation
     through time).
 
@@ -52,6 +52,7 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
     preprocessor_cls = ElitaCausalLMPreprocessor
 
     carried_state = None  # the cache `fit` carries from batch to batch (`enable_carried_state`)
+    chunked_loss = True  # False: Keras' own step on the full logits (to compare with it)
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===
@@ -150,6 +151,16 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             # Keras keeps the metrics of an earlier compile (keras-hub compiles every task when made).
             self._compile_metrics = None
 
+    def fit(self, x=None, *args, **kwargs):
+        if isinstance(x, tf.distribute.DistributedDataset):  # keras-hub's preprocessing cannot wrap one
+            return keras.Model.fit(self, x, *args, **kwargs)
+        return super().fit(x, *args, **kwargs)
+
+    def evaluate(self, x=None, *args, **kwargs):
+        if isinstance(x, tf.distribute.DistributedDataset):
+            return keras.Model.evaluate(self, x, *args, **kwargs)
+        return super().evaluate(x, *args, **kwargs)
+
     def compile_from_config(self, config):
         """Keras' own: a checkpoint loads compiled, with its optimizer (Keras skips a custom `compile`)."""
         self.compile(**keras.saving.deserialize_keras_object(config))
@@ -184,7 +195,9 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
 
     def _chunked_loss_applies(self):
         loss = getattr(self, "loss", None)
-        if self._compile_metrics is not None or not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
+        if not self.chunked_loss or self._compile_metrics is not None:
+            return False
+        if not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
             return False
         loss_config = loss.get_config()
         return (

@@ -125,7 +125,8 @@ def real_extent(mask, length):
     if mask is None:
         return tf.convert_to_tensor(length, tf.int32)
     positions = tf.range(1, tf.shape(mask)[1] + 1)[None, :]
-    return tf.reduce_max(tf.where(tf.cast(mask, tf.bool), positions, 0), axis=1)
+    # At least 0: the maximum over no positions (T = 0) is the smallest int32.
+    return tf.maximum(tf.reduce_max(tf.where(tf.cast(mask, tf.bool), positions, 0), axis=1), 0)
 
 
 def window_after(sequence, end, size, axis):

@@ -85,7 +85,7 @@ def adapt_to_multi_worker(model, strategy, batch_shape):
         return
     tokens = tf.zeros(batch_shape, tf.int32)
     with strategy.scope():
-        model._symbolic_build(data_batch=(tokens, tokens))
+        model._symbolic_build(data_batch=({"token_ids": tokens, "padding_mask": tf.ones_like(tokens)}, tokens))
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
 
     def as_vectors(step):

@@ -24,7 +24,7 @@ def splits(tiny_wikitext, tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokenizer(splits):
     lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
-    return make_tokenizer(train_sentencepiece(lines, vocab_size=60))
+    return make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
 
 
 def test_builder_reads_local_files_in_order(splits, tiny_wikitext):
@@ -56,13 +56,13 @@ def test_tokenizer_round_trip_in_graph(tokenizer):
 
 def test_vocabulary_too_large_and_empty_corpus():
     with pytest.raises(ValueError, match="too small for a vocabulary of 100000 pieces: use at most"):
-        train_sentencepiece(["the cat sees the dog ."] * 50, vocab_size=100000)
+        train_sentencepiece(["the cat sees the dog ."] * 50, vocabulary_size=100000)
     with pytest.raises(ValueError, match="empty"):
-        train_sentencepiece(["", "  "], vocab_size=10)
+        train_sentencepiece(["", "  "], vocabulary_size=10)
 
 
 def test_windows_and_batches(splits, tokenizer):
-    windows = token_windows(splits["train"], tokenizer, seq_len=16)
+    windows = token_windows(splits["train"], tokenizer, sequence_length=16)
     assert windows.shape[1] == 17 and windows.dtype == np.int32
     ids = np.concatenate(
         [
@@ -72,15 +72,16 @@ def test_windows_and_batches(splits, tokenizer):
     )
     np.testing.assert_array_equal(windows[0], ids[:17])  # concatenated in order, eos per line
     x, y = next(iter(lm_dataset(windows, batch_size=4, seed=0)))
-    assert x.shape == (4, 16) and y.shape == (4, 16)
-    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
-    with pytest.raises(ValueError, match="seq_len=1"):
-        token_windows(splits["train"], tokenizer, seq_len=1)
+    assert x["token_ids"].shape == (4, 16) and y.shape == (4, 16)
+    np.testing.assert_array_equal(x["padding_mask"], np.ones((4, 16)))
+    np.testing.assert_array_equal(x["token_ids"][:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="sequence_length=1"):
+        token_windows(splits["train"], tokenizer, sequence_length=1)
 
 
 def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
-    windows = token_windows(splits["train"], tokenizer, seq_len=16)
-    stream = lambda **kw: [x.numpy() for x, _ in lm_dataset(windows, 4, epochs=3, **kw)]  # noqa: E731
+    windows = token_windows(splits["train"], tokenizer, sequence_length=16)
+    stream = lambda **kw: [x["token_ids"].numpy() for x, _ in lm_dataset(windows, 4, epochs=3, **kw)]  # noqa: E731
     a, b, other = stream(seed=1), stream(seed=1), stream(seed=2)
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
     assert not all(np.array_equal(p, q) for p, q in zip(a, other))
@@ -96,8 +97,10 @@ def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
 
 
 def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
-    windows = token_windows(splits["train"], tokenizer, seq_len=16)
-    stream = lambda **kw: [x.numpy() for x, _ in lm_dataset(windows, 6, seed=3, epochs=2, start_step=2, **kw)]  # noqa: E731
+    windows = token_windows(splits["train"], tokenizer, sequence_length=16)
+    stream = lambda **kw: [  # noqa: E731
+        x["token_ids"].numpy() for x, _ in lm_dataset(windows, 6, seed=3, epochs=2, start_step=2, **kw)
+    ]
     whole = stream()
     shards = [stream(shard=i, num_shards=3) for i in range(3)]
     assert all(len(part) == len(whole) for part in shards)

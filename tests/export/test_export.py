@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,28 +12,46 @@ import tensorflow as tf
 from elita_tf.cli.export import main as export_main
 from elita_tf.data import make_tokenizer, train_sentencepiece
 from elita_tf.export import export_saved_model
-from elita_tf.generation import Generator
-from elita_tf.models import build_decoder, preset
+from elita_tf.models import ElitaBackbone, ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training import save_checkpoint
 
 BIN = os.path.dirname(sys.executable)
 PROMPTS = ["the cat", "a dog sees the"]
+LINES = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
+SIZE = {"hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8, "max_sequence_length": 64}
+
+
+def _causal_lm(name, proto, dtype=None):
+    keras.utils.set_random_seed(0)
+    backbone = ElitaBackbone.from_architecture(name, vocabulary_size=40, dtype=dtype, **SIZE)
+    return ElitaCausalLM(backbone, ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=16))
+
+
+def _greedy_ids(causal_lm, proto, prompts, new_tokens):
+    """Each prompt's `new_tokens` greedy ids, through `ElitaCausalLM.generate` on token ids."""
+    ids = make_tokenizer(proto, add_eos=False).tokenize(tf.constant(prompts)).to_list()
+    width = max(map(len, ids)) + new_tokens
+    token_ids = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
+    padding_mask = np.array([[i < len(row) for i in range(width)] for row in ids])
+    greedy = ElitaCausalLM(causal_lm.backbone)
+    greedy.compile(sampler="greedy")
+    out = greedy.generate({"token_ids": token_ids, "padding_mask": padding_mask}, stop_token_ids=None)["token_ids"]
+    return np.array([out[row, len(p) : len(p) + new_tokens] for row, p in enumerate(ids)])
+
+
+@pytest.fixture(scope="module")
+def proto():
+    return train_sentencepiece(LINES, vocabulary_size=40)
 
 
 @pytest.fixture(scope="module", params=["elita", "transformer"])
-def exported(request, tmp_path_factory):
-    keras.utils.set_random_seed(0)
-    lines = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
-    proto = train_sentencepiece(lines, vocab_size=40)
-    config = preset(request.param, vocab_size=40, width=16, num_layers=2, num_heads=2, head_dim=8, context_length=64)
-    model = build_decoder(config)
+def exported(request, proto, tmp_path_factory):
+    causal_lm = _causal_lm(request.param, proto)
     path = str(tmp_path_factory.mktemp("saved") / request.param)
-    export_saved_model(model, config, proto, path)
-    tokenizer = make_tokenizer(proto, add_eos=False)
-    ids = tokenizer.tokenize(tf.constant(PROMPTS)).to_list()
-    tokens = Generator(model, config)(ids, 6)
-    text = [t.decode() for t in tokenizer.detokenize(tokens).numpy()]
-    return path, model, text
+    export_saved_model(causal_lm, path)
+    tokens = _greedy_ids(causal_lm, proto, PROMPTS, 6)
+    text = [t.decode() for t in make_tokenizer(proto, add_eos=False).detokenize(tokens).numpy()]
+    return path, causal_lm.backbone, text
 
 
 LOAD = """
@@ -45,17 +64,18 @@ print(json.dumps({"logits": logits["logits"].numpy().tolist(), "text": [t.decode
 
 
 def test_fresh_process_gives_the_keras_logits_and_text(exported):
-    path, model, text = exported
+    path, backbone, text = exported
     proc = subprocess.run([sys.executable, "-c", LOAD, path, json.dumps(PROMPTS)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    want = model(np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]]))
+    ids = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], "int32")
+    want = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
     np.testing.assert_allclose(got["logits"], want, rtol=1e-5, atol=1e-5)
     assert got["text"] == text
 
 
 def test_signatures_refuse_or_define_every_edge_case(exported):
-    path, model, _ = exported
+    path, backbone, _ = exported
     loaded = tf.saved_model.load(path)
     generate = loaded.signatures["generate"]
 
@@ -68,7 +88,7 @@ def test_signatures_refuse_or_define_every_edge_case(exported):
     assert run([""], 5)["token_ids"].shape == (1, 5)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"max_new_tokens must be >= 0.*-1"):
         run(["the cat"], -1)
-    if model.get_layer("block_0").mixer.__class__.__name__ == "CausalSelfAttention":
+    if backbone.decode_limit is not None:
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"the 64 positions.*\[max_new_tokens =\] \[100\]"):
             run(["the cat"], 100)
     else:  # ELiTA's constant-size state decodes past the training length
@@ -81,7 +101,7 @@ def test_signatures_refuse_or_define_every_edge_case(exported):
 
 
 def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
-    path, model, _ = exported
+    path, _, _ = exported
     np.save(tmp_path / "ids.npy", np.array([[1, 2, 3]], np.int32))
     np.save(tmp_path / "prompts.npy", np.array([b"the cat"], dtype=object), allow_pickle=True)
     np.save(tmp_path / "n.npy", np.int32(4))
@@ -108,33 +128,37 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
     assert "text" in cli_run("generate", f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}")
 
 
-def test_export_cli_from_a_run_directory(tmp_path, capsys):
-    config = preset("elita", vocab_size=40, width=16, num_layers=1, num_heads=2, head_dim=8, context_length=32)
+def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    save_checkpoint(build_decoder(config), str(run), step=1)
-    (run / "run.json").write_text(json.dumps({"model": config.get_config()}))
+    save_checkpoint(ElitaCausalLM(ElitaBackbone.from_architecture("elita", vocabulary_size=40, **SIZE)), str(run), 1)
+    (run / "run.json").write_text(json.dumps({"training": {"sequence_length": 16}}))
     with pytest.raises(SystemExit):
         export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")])
     assert "sentencepiece.model" in capsys.readouterr().err
-    # Rich enough for 40 pieces under every supported sentencepiece (0.2.1 allows fewer than 0.2.3).
-    lines = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
-    (run / "sentencepiece.model").write_bytes(train_sentencepiece(lines, vocab_size=40))
+    (run / "sentencepiece.model").write_bytes(proto)
     assert export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")]) == 0
     assert os.path.exists(tmp_path / "out" / "saved_model.pb")
+    # A preset holds the model and its tokenizer only, ready for keras_hub.upload_preset, and loads in keras-hub.
+    assert export_main(["--run-dir", str(run), "--format", "preset", "--output", str(tmp_path / "preset")]) == 0
+    assert sorted(os.listdir(tmp_path / "preset")) == [
+        "assets",
+        "config.json",
+        "metadata.json",
+        "model.weights.h5",
+        "preprocessor.json",
+        "task.json",
+        "tokenizer.json",
+    ]
+    loaded = keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))
+    assert isinstance(loaded, ElitaCausalLM) and loaded.preprocessor.sequence_length == 16
 
 
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
-def test_a_mixed_precision_model_exports_and_generates_the_keras_tokens(policy_name, policy, tmp_path):
-    policy(policy_name)
-    keras.utils.set_random_seed(0)
-    lines = [f"the cat number {i} sees a dog and a house ." for i in range(300)]
-    proto = train_sentencepiece(lines, vocab_size=40)
-    config = preset("additive", vocab_size=40, width=16, num_layers=2, num_heads=2, head_dim=8, context_length=64)
-    model = build_decoder(config)
-    export_saved_model(model, config, proto, str(tmp_path / "saved"))
-    ids = make_tokenizer(proto, add_eos=False).tokenize(tf.constant(PROMPTS)).to_list()
-    want = Generator(model, config)(ids, 6).numpy()
+def test_a_mixed_precision_model_exports_and_generates_the_keras_tokens(policy_name, proto, tmp_path):
+    causal_lm = _causal_lm("additive", proto, dtype=policy_name)
+    export_saved_model(causal_lm, str(tmp_path / "saved"))
+    want = _greedy_ids(causal_lm, proto, PROMPTS, 6)
     got = tf.saved_model.load(str(tmp_path / "saved")).signatures["generate"](
         prompts=tf.constant(PROMPTS), max_new_tokens=tf.constant(6)
     )["token_ids"]
