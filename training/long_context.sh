@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's long-context results on WikiText-2: ELiTA trained at T = 256, 4096 and 16384 (32768 tokens a
+# The long-context study (docs/long-context.md) on WikiText-2: ELiTA trained at T = 256, 4096 and 16384 (32768 tokens a
 # step, as the seed configuration), ELiTA trained at T = 256 with --carry-state, and the Transformer
 # (TRANSFORMER_SEQ_LEN, default 256, at the same tokens a step: 2048 is the longest that fits in 24 GB, about
 # 13 GB at its peak and 4-5.5 s a step on a 2-core CPU); then each scored on the test split by position, in
@@ -42,4 +42,4 @@ score "$out/elita-256" test-windows-256.json
 # Learned positions stop at the training length: the Transformer is scored in its own windows.
 score "$out/transformer-$transformer_len" test-windows.json
 
-python training/plot_long_context.py "$out" --output long_context.png
+python training/plot_long_context.py "$out" --output docs/long_context.png

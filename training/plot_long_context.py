@@ -1,6 +1,6 @@
-"""Draw `long_context.png` and print the README's tables from the runs of `training/long_context.sh`.
+"""Draw `docs/long_context.png` and print the tables of docs/long-context.md from the runs of `training/long_context.sh`.
 
-    python training/plot_long_context.py runs/long_context --output long_context.png
+    python training/plot_long_context.py runs/long_context --output docs/long_context.png
 
 Left: the test loss in log-spaced position buckets, each run scored in windows of up to 16K tokens
 (its training length dotted). Right: ELiTA's position terms `P1` (added to the keys' logits) and
@@ -47,7 +47,7 @@ def position_terms(run_dir, length=POSITIONS):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", help="the output directory of training/long_context.sh")
-    parser.add_argument("--output", default="long_context.png")
+    parser.add_argument("--output", default="docs/long_context.png")
     args = parser.parse_args()
 
     runs = sorted(name for name in os.listdir(args.runs) if _load(os.path.join(args.runs, name, "run.json")))

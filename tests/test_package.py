@@ -1,0 +1,58 @@
+"""The package's shape: one model, no import cycles between its modules."""
+
+import ast
+import os
+
+# Found without importing it: a cycle that breaks the import must still be reported as a cycle.
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "elita_tf")
+
+
+def _module_imports():
+    """`{module: {elita_tf modules it imports at module level}}` for every module of the package."""
+    graph = {}
+    for directory, _, files in os.walk(PACKAGE):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(directory, name)
+            parts = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].split(os.sep)
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            imports = set()
+            for node in ast.parse(open(path).read()).body:  # module level only: a deferred import is no cycle
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("elita_tf"):
+                    imports.add(node.module)
+                elif isinstance(node, ast.Import):
+                    imports.update(alias.name for alias in node.names if alias.name.startswith("elita_tf"))
+            graph[module] = imports
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    graph = _module_imports()
+    edges = {m: imports - {m} for m, imports in graph.items()}
+    state = {}
+
+    def visit(module, path):
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "open", "import cycle: " + " -> ".join(path + [module])
+        state[module] = "open"
+        for imported in sorted(edges.get(module, ())):
+            visit(imported, path + [module])
+        state[module] = "done"
+
+    for module in sorted(edges):
+        visit(module, [])
+    assert len(graph) > 40  # every module was read
+
+
+def test_one_model_class():
+    import elita_tf.models
+
+    assert not {"DecoderModel", "DecoderConfig", "build_decoder", "Generator", "preset", "PRESETS"} & set(
+        dir(elita_tf.models)
+    )
+    sources = [os.path.join(d, f) for d, _, files in os.walk(PACKAGE) for f in files if f.endswith(".py")]
+    for path in sources:
+        text = open(path).read()
+        assert "build_decoder" not in text and "DecoderModel" not in text and "elita_tf.generation" not in text, path

@@ -1,0 +1,101 @@
+"""Every code block of README.md runs, in order, in one directory, on a tiny corpus.
+
+Shell blocks run command by command: the set-up steps (virtual environment, pip, the test run
+itself) are what CI's `.ci/run` executes, and are skipped here; every `elita-*` command runs as
+written with flags appended that shrink it to the tiny corpus (argparse keeps the last value of a
+flag). Python blocks run as written, with `TrainSettings` given the same tiny sizes.
+"""
+
+import dataclasses
+import functools
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+from elita_tf import training
+from tests.conftest import write_tiny_wikitext
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+TINY = {
+    "vocabulary_size": 60,
+    "sequence_length": 16,
+    "batch_size": 16,
+    "hidden_dim": 16,
+    "num_layers": 1,
+    "num_heads": 2,
+    "head_dim": 8,
+    "epochs": 1,
+    "max_steps": 2,
+    "eval_batches": 1,
+    "verbose": 0,
+}
+SHRINK = {
+    "elita-train": [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()],
+    "elita-compare": [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()],
+    "elita-evaluate": ["--eval-batches=1", "--batch-size=2"],
+    "elita-export": [],
+}
+SET_UP = ("python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest")
+
+
+def readme_blocks():
+    """`[(language, code)]` of README.md's fenced blocks, in order."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        return re.findall(r"^```(\w+)\n(.*?)^```", f.read(), flags=re.M | re.S)
+
+
+def shell_commands(code):
+    """The commands of a shell block: comments dropped, continued lines joined, `&&` chains split."""
+    code = re.sub(r"\\\n\s*", " ", code)
+    commands = []
+    for line in code.splitlines():
+        line = line.split(" #")[0].strip()
+        if line and not line.startswith("#"):
+            commands += [part.strip() for part in line.split("&&")]
+    return commands
+
+
+def test_the_readme_has_the_two_set_up_commands_that_ci_runs():
+    blocks = [code for language, code in readme_blocks() if language == "bash"]
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        ci = f.read()
+    main_job, tests = blocks[0].strip(), blocks[1].strip()
+    assert main_job.startswith("python3 -m venv .venv") and "elita-compare" in main_job
+    assert 'pip install -e ".[test]" && python -m pytest -q -n 2' in tests
+    assert tests.split("&& ", 2)[-1] in ci  # CI installs and tests with the README's own command
+
+
+def test_every_readme_block_runs(tmp_path, monkeypatch):
+    data = write_tiny_wikitext(str(tmp_path / "wikitext"))
+    environment = {
+        **os.environ,
+        "ELITA_WIKITEXT_DIR": data,
+        "TFDS_DATA_DIR": str(tmp_path / "tfds"),
+        "PATH": BIN + os.pathsep + os.environ["PATH"],
+        "PYTHONPATH": REPO,
+    }
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ELITA_WIKITEXT_DIR", data)
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    sizes = {k: v for k, v in TINY.items() if k in {f.name for f in dataclasses.fields(training.TrainSettings)}}
+    monkeypatch.setattr(training, "TrainSettings", functools.partial(training.TrainSettings, **sizes))
+    ran = []
+    for language, code in readme_blocks():
+        if language == "python":
+            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+            ran.append("python")
+            continue
+        for command in shell_commands(code):
+            if command.startswith(SET_UP) or command.startswith("export "):
+                continue
+            words = shlex.split(command)
+            assert words[0] in SHRINK, f"README runs a command this test does not know: {command}"
+            extra = SHRINK[words[0]] + (["--window-length=32"] if "--window-length" in words else [])
+            proc = subprocess.run(words + extra, env=environment, capture_output=True, text=True)
+            assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+            ran.append(words[0])
+    assert ran.count("python") == 4 and {"elita-compare", "elita-train", "elita-evaluate", "elita-export"} <= set(ran)
+    assert os.path.exists(tmp_path / "runs" / "compare" / "ELiTA.png")  # the quick start's plot, in its own directory
