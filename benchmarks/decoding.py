@@ -19,7 +19,7 @@ With `--litert`, the same model is also exported as LiteRT files (float32 and in
 `elita_tf.export.export_litert`) and run by the `ai_edge_litert` interpreter: the context is
 prefilled (not timed), then each of `steps` decode calls is timed, the state fed back in.
 
-    python benchmarks/decoding.py --architectures elita transformer --contexts 256 1024 4096 16384 --saved-model --litert
+    python benchmarks/decoding.py --architectures elita transformer --contexts 256 4096 16384 --saved-model --litert
 """
 
 import argparse
@@ -77,7 +77,8 @@ def per_token_ms(make, steps, repeats):
 
 
 def random_word_tokenizer(vocabulary_size, seed=0):
-    """`(proto, word)`: a SentencePiece model of `vocabulary_size` pieces trained on random words, and a word it keeps whole."""
+    """`(proto, word)`: a SentencePiece model of `vocabulary_size` pieces trained on random words, and a word it
+    keeps whole."""
     import random
 
     import sentencepiece
@@ -141,7 +142,9 @@ def main():
             size.update(num_layers=args.num_layers, max_sequence_length=args.training_length)
             backbone = ElitaBackbone.from_architecture(name, **size)
             if backbone.decode_limit is not None:
-                backbone = ElitaBackbone.from_architecture(name, **{**size, "max_sequence_length": context + 4 * args.steps})
+                backbone = ElitaBackbone.from_architecture(
+                    name, **{**size, "max_sequence_length": context + 4 * args.steps}
+                )
             causal_lm = ElitaCausalLM(backbone)
             causal_lm.compile(sampler="greedy")
             prompt = np.random.default_rng(0).integers(3, args.vocabulary_size, size=(args.batch_size, context))

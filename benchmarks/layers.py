@@ -18,7 +18,7 @@ Subjects:
   feedforward2    FeedForward2 at width d (position-wise: its cost beside the mixers')
 
     python benchmarks/layers.py                       # the README table
-    python benchmarks/layers.py --subjects kernel elementwise --seq-lens 16384
+    python benchmarks/layers.py --subjects kernel elementwise --sequence-lengths 16384
 """
 
 import argparse
@@ -87,7 +87,7 @@ def run_one(args):
 
     from elita_tf.ops import causal_softmax_mean
 
-    length, batch = args.seq_len, max(1, args.tokens // args.seq_len)
+    length, batch = args.sequence_length, max(1, args.tokens // args.sequence_length)
     heads, depth, width = args.heads, args.head_dim, args.width
     base = _rss_mib()
     if args.subject in ("kernel", "elementwise"):
@@ -137,7 +137,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     subjects = ["kernel", "elementwise"] + LAYERS + POSITION_WISE
     parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=subjects)
-    parser.add_argument("--seq-lens", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
+    parser.add_argument("--sequence-lengths", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="tokens per batch: B = tokens // T")
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -151,7 +151,7 @@ def main():
     parser.add_argument("--timeout", type=int, default=900, help="seconds per measurement")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     parser.add_argument("--subject", help=argparse.SUPPRESS)
-    parser.add_argument("--seq-len", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sequence-length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.subject:
         return run_one(args)
@@ -169,11 +169,11 @@ def main():
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     results = []
-    for length in args.seq_lens:
+    for length in args.sequence_lengths:
         for subject in args.subjects:
             if subject in QUADRATIC and length > args.quadratic_max_len:
                 continue
-            cmd = [sys.executable, __file__, "--subject", subject, "--seq-len", str(length)]
+            cmd = [sys.executable, __file__, "--subject", subject, "--sequence-length", str(length)]
             for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             cmd += ["--xla"] if args.xla else []

@@ -111,7 +111,9 @@ def main():
         f"H={args.num_heads} "
         f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy}"
     )
-    print("| architecture | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | compile s |")
+    print(
+        "| architecture | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | compile s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = {}
     for length in args.sequence_lengths:
@@ -119,7 +121,15 @@ def main():
             for name in args.architectures:
                 cmd = [sys.executable, __file__, "--architecture", name, "--sequence-length", str(length)]
                 cmd += ["--output-head", head]
-                for flag in ["tokens", "vocabulary_size", "hidden_dim", "num_layers", "num_heads", "head_dim", "repeats"]:
+                for flag in [
+                    "tokens",
+                    "vocabulary_size",
+                    "hidden_dim",
+                    "num_layers",
+                    "num_heads",
+                    "head_dim",
+                    "repeats",
+                ]:
                     cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
                 cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
                 r, reason = run_measurement(cmd, args.timeout)

@@ -1,4 +1,4 @@
-"""Draw `docs/long_context.png` and print the tables of docs/long-context.md from the runs of `training/long_context.sh`.
+"""Draw `docs/long_context.png` and print docs/long-context.md's tables from `training/long_context.sh`'s runs.
 
     python training/plot_long_context.py runs/long_context --output docs/long_context.png
 

@@ -9,8 +9,10 @@ flag passed to each run.
 import argparse
 import sys
 
+from elita_tf.cli.errors import DEBUG_HELP, run_command
 from elita_tf.cli.train import add_settings_flags
 from elita_tf.training.compare import compare
+from elita_tf.training.settings import TrainSettings
 
 # Set per run by compare itself.
 _PER_RUN = ("output_dir", "architecture", "seed")
@@ -22,6 +24,7 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="train every architecture with each seed")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--plot", help="PNG to write (default: OUTPUT_DIR/ELiTA.png)")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     # The elita-train flags, left unset unless given: each run then takes elita-train's default.
     add_settings_flags(parser, exclude=_PER_RUN, defaults=False)
     return parser, parser.parse_args(argv)
@@ -30,12 +33,18 @@ def parse_args(argv=None):
 def main(argv=None):
     parser, args = parse_args(argv)
     options = {key: value for key, value in vars(args).items() if value is not None and value is not False}
-    fixed = {key: options.pop(key, None) for key in ["architectures", "seeds", "output_dir", "plot"]}
-    try:
-        compare(fixed["output_dir"], fixed["architectures"], fixed["seeds"], fixed["plot"], **options)
+    fixed = {key: options.pop(key, None) for key in ["architectures", "seeds", "output_dir", "plot", "debug"]}
+    try:  # the settings, checked before the first run
+        TrainSettings(output_dir=fixed["output_dir"], **options)
     except ValueError as error:
         parser.error(str(error))
-    return 0
+
+    def body():
+        compare(fixed["output_dir"], fixed["architectures"], fixed["seeds"], fixed["plot"], **options)
+        return 0
+
+    resume = f"Run the same command to resume: finished runs in {fixed['output_dir']} are kept."
+    return run_command("elita-compare", body, bool(fixed["debug"]), resume_hint=resume)
 
 
 if __name__ == "__main__":

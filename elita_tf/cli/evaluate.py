@@ -16,9 +16,11 @@ import json
 import os
 import sys
 
+from elita_tf.cli.errors import DEBUG_HELP, run_command
 from elita_tf.data.wikitext import DATA_DIR_ENV
 from elita_tf.models.architectures import POSITION_MODES
 from elita_tf.training.evaluate import QUANTIZATIONS, SPLITS, evaluate
+from elita_tf.training.run_directory import write_atomically
 
 
 def main(argv=None):
@@ -45,6 +47,7 @@ def main(argv=None):
         help="read ELiTA's positions past the training length this way (same weights; defaults to the run's)",
     )
     parser.add_argument("--output", help="also write the JSON to this file")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     for name in ("batch_size", "eval_batches"):
         value = getattr(args, name)
@@ -52,7 +55,12 @@ def main(argv=None):
             parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
     if args.window_length is not None and args.window_length < 2:
         parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
-    try:
+    if args.output:  # before any work: an evaluation is not lost to a path that cannot be written
+        folder = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            parser.error(f"cannot write --output {args.output}: {folder} is not a writable directory")
+
+    def body():
         # Progress goes to stderr: stdout carries the JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
             result = evaluate(
@@ -69,14 +77,13 @@ def main(argv=None):
                 position_mode=args.position_mode,
                 verbose=1,
             )
-    except (FileNotFoundError, ValueError, ImportError) as error:
-        parser.error(str(error))
-    text = json.dumps(result, indent=2)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text + "\n")
-    print(text)
-    return 0
+        text = json.dumps(result, indent=2)
+        print(text)
+        if args.output:
+            write_atomically(args.output, text + "\n")
+        return 0
+
+    return run_command("elita-evaluate", body, args.debug)
 
 
 if __name__ == "__main__":

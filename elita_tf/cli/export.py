@@ -15,7 +15,9 @@ import argparse
 import os
 import sys
 
+from elita_tf.cli.errors import DEBUG_HELP, run_command
 from elita_tf.export import export_litert, export_saved_model
+from elita_tf.export.saved_model import DEFAULT_MAX_NEW_TOKENS
 from elita_tf.training.checkpoints import CorruptCheckpointError
 from elita_tf.training.run_directory import load_run_model
 
@@ -33,27 +35,44 @@ def main(argv=None):
         help="saved_model (serving), litert (on-device: prefill and decode signatures) or preset (keras-hub)",
     )
     parser.add_argument("--quantize", choices=["int8"], help="litert only: int8 weights (dynamic-range)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help="saved_model only: the most tokens one generate request may ask for (default %(default)s)",
+    )
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
     if args.quantize and args.format != "litert":
         parser.error(f"--quantize applies to --format litert. Received: --format {args.format}")
+    if args.max_new_tokens < 1:
+        parser.error(f"`max_new_tokens` must be a positive integer. Received: max_new_tokens={args.max_new_tokens}")
     try:
         causal_lm = load_run_model(args.run_dir)
     except (FileNotFoundError, CorruptCheckpointError) as error:
         parser.error(str(error))
-    if args.format == "preset":
-        causal_lm.save_to_preset(args.output)
-        print(f"keras-hub preset written to {args.output}: ElitaCausalLM.from_preset({args.output!r})")
+
+    def body():
+        if args.format == "preset":
+            causal_lm.save_to_preset(args.output)
+            print(f"keras-hub preset written to {args.output}: ElitaCausalLM.from_preset({args.output!r})")
+            return 0
+        if args.format == "litert":
+            export_litert(causal_lm, args.output, quantize=args.quantize)
+            size = os.path.getsize(args.output) / 2**20
+            limit = causal_lm.backbone.decode_limit
+            reach = "any length" if limit is None else f"up to {limit} positions"
+            print(f"LiteRT file written to {args.output} ({size:.2f} MiB; signatures prefill, decode; decodes {reach})")
+            return 0
+        export_saved_model(causal_lm, args.output, max_new_tokens=args.max_new_tokens)
+        print(
+            f"SavedModel written to {args.output} (signatures: serving_default, generate; generate takes at most "
+            f"{args.max_new_tokens} new tokens). Load it with elita_tf.export.load_saved_model({args.output!r}), "
+            "or import tensorflow_text before tf.saved_model.load: its tokenizer's ops come from there."
+        )
         return 0
-    if args.format == "litert":
-        export_litert(causal_lm, args.output, quantize=args.quantize)
-        size = os.path.getsize(args.output) / 2**20
-        limit = causal_lm.backbone.decode_limit
-        reach = "any length" if limit is None else f"up to {limit} positions"
-        print(f"LiteRT file written to {args.output} ({size:.2f} MiB; signatures: prefill, decode; decodes {reach})")
-        return 0
-    export_saved_model(causal_lm, args.output)
-    print(f"SavedModel written to {args.output} (signatures: serving_default, generate)")
-    return 0
+
+    return run_command("elita-export", body, args.debug)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,11 @@ import dataclasses
 import os
 import sys
 
+from elita_tf.cli.errors import DEBUG_HELP, run_command, split_debug
 from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.models import ARCHITECTURES
 from elita_tf.models.architectures import POSITION_MODES
-from elita_tf.training import (
-    CorruptCheckpointError,
-    DistributedSetupError,
-    RunDirectoryError,
-    TrainSettings,
-    train,
-)
+from elita_tf.training import TrainSettings, train
 from elita_tf.training.loop import check_carry_state
 from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES
 
@@ -82,8 +77,9 @@ def parse_args(argv=None):
     """`TrainSettings` from command-line arguments; a bad value exits with its message."""
     parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
     add_settings_flags(parser)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     try:
-        settings = TrainSettings(**vars(parser.parse_args(argv)))
+        settings = TrainSettings(**{k: v for k, v in vars(parser.parse_args(argv)).items() if k != "debug"})
     except ValueError as error:
         parser.error(str(error))
     if settings.carry_state:
@@ -100,13 +96,15 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    argv, debug = split_debug(argv)
     settings = parse_args(argv)
-    try:
+    resume = f"The run's last checkpoint is in {settings.output_dir}: run the same command to resume."
+
+    def body():
         train(settings)
-    except (RunDirectoryError, CorruptCheckpointError, DistributedSetupError) as error:
-        print(f"elita-train: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return run_command("elita-train", body, debug, resume_hint=resume)
 
 
 if __name__ == "__main__":

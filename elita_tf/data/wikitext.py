@@ -82,7 +82,7 @@ def files_sha256(paths):
 
 
 def read_lines(path):
-    """The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`.
+    """The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`; a byte-order mark is not text.
 
     Raises:
         ValueError: naming the file, the line and the byte, when a line is not UTF-8.
@@ -90,7 +90,8 @@ def read_lines(path):
     with open(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
-                text = raw.decode("utf-8").strip()
+                # "utf-8-sig" drops a byte-order mark at the start of the first line.
+                text = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
             except UnicodeDecodeError as error:
                 raise ValueError(
                     f"{path}, line {number}: not UTF-8 text ({error.reason} at byte {error.start} of the line: "

@@ -2,4 +2,4 @@
 
 from elita_tf.export.litert import export_litert
 from elita_tf.export.litert_model import LiteRTModel
-from elita_tf.export.saved_model import export_saved_model
+from elita_tf.export.saved_model import export_saved_model, load_saved_model

@@ -38,6 +38,8 @@ import os
 import keras
 import tensorflow as tf
 
+from elita_tf.models import ElitaBackbone
+
 
 QUANTIZATIONS = (None, "int8")
 
@@ -117,11 +119,22 @@ class OnDeviceDecoder(tf.Module):
         return {"logits": logits, **flatten_state(caches)}
 
 
+def _float32(backbone):
+    """`backbone`, computing in float32: a mixed-precision model's weights are float32 already, and its 16-bit
+    casts are not among the ops LiteRT converts (`quantize="int8"` is the way to a smaller file)."""
+    if backbone.compute_dtype == "float32":
+        return backbone
+    copy = ElitaBackbone.from_config({**backbone.get_config(), "dtype": "float32"})
+    copy.set_weights(backbone.get_weights())
+    return copy
+
+
 def export_litert(causal_lm, path, quantize=None):
     """Writes `causal_lm` (an `ElitaCausalLM`) as a LiteRT flatbuffer with `prefill` and `decode` signatures.
 
     Args:
-        causal_lm: an `ElitaCausalLM` (its backbone is what is converted).
+        causal_lm: an `ElitaCausalLM` (its backbone is what is converted; a mixed-precision
+            backbone is converted in float32, its weights' own dtype).
         path: the `.tflite` file to write.
         quantize: None (float32 weights) or `"int8"` (int8 weights,
             dynamic-range quantization).
@@ -134,7 +147,7 @@ def export_litert(causal_lm, path, quantize=None):
     """
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"`quantize` must be one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
-    decoder = OnDeviceDecoder(causal_lm.backbone)
+    decoder = OnDeviceDecoder(_float32(causal_lm.backbone))
     functions = [decoder.prefill.get_concrete_function(), decoder.decode.get_concrete_function()]
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, decoder)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex: plain LiteRT runs it

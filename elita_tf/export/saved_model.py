@@ -8,7 +8,7 @@ Signatures (dynamic batch and length):
   SentencePiece tokenisation, `ElitaCausalLM.generate_step` with keras-hub's greedy sampler, and
   detokenisation, all in the graph.
 
-Loading the SavedModel needs the tensorflow-text ops registered (`import tensorflow_text` first);
+Loading the SavedModel needs the tensorflow-text ops registered (`load_saved_model`, or `import tensorflow_text` first);
 TensorFlow's `saved_model_cli show` needs nothing, and `saved_model_cli run` runs with them:
 
     python -c "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; \
@@ -32,12 +32,23 @@ def _seed_empty(ragged, token_id):
     return tf.concat([tf.cast(seed, ragged.dtype), ragged], axis=1)
 
 
-def _check_length(longest, max_new_tokens, limit):
-    """Graph assertions: `max_new_tokens >= 0`, and the longest prompt plus them within `limit` (None: none)."""
+DEFAULT_MAX_NEW_TOKENS = 1024
+
+
+def _check_length(longest, max_new_tokens, limit, cap):
+    """Graph assertions: `0 <= max_new_tokens <= cap`, and the longest prompt plus them within `limit` (None: none)."""
     checks = [
         tf.debugging.Assert(
             max_new_tokens >= 0, ["max_new_tokens must be >= 0. Received: max_new_tokens =", max_new_tokens]
-        )
+        ),
+        tf.debugging.Assert(
+            max_new_tokens <= cap,
+            [
+                f"max_new_tokens must be at most {cap}, the cap this SavedModel was exported with "
+                "(elita-export --max-new-tokens). Received: max_new_tokens =",
+                max_new_tokens,
+            ],
+        ),
     ]
     if limit is not None:
         message = (
@@ -53,16 +64,26 @@ def _check_length(longest, max_new_tokens, limit):
         return tf.identity(max_new_tokens)
 
 
-def export_saved_model(causal_lm, path):
+def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
     """Writes `causal_lm` (an `ElitaCausalLM` with its preprocessor) as a SavedModel; returns `path`.
 
     `generate` continues an empty prompt from the end-of-line id (every
     training line ends with it), returns empty texts for `max_new_tokens=0`,
-    and fails with the values named for a negative `max_new_tokens` or one
-    that takes the prompt past `max_sequence_length` in a model with finite
-    buffers. `serving_default` fails on token ids outside
-    `[0, vocabulary_size)`, naming them.
+    and fails with the values named for a negative `max_new_tokens`, one
+    above the export's cap, or one that takes the prompt past
+    `max_sequence_length` in a model with finite buffers. `serving_default`
+    fails on token ids outside `[0, vocabulary_size)`, naming them. Load it
+    with `load_saved_model`, which registers the tokenizer's ops first.
+
+    Args:
+        causal_lm: an `ElitaCausalLM` with its preprocessor.
+        path: the directory to write.
+        max_new_tokens: int. The most tokens one `generate` request may ask
+            for: a serving signature's memory and time grow with it, so a
+            request past it fails instead. Defaults to `1024`.
     """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"`max_new_tokens` must be a positive integer. Received: max_new_tokens={max_new_tokens!r}")
     if causal_lm.preprocessor is None:
         raise ValueError(
             "The SavedModel's `generate` signature tokenizes text: export an ElitaCausalLM with its preprocessor "
@@ -78,11 +99,13 @@ def export_saved_model(causal_lm, path):
     def serve(token_ids):
         return {"logits": backbone({"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)})}
 
+    cap = max_new_tokens
+
     def generate(prompts, max_new_tokens):
         ragged = _seed_empty(tokenizer.tokenize(prompts), end_of_line)
         lengths = tf.cast(ragged.row_lengths(), tf.int32)
         longest = tf.reduce_max(lengths)
-        max_new_tokens = _check_length(longest, max_new_tokens, backbone.decode_limit)
+        max_new_tokens = _check_length(longest, max_new_tokens, backbone.decode_limit, cap)
         # Right-padded prompts with room for the new tokens.
         token_ids = tf.pad(tf.cast(ragged.to_tensor(default_value=0), tf.int32), [[0, 0], [0, max_new_tokens]])
         padding_mask = tf.range(longest + max_new_tokens)[None, :] < lengths[:, None]
@@ -102,3 +125,14 @@ def export_saved_model(causal_lm, path):
     )
     archive.write_out(path, verbose=False)
     return path
+
+
+def load_saved_model(path):
+    """`tf.saved_model.load(path)` of a SavedModel `export_saved_model` wrote, its tokenizer's ops registered first.
+
+    Loading it with `tf.saved_model.load` alone fails with "Op type not
+    registered 'SentencepieceOp'" unless `tensorflow_text` was imported.
+    """
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops the `generate` signature holds)
+
+    return tf.saved_model.load(path)

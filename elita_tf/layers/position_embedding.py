@@ -51,7 +51,10 @@ class PositionEmbedding(keras.layers.Layer):
         tf.debugging.assert_less(
             tf.reduce_max(tf.concat([[-1], tf.reshape(positions, [-1])], 0)),
             self.max_sequence_length,
-            message=f"'{self.name}' has learned positions for sequences of at most max_sequence_length={self.max_sequence_length}",
+            message=(
+                f"'{self.name}' has learned positions for sequences of at most "
+                f"max_sequence_length={self.max_sequence_length}"
+            ),
         )
         embedded = tf.cast(tf.gather(self.embeddings, tf.maximum(positions, 0)), self.compute_dtype)
         # The inputs' full shape: a [1, 0, d] addend is taken for a bias by oneDNN's Add at T = 0.

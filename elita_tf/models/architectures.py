@@ -102,7 +102,9 @@ def check_architecture(
         _fail("position_scale", position_scale, "None or an integer >= 2")
     if position_mode not in POSITION_MODES:
         _fail("position_mode", position_mode, f"one of {POSITION_MODES}")
-    if logit_clip is not None and (not isinstance(logit_clip, (int, float)) or isinstance(logit_clip, bool) or logit_clip <= 0):
+    if logit_clip is not None and (
+        not isinstance(logit_clip, (int, float)) or isinstance(logit_clip, bool) or logit_clip <= 0
+    ):
         _fail("logit_clip", logit_clip, "None or a positive number")
     per_layer = [blocks] * num_layers if isinstance(blocks, str) else list(blocks)
     if len(per_layer) == 1:

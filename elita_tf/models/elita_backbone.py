@@ -209,9 +209,7 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
 
 
 def _logits(config, layers, hidden):
-    logits = (
-        layers["token_embedding"](hidden, reverse=True) if config["tied_embeddings"] else layers["logits"](hidden)
-    )
+    logits = layers["token_embedding"](hidden, reverse=True) if config["tied_embeddings"] else layers["logits"](hidden)
     logits = keras.ops.cast(logits, "float32")
     return logits * config["hidden_dim"] ** -0.5 if config["scaled_tied_logits"] else logits
 
@@ -390,7 +388,9 @@ class ElitaBackbone(keras_hub.models.Backbone):
                 "positions is never valid, so this model cannot decode step by step. Use position_mode='fixed' "
                 f"or 'clamped' (the same weights). Received: position_mode={self.position_mode!r}"
             )
-        cache = {f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)}
+        cache = {
+            f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)
+        }
         cache["position"] = tf.zeros([batch_size], tf.int32)
         return cache
 

@@ -75,6 +75,33 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             check_integer_ids(inputs["token_ids"], self.backbone.vocabulary_size)
         return super().call(inputs, training=training, mask=mask)
 
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False):
+        """keras-hub's `generate`, with the prompts and `max_length` checked first.
+
+        Raises:
+            ValueError: for no prompts, a `max_length` below 1, or (with a
+                preprocessor) a `max_length` that leaves no room after a prompt.
+        """
+        if isinstance(inputs, bytes):
+            inputs = inputs.decode("utf-8")
+        elif isinstance(inputs, (list, tuple)):
+            if not len(inputs):
+                raise ValueError("There are no prompts to continue. Received: inputs=[]")
+            inputs = [x.decode("utf-8") if isinstance(x, bytes) else x for x in inputs]
+        if max_length is not None:
+            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+                raise ValueError(f"`max_length` must be a positive integer. Received: max_length={max_length!r}")
+            prompts = [inputs] if isinstance(inputs, str) else inputs
+            if self.preprocessor is not None and isinstance(prompts, list) and all(isinstance(p, str) for p in prompts):
+                # The preprocessor would cut a longer prompt to `max_length` without a word.
+                longest = max(len(ids) for ids in self.preprocessor.tokenizer(prompts).to_list()) + 1  # + start
+                if longest >= max_length:
+                    raise ValueError(
+                        f"`max_length` counts the prompt's tokens too: the longest prompt holds {longest} (with the "
+                        f"start token), which leaves no room for a new token. Received: max_length={max_length}"
+                    )
+        return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
+
     def call_with_cache(self, token_ids, cache, padding_mask=None):
         """Continues the sequence `cache` summarises with `token_ids [B, T]`.
 
@@ -117,7 +144,8 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         )
 
         def next(prompt, cache, index):
-            token = ops.slice(prompt, [0, index - 1], [batch_size, 1])
+            # The prompt's own rows: beam and contrastive search widen the batch beyond `batch_size`.
+            token = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
             logits, hidden_states, cache = self.call_with_cache(token, cache)
             return ops.squeeze(logits, axis=1), ops.squeeze(hidden_states, axis=1), cache
 
@@ -145,8 +173,18 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
     # --- Training -------------------------------------------------------------------------------
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
-        """keras-hub's `compile`; `weighted_metrics=None` (and no `metrics`) trains on the loss alone."""
-        super().compile(optimizer, loss, weighted_metrics=weighted_metrics, sampler=sampler, **kwargs)
+        """keras-hub's `compile`; `weighted_metrics=None` (and no `metrics`) trains on the loss alone.
+
+        Raises:
+            ValueError: for a `sampler` that names no keras-hub sampler.
+        """
+        resolved = keras_hub.samplers.get(sampler)
+        if not isinstance(resolved, keras_hub.samplers.Sampler):
+            raise ValueError(
+                "`sampler` must be a keras_hub.samplers.Sampler or the name of one: 'beam', 'contrastive', "
+                f"'greedy', 'random', 'top_k' or 'top_p'. Received: sampler={sampler!r}"
+            )
+        super().compile(optimizer, loss, weighted_metrics=weighted_metrics, sampler=resolved, **kwargs)
         if weighted_metrics is None and kwargs.get("metrics") is None:
             # Keras keeps the metrics of an earlier compile (keras-hub compiles every task when made).
             self._compile_metrics = None

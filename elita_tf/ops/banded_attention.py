@@ -63,7 +63,9 @@ def _check_window(window):
         )
 
 
-def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, max_sequence_length=None, dtype=tf.float32):
+def empty_banded_state(
+    batch_size, num_heads, key_dim, value_dim, window=None, max_sequence_length=None, dtype=tf.float32
+):
     """The state before any position, for `banded_attention(_step)`.
 
     Args:
@@ -80,9 +82,12 @@ def empty_banded_state(batch_size, num_heads, key_dim, value_dim, window=None, m
         zeros, all slots invalid, `S = window` or `max_sequence_length`.
     """
     _check_window(window)
-    if window is None and (isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1):
+    if window is None and (
+        isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1
+    ):
         raise ValueError(
-            f"A state without a window needs `max_sequence_length`, a positive integer. Received: max_sequence_length={max_sequence_length!r}"
+            "A state without a window needs `max_sequence_length`, a positive integer. "
+            f"Received: max_sequence_length={max_sequence_length!r}"
         )
     dtype = accumulator_dtype(dtype)
     slots = window if window is not None else max_sequence_length

@@ -62,10 +62,15 @@ def save_checkpoint(model, run_dir, step, keep=2):
     path = checkpoint_path(run_dir, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp.keras"
-    model.save(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        model.save(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file is left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     for _, old in list_checkpoints(run_dir)[:-keep]:
         os.remove(old)
     return path

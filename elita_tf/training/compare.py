@@ -7,7 +7,8 @@ Each architecture and seed trains in its own process (`elita-train`, so its peak
 own), one after the other, under `OUTPUT_DIR/ARCHITECTURE/seed-S`; a finished run is not trained
 again, an interrupted one resumes. Then the plot (each architecture's train loss, averaged over
 seeds, against wall-clock time; test losses dashed; insets of average step time and peak memory)
-and `OUTPUT_DIR/results.md` (mean ± sample standard deviation over the seeds) are written.
+`OUTPUT_DIR/results.md` (mean ± sample standard deviation over the seeds) and
+`OUTPUT_DIR/results.json` (the same statistics, and every run's results) are written.
 """
 
 import json
@@ -16,7 +17,7 @@ import subprocess
 import sys
 
 from elita_tf.models import ARCHITECTURES
-from elita_tf.training.plot import plot_comparison, results_table
+from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
 from elita_tf.training.settings import TrainSettings
 
 
@@ -75,10 +76,10 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
     table = results_table(runs)
     with open(os.path.join(output_dir, "results.md"), "w") as f:
         f.write(table)
-    summary = {
-        name: {os.path.basename(d): json.load(open(os.path.join(d, "results.json"))) for d in dirs}
-        for name, dirs in runs.items()
-    }
+    # Each model's statistics over its seeds (those of the table), then every run's own results.
+    summary = summarize(runs)
+    for name, dirs in runs.items():
+        summary[name]["runs"] = {os.path.basename(d): read_run(d)[1] for d in dirs}
     with open(os.path.join(output_dir, "results.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(table)

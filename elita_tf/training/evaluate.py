@@ -120,7 +120,7 @@ def evaluate(
         tfds_dir: where tensorflow-datasets keeps prepared data (its default when None).
         batch_size: int. Windows per batch. Defaults to the run's batch size,
             scaled to keep its tokens per batch with another `window_length`.
-        eval_batches: int or None. A cap on batches (windowed evaluation).
+        eval_batches: int or None. A cap on batches (windowed evaluation) or on segments (`carry_state`).
         quantize: None, or `"int8"` to evaluate the model after `quantize("int8")`.
         litert: None, or the path of this run's LiteRT file (`elita-export
             --format litert`) to score the windows through `ai_edge_litert`'s
@@ -210,6 +210,8 @@ def evaluate(
     if carry_state:
         # Consecutive windows are consecutive tokens: together they are the split as one stream.
         stream = windows.reshape(-1)
+        if eval_batches:  # the first `eval_batches` segments
+            stream = stream[: eval_batches * length + 1]
         bar = keras.utils.Progbar(math.ceil((len(stream) - 1) / length)) if verbose else None
         sums = _stream_losses(backbone, stream, length, bar.add if bar else lambda n: None)
         counts, scored = np.ones_like(sums), 1

@@ -127,9 +127,9 @@ def resolve_position_mode(settings, run_path):
     (docs/long-context.md). A new `carry_state` run gets `fixed`: its
     positions run on through each article and are trained there. `run_path`
     is the directory whose `run.json` a resumed run has (the chief's
-    `output_dir` for every worker).
+    `output_dir` for every worker). An architecture without ELiTA blocks keeps None.
     """
-    if settings.position_mode is not None:
+    if settings.position_mode is not None or "elita" not in architecture(settings.architecture)["blocks"]:
         return settings
     stored = None if settings.force_new else RunDirectory(run_path).read_manifest()
     if stored is not None:

@@ -91,29 +91,57 @@ def plot_comparison(runs, path, title="WikiText-2"):
     plt.close(fig)
 
 
+METRICS = ("test_loss", "test_perplexity", "validation_loss", "step_time_s", "tokens_per_s", "peak_memory_mib")
+
+
+def summarize(runs):
+    """Each model's seeds, parameters, and mean and sample standard deviation of every metric over its seeds.
+
+    Args:
+        runs: `{label: run_dir}` or `{label: [run_dir, ...]}`.
+
+    Returns:
+        `{label: {"seeds", "params", "params_without_embeddings", "mean": {metric: x}, "sd": {metric: x}}}`;
+        the standard deviation is the sample one (n - 1), 0.0 for a single seed.
+    """
+    summary = {}
+    for label, run_dirs in runs.items():
+        results = [read_run(d)[1] for d in _as_list(run_dirs)]
+        stats = {metric: _mean_sd([r.get(metric, float("nan")) for r in results]) for metric in METRICS}
+        summary[label] = {
+            "seeds": [r.get("seed") for r in results],
+            "params": results[0]["params"],
+            "params_without_embeddings": results[0].get("params_without_embeddings"),
+            "mean": {metric: mean for metric, (mean, _) in stats.items()},
+            "sd": {metric: sd for metric, (_, sd) in stats.items()},
+        }
+    return summary
+
+
 def results_table(runs):
-    """A markdown table of the runs' results: mean ± standard deviation over each model's seeds.
+    """A markdown table of the runs' results: mean ± sample standard deviation over each model's seeds.
 
     Args:
         runs: `{label: run_dir}` or `{label: [run_dir, ...]}`.
     """
+    formats = [("test_loss", ".4f"), ("test_perplexity", ".1f"), ("validation_loss", ".4f")]
+    formats += [("step_time_s", ".3f"), ("tokens_per_s", ",.0f"), ("peak_memory_mib", ",.0f")]
     lines = [
         "| model | seeds | params | params without embeddings | test loss | test perplexity | validation loss "
         "| step time (s) | tokens/s | peak memory (MiB) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, run_dirs in runs.items():
-        results = [read_run(d)[1] for d in _as_list(run_dirs)]
-
-        def cell(key, fmt):
-            mean, sd = _mean_sd([r.get(key, float("nan")) for r in results])
-            return f"{mean:{fmt}}" + (f" ± {sd:{fmt}}" if len(results) > 1 else "")
-
-        seeds = ", ".join(str(r.get("seed", "?")) for r in results)
+    for label, entry in summarize(runs).items():
+        several = len(entry["seeds"]) > 1
+        cells = [
+            f"{entry['mean'][metric]:{fmt}}" + (f" ± {entry['sd'][metric]:{fmt}}" if several else "")
+            for metric, fmt in formats
+        ]
+        seeds = ", ".join(str(seed) for seed in entry["seeds"])
+        without = entry["params_without_embeddings"]
         lines.append(
-            f"| {label} | {seeds} | {results[0]['params']:,} | {results[0]['params_without_embeddings']:,} | "
-            f"{cell('test_loss', '.4f')} | "
-            f"{cell('test_perplexity', '.1f')} | {cell('validation_loss', '.4f')} | {cell('step_time_s', '.3f')} | "
-            f"{cell('tokens_per_s', ',.0f')} | {cell('peak_memory_mib', ',.0f')} |"
+            f"| {label} | {seeds} | {entry['params']:,} | {'' if without is None else f'{without:,}'} | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(lines) + "\n"

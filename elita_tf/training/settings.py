@@ -110,6 +110,11 @@ class TrainSettings:
             fail("optimizer", f"one of {list(OPTIMIZERS)}")
         if self.position_mode is not None and self.position_mode not in POSITION_MODES:
             fail("position_mode", f"one of {list(POSITION_MODES)}")
+        if self.position_mode is not None and "elita" not in ARCHITECTURES[self.architecture]["blocks"]:
+            raise ValueError(
+                f"`position_mode` sets the positions of ELiTA blocks, and architecture {self.architecture!r} has "
+                f"none. Received: position_mode={self.position_mode!r}"
+            )
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
         positive = ["vocabulary_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "hidden_dim"]
@@ -119,7 +124,11 @@ class TrainSettings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 fail(name, "a positive integer")
-        if isinstance(self.sequence_length, bool) or not isinstance(self.sequence_length, int) or self.sequence_length < 2:
+        if (
+            isinstance(self.sequence_length, bool)
+            or not isinstance(self.sequence_length, int)
+            or self.sequence_length < 2
+        ):
             fail("sequence_length", "an integer >= 2")
         if not 0.0 <= self.dropout < 1.0:
             fail("dropout", "in [0, 1)")

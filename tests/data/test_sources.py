@@ -149,6 +149,9 @@ def test_the_real_wikitext_2_matches_the_published_counts():
     # The copy beside the repository, when there is one: the counts in the table are the real ones.
     directory = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "wikitext-2")
     if not os.path.isdir(directory):
+        # CI has the copy: there (ELITA_REQUIRE_SHARED_DATA=1, set by .ci/run) its absence is a failure, not a skip.
+        if os.environ.get("ELITA_REQUIRE_SHARED_DATA") == "1":
+            pytest.fail(f"ELITA_REQUIRE_SHARED_DATA=1 but there is no WikiText-2 at {os.path.abspath(directory)}")
         pytest.skip("no local WikiText-2")
     paths = {split: os.path.join(directory, f"wiki.{stem}.tokens") for split, stem in SPLIT_FILES.items()}
     check_counts("wikitext-2-v1", paths, "the local copy")

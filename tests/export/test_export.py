@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from elita_tf.cli.export import main as export_main
 from elita_tf.data import make_tokenizer, train_sentencepiece
-from elita_tf.export import export_saved_model
+from elita_tf.export import export_saved_model, load_saved_model
 from elita_tf.models import ElitaBackbone, ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training import save_checkpoint
 
@@ -93,6 +93,9 @@ def test_signatures_refuse_or_define_every_edge_case(exported):
             run(["the cat"], 100)
     else:  # ELiTA's constant-size state decodes past the training length
         assert run(["the cat"], 100)["token_ids"].shape == (1, 100)
+    # One request cannot ask for unbounded work: the cap set at export (1024 by default) is named.
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"at most 1024, the cap.*\[1025\]"):
+        run(["the cat"], 1025)
     serve = loaded.signatures["serving_default"]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"vocabulary_size=40.*\[40\] \[at\] \[\[0 1\]\]"):
         serve(token_ids=tf.constant([[1, 40, 2]], tf.int32))
@@ -112,7 +115,10 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
     assert "signature_def['serving_default']" in show.stdout and "signature_def['generate']" in show.stdout
     # Running loads the whole graph, tokenizer included: TensorFlow's saved_model_cli, with the
     # tensorflow-text ops registered first.
-    cli = "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; sys.exit(saved_model_cli.main())"
+    cli = (
+        "import sys, tensorflow_text; from tensorflow.python.tools import saved_model_cli; "
+        "sys.exit(saved_model_cli.main())"
+    )
 
     def cli_run(signature, inputs):
         proc = subprocess.run(
@@ -137,8 +143,14 @@ def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):
         export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")])
     assert "sentencepiece.model" in capsys.readouterr().err
     (run / "sentencepiece.model").write_bytes(proto)
-    assert export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")]) == 0
+    assert export_main(["--run-dir", str(run), "--output", str(tmp_path / "out"), "--max-new-tokens", "8"]) == 0
     assert os.path.exists(tmp_path / "out" / "saved_model.pb")
+    # The summary says how to load it (its tokenizer's ops) and the cap it was given.
+    printed = capsys.readouterr().out
+    assert "load_saved_model" in printed and "import tensorflow_text" in printed and "at most 8 new tokens" in printed
+    generate = load_saved_model(str(tmp_path / "out")).signatures["generate"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"at most 8, the cap"):
+        generate(prompts=tf.constant(["the cat"]), max_new_tokens=tf.constant(9))
     # A preset holds the model and its tokenizer only, ready for keras_hub.upload_preset, and loads in keras-hub.
     assert export_main(["--run-dir", str(run), "--format", "preset", "--output", str(tmp_path / "preset")]) == 0
     assert sorted(os.listdir(tmp_path / "preset")) == [

@@ -48,7 +48,13 @@ def trained(tiny_wikitext, tmp_path_factory):
     """A small ELiTA trained on the tiny corpus, exported in float and in int8 through `elita-export`."""
     root = tmp_path_factory.mktemp("litert")
     run = root / "run"
-    flags = {"--vocabulary-size": 60, "--sequence-length": 32, "--batch-size": 16, "--hidden-dim": 64, "--num-layers": 2}
+    flags = {
+        "--vocabulary-size": 60,
+        "--sequence-length": 32,
+        "--batch-size": 16,
+        "--hidden-dim": 64,
+        "--num-layers": 2,
+    }
     flags.update({"--num-heads": 4, "--head-dim": 16, "--epochs": 20, "--max-steps": 60, "--eval-batches": 2})
     args = ["--data-dir", tiny_wikitext, "--output-dir", str(run), "--tfds-dir", str(run) + "_tfds", "--verbose", "0"]
     results = train(parse_args(args + [str(item) for pair in flags.items() for item in pair]))
@@ -109,6 +115,18 @@ def test_every_architecture_exports_and_decodes_its_greedy_tokens(name, tmp_path
     path = export_litert(ElitaCausalLM(backbone), str(tmp_path / f"{name}.tflite"))
     model = LiteRTModel(path)
     assert [model.generate(prompt, 12) for prompt in PROMPTS] == _greedy(backbone, PROMPTS, 12)
+
+
+@pytest.mark.parametrize("policy_name", ["mixed_bfloat16", "mixed_float16"])
+def test_a_mixed_precision_model_exports_in_float32(policy_name, tmp_path):
+    keras.utils.set_random_seed(0)
+    size = {"hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8, "max_sequence_length": 48}
+    backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=50, dtype=policy_name, **size)
+    path = export_litert(ElitaCausalLM(backbone), str(tmp_path / "mixed.tflite"))
+    float32 = ElitaBackbone.from_architecture("elita", vocabulary_size=50, **size)
+    float32.set_weights(backbone.get_weights())
+    model = LiteRTModel(path)
+    assert [model.generate(prompt, 8) for prompt in PROMPTS] == _greedy(float32, PROMPTS, 8)
 
 
 def test_bad_requests_are_refused_with_the_value(trained, tmp_path, capsys):

@@ -32,7 +32,8 @@ def _inputs(length, batch=2, seed=1, dtype=tf.float32):
 
 
 def reference(layer, s, mask=None):
-    """The layer's update by its definition (docs/math.md §6: base-2 logits, dense Combiner), float64, from its own weights."""
+    """The layer's update by its definition (docs/math.md §6: base-2 logits, dense Combiner), float64, from its
+    own weights."""
     w = {name: tf.cast(tf.convert_to_tensor(getattr(layer, name)), tf.float64) for name in WEIGHTS}
     s = tf.cast(s, tf.float64)
 

@@ -80,7 +80,7 @@ def test_generate_compiles_with_xla(name):
 
 @pytest.mark.parametrize("name", ["elita", "linear", "additive"])
 def test_recurrent_state_blocks_decode_to_four_times_the_training_length(name):
-    # Linear and additive blocks carry constant-size states; their presets' learned position tables are left out.
+    # Linear and additive blocks carry constant-size states; their recipes' learned position tables are left out.
     backbone = _backbone(name, position_embedding=False)
     assert backbone.decode_limit is None
     lengths = [9, 4]
@@ -117,6 +117,24 @@ def test_text_in_text_out_fit_and_preset_round_trip(proto, tmp_path):
     loaded.compile(sampler="greedy")
     assert loaded.generate(["the cat", "a dog sees"], max_length=20) == text
     np.testing.assert_allclose(loaded(x), causal_lm(x), rtol=1e-6, atol=1e-6)
+
+
+def test_generate_refuses_what_it_cannot_do_by_name(proto):
+    causal_lm = ElitaCausalLM(_backbone("elita"), ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24))
+    causal_lm.compile(sampler="greedy")
+    with pytest.raises(ValueError, match=r"no prompts.*Received: inputs=\[\]"):
+        causal_lm.generate([])
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match=rf"`max_length` must be a positive integer. Received: max_length={bad}"):
+            causal_lm.generate("the cat", max_length=bad)
+    with pytest.raises(ValueError, match=r"leaves no room for a new token. Received: max_length=3"):
+        causal_lm.generate("the cat sees a dog", max_length=3)
+    # Bytes are text: the same continuation as the string.
+    assert causal_lm.generate(b"the cat", max_length=12) == causal_lm.generate("the cat", max_length=12)
+    with pytest.raises(
+        ValueError, match=r"`sampler` must be a keras_hub.samplers.Sampler.*Received: sampler='nonexistent'"
+    ):
+        causal_lm.compile(sampler="nonexistent")
 
 
 def test_stop_tokens_end_each_row():
@@ -269,11 +287,21 @@ def test_every_architecture_trains_and_generates_under_xla(name):
 
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_every_architecture_fits_under_mixed_precision(name, policy_name):
+def test_every_architecture_trains_under_mixed_precision_as_in_float32(name, policy_name):
+    # Five steps from the same weights: every weight moves (the blocks train, not the output layer
+    # alone), and the losses stay within a band of the float32 run's.
+    batches = _rule_batches(steps=5)
+    reference = _trainable(name)
     causal_lm = _trainable(name, dtype=policy_name)
-    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches(steps=3)]
-    assert all(np.isfinite(losses)), losses
+    causal_lm.set_weights(reference.get_weights())
+    start = [w.numpy().copy() for w in causal_lm.trainable_weights]
+    want = [float(reference.train_on_batch(x, y)) for x, y in batches]
+    got = [float(causal_lm.train_on_batch(x, y)) for x, y in batches]
     assert all(w.dtype == "float32" for w in causal_lm.weights)
+    for weight, before in zip(causal_lm.trainable_weights, start):
+        assert not np.array_equal(weight.numpy(), before), f"{weight.path} did not move"
+    # The band: 2% of the loss (16-bit activations move each step's update a little).
+    np.testing.assert_allclose(got, want, rtol=0.02)
     # Keras scales the loss under mixed_float16: the task follows its backbone's policy.
     scaled = isinstance(causal_lm.optimizer, keras.optimizers.LossScaleOptimizer)
     assert scaled == (policy_name == "mixed_float16")

@@ -1,9 +1,12 @@
 """Decoding from the blocks' caches: keras-hub's samplers, mixed precision, carried streams with resets."""
 
+import itertools
+
 import keras
 import keras_hub
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
 
@@ -13,7 +16,7 @@ DECODING = sorted(name for name in ARCHITECTURES if name != "elita-reference")
 
 def _backbone(name, **overrides):
     keras.utils.set_random_seed(0)
-    backbone = ElitaBackbone.from_architecture(name, vocabulary_size=30, **{**SIZE, **overrides})
+    backbone = ElitaBackbone.from_architecture(name, **{"vocabulary_size": 30, **SIZE, **overrides})
     rng = np.random.default_rng(0)
     for w in backbone.weights:  # zero-initialised parts (3Lin Combiner, pooling vectors, queries) made non-trivial
         if np.all(w.numpy() == 0) and len(w.shape) > 0 and "bias" not in w.path and "beta" not in w.path:
@@ -94,3 +97,35 @@ def test_resets_are_refused_by_models_with_finite_buffers():
     backbone = _backbone("transformer")
     with pytest.raises(ValueError, match="constant-size state"):
         backbone.hidden_states(np.zeros((1, 4), "int32"), resets=np.zeros((1, 4), bool))
+
+
+@pytest.mark.parametrize("name", ["elita", "transformer"])
+def test_beam_search_with_enough_beams_is_the_exhaustive_search(name):
+    # With V^(N-1) beams nothing is ever pruned: the best of all V^N continuations must come out.
+    vocabulary, new_tokens = 4, 3
+    backbone = _backbone(name, vocabulary_size=vocabulary)
+    prompts = [[1, 2, 3, 0, 2], [3, 3, 1, 0, 1]]  # two rows, the same length: no row is inside its prompt
+    sampler = keras_hub.samplers.BeamSampler(num_beams=vocabulary ** (new_tokens - 1))
+    got = _generate(backbone, prompts, new_tokens, sampler)
+    continuations = np.array(list(itertools.product(range(vocabulary), repeat=new_tokens)))
+    for prompt, row in zip(prompts, got):
+        sequences = np.concatenate([np.tile(prompt, (len(continuations), 1)), continuations], axis=1).astype("int32")
+        logits = backbone({"token_ids": sequences, "padding_mask": np.ones_like(sequences)})
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float64), axis=-1).numpy()
+        positions = np.arange(len(prompt) - 1, len(prompt) - 1 + new_tokens)
+        scores = log_probs[:, positions, :][
+            np.arange(len(continuations))[:, None], np.arange(new_tokens), continuations
+        ]
+        best = continuations[np.argmax(scores.sum(axis=1))]
+        assert row == list(best), (row, best)
+
+
+@pytest.mark.parametrize("sampler", ["beam", "contrastive"])
+def test_beam_and_contrastive_samplers_widen_every_cache(sampler):
+    backbone = _backbone("elita")
+    samplers = {
+        "beam": keras_hub.samplers.BeamSampler(num_beams=3),
+        "contrastive": keras_hub.samplers.ContrastiveSampler(k=4, alpha=0.3),
+    }
+    out = _generate(backbone, [[3, 4, 5], [9, 1, 2]], 6, samplers[sampler])
+    assert [len(row) for row in out] == [6, 6] and all(0 <= t < 30 for row in out for t in row)

@@ -71,7 +71,9 @@ def test_elita_reference_blocks_equal_the_original_code(logit_scale):
         attention = _weights(block.mixer, ["k1", "k2", "k3", "a1", "a2", "b1", "b2", "c"])
         attention.update(_weights(block.mixer, ["value_kernel", "output_kernel"]))
         want = want + _original_attention(_layer_norm(want), attention)
-        want = want + _original_feedforward(_layer_norm(want), _weights(block.ffn, ["w1", "b1", "w2", "b2", "w3", "b3"]))
+        want = want + _original_feedforward(
+            _layer_norm(want), _weights(block.ffn, ["w1", "b1", "w2", "b2", "w3", "b3"])
+        )
     got = np.asarray(got, np.float64)
     assert np.isfinite(want).all()
     # Float32 round-off: 5e-6 of the largest output at most, measured; a position or clip change gives 6e-3 or more.

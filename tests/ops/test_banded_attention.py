@@ -8,6 +8,7 @@ from elita_tf.ops.banded_attention import (
     banded_attention_step,
     empty_banded_state,
 )
+from tests.ops.low_precision import assert_low_precision_follows_float32
 
 LENGTHS = [1, 63, 100, 257]
 # Smaller and larger than the chunk (16 in these tests, 32 by default); None is "wide".
@@ -180,6 +181,15 @@ def test_low_precision_inputs_accumulate_in_float32(dtype):
     out, state = banded_attention(q, k, v, window=64, slope=0.2, hyper=4.0)
     assert out.dtype == tf.float32 and state[0].dtype == tf.float32
     _assert_finite(out, state[0], state[1])
+
+
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_low_precision_outputs_and_gradients_follow_float32(dtype, window):
+    inputs = _inputs(100, scale=2.0)
+    assert_low_precision_follows_float32(
+        lambda q, k, v: banded_attention(q, k, v, window=window, chunk_size=CHUNK, **BIAS), inputs, dtype
+    )
 
 
 @pytest.mark.parametrize("window", [None, 5])

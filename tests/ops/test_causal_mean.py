@@ -5,6 +5,7 @@ import tensorflow as tf
 from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_state
 from elita_tf.ops.reference import causal_softmax_mean_reference
 from tests.ops.documents import by_document, random_resets
+from tests.ops.low_precision import assert_low_precision_follows_float32
 
 LENGTHS = [1, 63, 100, 257]
 # Smaller and larger than the chunk (16 in these tests, 32 by default): whole chunks (32), one
@@ -232,6 +233,15 @@ def test_low_precision_inputs_accumulate_in_float32(dtype):
     mean, log_z, state = causal_softmax_mean(tf.cast(logits, dtype), tf.cast(values, dtype), window=None)
     assert mean.dtype == tf.float32 and log_z.dtype == tf.float32
     _assert_finite(mean, log_z, *state)
+
+
+@pytest.mark.parametrize("window", [None, 5, 40])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_low_precision_outputs_and_gradients_follow_float32(dtype, window):
+    logits, values = _inputs(100, scale=3.0)
+    assert_low_precision_follows_float32(
+        lambda l, v: causal_softmax_mean(l, v, window=window, chunk_size=CHUNK), [logits, values], dtype
+    )
 
 
 @pytest.mark.parametrize("window", [None, 5, 300])

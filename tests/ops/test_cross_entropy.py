@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.reference import cross_entropy_reference
+from tests.ops.low_precision import assert_low_precision_follows_float32
 
 CHUNK = 16
 
@@ -123,6 +124,19 @@ def test_low_precision_inputs_accumulate_in_float32(dtype):
     assert got[0].dtype == tf.float32 and got[1].dtype == dtype and got[2].dtype == tf.float32
     want = cross_entropy_reference(tf.cast(low, tf.float32), kernel, labels, bias=bias)
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("gradient_in_forward", [False, True])
+@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+def test_low_precision_hidden_states_get_the_float32_gradient(dtype, gradient_in_forward):
+    # The mixed-precision path: 16-bit hidden states, float32 head. Without the hidden states'
+    # gradient, a mixed-precision model would train its output layer alone.
+    hidden, kernel, bias, labels = _inputs(50, dtype=tf.float32)
+
+    def loss(h, k, b):
+        return chunked_cross_entropy(h, k, labels, bias=b, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward)
+
+    assert_low_precision_follows_float32(lambda h: loss(h, kernel, bias), [hidden], dtype)
 
 
 @pytest.mark.parametrize("gradient_in_forward", [False, True])

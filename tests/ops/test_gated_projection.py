@@ -14,7 +14,12 @@ def naive(values, mean, gate_logits, kernel):
 
 def _inputs(batch=2, heads=3, length=7, depth=5, width=4, dtype=tf.float64, seed=0):
     rng = np.random.default_rng(seed)
-    shapes = [(batch, heads, length, depth), (batch, heads, length, depth), (batch, heads, length), (heads, width, depth)]
+    shapes = [
+        (batch, heads, length, depth),
+        (batch, heads, length, depth),
+        (batch, heads, length),
+        (heads, width, depth),
+    ]
     return [tf.constant(rng.normal(size=shape) * 2, dtype) for shape in shapes]
 
 

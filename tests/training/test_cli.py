@@ -154,6 +154,7 @@ def test_step_log_writes_each_batch_loss(tmp_path):
         (["--seed", "-1"], "`seed` must be a non-negative integer. Received: seed=-1"),
         (["--strategy", "tpu"], "invalid choice: 'tpu'"),
         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
+        (["--architecture", "transformer", "--position-mode", "fixed"], "architecture 'transformer' has none"),
     ],
 )
 def test_bad_arguments_stop_before_training(tiny_wikitext, tmp_path, capsys, extra, message):

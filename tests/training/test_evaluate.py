@@ -70,6 +70,10 @@ def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_r
         want = per_token[bucket["start"] : bucket["end"]].mean()
         assert bucket["loss"] == pytest.approx(want, rel=1e-4, abs=1e-5), bucket
     assert result["loss_by_position"][-1]["end"] == len(per_token)
+    # --eval-batches caps the segments of the stream as it caps the batches of windows.
+    capped = evaluate(run, window_length=16, carry_state=True, eval_batches=3, **data)
+    assert capped["tokens"] == 3 * 16
+    assert capped["loss"] == pytest.approx(per_token[:48].mean(), rel=1e-5)
 
 
 def test_the_cli_writes_the_json_and_refuses_what_cannot_be_done(elita_run, tmp_path, capsys):
@@ -82,10 +86,16 @@ def test_the_cli_writes_the_json_and_refuses_what_cannot_be_done(elita_run, tmp_
     for extra, message in [
         (["--window-length", "1"], "window_length=1"),
         (["--carry-state", "--litert", "x.tflite"], "LiteRT file is scored in the run's own windows"),
+        # Checked before any work: the evaluation is not lost to a missing directory at the end.
+        (["--output", str(tmp_path / "missing" / "out.json")], "is not a writable directory"),
     ]:
-        with pytest.raises(SystemExit):
-            evaluate_main(["--run-dir", run, *extra, *flags])
-        assert message in capsys.readouterr().err
+        try:
+            status = evaluate_main(["--run-dir", run, *extra, *flags])
+        except SystemExit as exit:  # refused while parsing the arguments
+            status = exit.code
+        assert status == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
 
 
 def test_carrying_state_needs_constant_size_states(tiny_wikitext, tmp_path):

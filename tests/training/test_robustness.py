@@ -176,7 +176,9 @@ def test_a_line_that_is_not_utf8_names_its_file_and_line(tmp_path):
 
 def test_vocabulary_messages_say_which_way_to_go():
     greek = ["α β γ δ ε ζ η θ ι κ λ μ ν ξ ο π ρ σ τ υ"] * 30
-    with pytest.raises(ValueError, match=r"cannot hold every character.*use at least \d+. Received: vocabulary_size=10"):
+    with pytest.raises(
+        ValueError, match=r"cannot hold every character.*use at least \d+. Received: vocabulary_size=10"
+    ):
         train_sentencepiece(greek, vocabulary_size=10)
     with pytest.raises(ValueError, match=r"too small for a vocabulary of 5000 pieces: use at most \d+"):
         train_sentencepiece(greek, vocabulary_size=5000)
@@ -279,3 +281,26 @@ def test_a_new_run_clamps_its_positions_and_a_resumed_run_keeps_its_own(tiny_wik
     assert resolve_position_mode(reference, reference.output_dir).position_mode == "length"
     with pytest.raises(SystemExit):
         parse_args(_args(tiny_wikitext, out, "--position-mode", "sliding"))
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    from elita_tf.data.wikitext import read_lines
+
+    path = tmp_path / "wiki.train.tokens"
+    path.write_bytes("\ufeff = Title = \n the cat \ufeff sees \n".encode("utf-8"))
+    # At the start of the file it is the encoding's mark; inside a line it stays what it is.
+    assert [text for _, text in read_lines(str(path))] == ["= Title =", "the cat \ufeff sees"]
+
+
+def test_a_failed_checkpoint_write_leaves_no_temporary_file(tmp_path):
+    from elita_tf.training import save_checkpoint
+
+    class FullDisk:
+        def save(self, path):
+            with open(path, "wb") as f:
+                f.write(b"half a checkpoint")
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(FullDisk(), str(tmp_path), step=3)
+    assert os.listdir(tmp_path / "checkpoints") == []
