@@ -5,6 +5,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
+# The files of a keras-hub preset of an ElitaCausalLM with its preprocessor, and nothing else.
+PRESET_FILES = ["assets", "config.json", "metadata.json", "model.weights.h5", "preprocessor.json", "task.json"]
+PRESET_FILES += ["tokenizer.json"]
+
 
 @pytest.fixture
 def policy():

@@ -94,7 +94,9 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             prompts = [inputs] if isinstance(inputs, str) else inputs
             if self.preprocessor is not None and isinstance(prompts, list) and all(isinstance(p, str) for p in prompts):
                 # The preprocessor would cut a longer prompt to `max_length` without a word.
-                longest = max(len(ids) for ids in self.preprocessor.tokenizer(prompts).to_list()) + 1  # + start
+                ids = self.preprocessor.tokenizer(prompts)
+                ids = ids.to_list() if hasattr(ids, "to_list") else ids
+                longest = max(len(row) for row in ids) + 1  # with the start token
                 if longest >= max_length:
                     raise ValueError(
                         f"`max_length` counts the prompt's tokens too: the longest prompt holds {longest} (with the "

@@ -172,17 +172,18 @@ class RunDirectory:
         write_atomically(self.file(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
 
 
-def save_run_preset(model, run_path):
-    """Writes `model`'s backbone with the run's tokenizer as a keras-hub preset in `run_path/preset/`.
-
-    The preprocessor's `sequence_length` is the training length.
-    """
+def _run_preprocessor(run_path):
+    """The run's tokenizer in a preprocessor whose `sequence_length` is the training length."""
     with open(os.path.join(run_path, TOKENIZER), "rb") as f:
         tokenizer = ElitaTokenizer(proto=f.read())
     with open(os.path.join(run_path, MANIFEST)) as f:
         sequence_length = json.load(f)["training"]["sequence_length"]
-    preprocessor = ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
-    ElitaCausalLM(model.backbone, preprocessor).save_to_preset(os.path.join(run_path, RUN_PRESET))
+    return ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+
+
+def save_run_preset(model, run_path):
+    """Writes `model`'s backbone with the run's tokenizer as a keras-hub preset in `run_path/preset/`."""
+    ElitaCausalLM(model.backbone, _run_preprocessor(run_path)).save_to_preset(os.path.join(run_path, RUN_PRESET))
 
 
 def load_run_model(run_path):
@@ -193,15 +194,10 @@ def load_run_model(run_path):
         CorruptCheckpointError: when every checkpoint is corrupt.
     """
     checkpoint = latest_checkpoint(run_path)
-    wanted = [os.path.join(run_path, name) for name in (MANIFEST, TOKENIZER)]
-    missing = [path for path in wanted if not os.path.exists(path)]
+    missing = [os.path.join(run_path, name) for name in (MANIFEST, TOKENIZER)]
+    missing = [path for path in missing if not os.path.exists(path)]
     if checkpoint is None:
         missing.append(os.path.join(run_path, CHECKPOINT_DIR, "step-*.keras"))
     if missing:
         raise FileNotFoundError(f"{run_path!r} is not an elita-train run directory: it lacks {', '.join(missing)}")
-    model = load_checkpoint(checkpoint)
-    with open(wanted[1], "rb") as f:
-        tokenizer = ElitaTokenizer(proto=f.read())
-    with open(wanted[0]) as f:
-        sequence_length = json.load(f)["training"]["sequence_length"]
-    return ElitaCausalLM(model.backbone, ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length))
+    return ElitaCausalLM(load_checkpoint(checkpoint).backbone, _run_preprocessor(run_path))

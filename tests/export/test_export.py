@@ -14,6 +14,7 @@ from elita_tf.data import make_tokenizer, train_sentencepiece
 from elita_tf.export import export_saved_model, load_saved_model
 from elita_tf.models import ElitaBackbone, ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training import save_checkpoint
+from tests.conftest import PRESET_FILES
 
 BIN = os.path.dirname(sys.executable)
 PROMPTS = ["the cat", "a dog sees the"]
@@ -153,15 +154,7 @@ def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):
         generate(prompts=tf.constant(["the cat"]), max_new_tokens=tf.constant(9))
     # A preset holds the model and its tokenizer only, ready for keras_hub.upload_preset, and loads in keras-hub.
     assert export_main(["--run-dir", str(run), "--format", "preset", "--output", str(tmp_path / "preset")]) == 0
-    assert sorted(os.listdir(tmp_path / "preset")) == [
-        "assets",
-        "config.json",
-        "metadata.json",
-        "model.weights.h5",
-        "preprocessor.json",
-        "task.json",
-        "tokenizer.json",
-    ]
+    assert sorted(os.listdir(tmp_path / "preset")) == PRESET_FILES
     loaded = keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))
     assert isinstance(loaded, ElitaCausalLM) and loaded.preprocessor.sequence_length == 16
 

@@ -14,6 +14,7 @@ from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
 from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, load_latest_checkpoint, train
 from elita_tf.training.evaluate import evaluate
+from tests.conftest import PRESET_FILES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -79,15 +80,7 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     for name in ["run.json", "sentencepiece.model", "checkpoints", "steps.csv", "results.json", "tensorboard"]:
         assert os.path.exists(whole / name), name
     # The trained model is a keras-hub preset in the run's preset/ folder, which holds nothing else.
-    assert sorted(os.listdir(whole / "preset")) == [
-        "assets",
-        "config.json",
-        "metadata.json",
-        "model.weights.h5",
-        "preprocessor.json",
-        "task.json",
-        "tokenizer.json",
-    ]
+    assert sorted(os.listdir(whole / "preset")) == PRESET_FILES
     causal_lm = ElitaCausalLM.from_preset(str(whole))
     assert keras_hub.models.CausalLM.from_preset(str(whole / "preset")).backbone.num_layers == 1
     trained, _ = load_latest_checkpoint(str(whole))
