@@ -44,12 +44,15 @@ for scale in (3.0, 60.0):  # 60: logits rising far past one chunk's normaliser
             got = kernel_grads(tf.constant(logits, tf.float32), tf.constant(values, tf.float32), upstream, jit)
         errs = [np.abs(g - r).max() / max(np.abs(r).max(), 1e-30) for g, r in zip(got, ref)]
         finite = all(np.isfinite(g).all() for g in got)
-        print(f"kernel logit scale {scale} jit {jit}: rel err mean {errs[0]:.2e} d_logits {errs[1]:.2e} "
-              f"d_values {errs[2]:.2e} finite {finite}")
+        print(
+            f"kernel logit scale {scale} jit {jit}: rel err mean {errs[0]:.2e} d_logits {errs[1]:.2e} "
+            f"d_values {errs[2]:.2e} finite {finite}"
+        )
 
 
 def layer_grads(layer, x, device, jit):
     with tf.device(device):
+
         @tf.function(jit_compile=jit)
         def f(x):
             with tf.GradientTape() as tape:

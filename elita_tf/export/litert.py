@@ -6,7 +6,9 @@ Signatures (one sequence, batch 1):
 - `prefill(token_ids int32 [1, T]) -> {"logits": float32 [1, V], **state}`
 - `decode(token_ids int32 [1, 1], **state) -> {"logits": float32 [1, V], **state}`
 
-`logits` are the next token's, after the last input token. The state is
+`logits` are the next token's, after the last input token; they are NaN
+where no next token is defined: after an empty prompt, and past a finite
+buffer's `max_sequence_length` (a flatbuffer cannot raise). The state is
 every block's decoding cache flattened into named tensors (`block_0_log_z`,
 `block_0_mean`, ..., `position`): the same names and shapes in prefill's
 outputs, decode's inputs and decode's outputs, so a caller feeds each
@@ -22,6 +24,11 @@ every layer's one-step (recurrent) form in a loop, which gives the same
 state. `quantize="int8"` stores the weights as int8 (the converter's
 dynamic-range quantization); activations and the state stay float32.
 
+The file carries its model's identity as flatbuffer metadata (`IDENTITY_KEY`):
+the architecture, the SentencePiece model's and the weights' SHA-256 and the
+quantization, so scoring a file against a run it was not exported from is
+an error (`read_identity`, `model_identity`).
+
 Driving the interpreter (`pip install "elita-tf[litert]"`; `LiteRTModel` in `litert_model.py` does this):
 
     from ai_edge_litert.interpreter import Interpreter
@@ -33,15 +40,85 @@ Driving the interpreter (`pip install "elita-tf[litert]"`; `LiteRTModel` in `lit
         out = decode(token_ids=np.array([[token]], np.int32), **out)
 """
 
+import hashlib
+import json
 import os
 
 import keras
+import numpy as np
 import tensorflow as tf
+from tensorflow.lite.tools import flatbuffer_utils
 
 from elita_tf.models import ElitaBackbone
 
 
 QUANTIZATIONS = (None, "int8")
+IDENTITY_KEY = "elita_tf_identity"  # the flatbuffer metadata entry that holds `model_identity`
+_KERAS_FIELDS = ("name", "trainable", "dtype")  # get_config() fields that are not the architecture
+
+
+def model_identity(causal_lm, quantize=None):
+    """What a LiteRT file of `causal_lm` must match: architecture, tokenizer and weights fingerprints.
+
+    The weights' digest is over their float32 values in order, so a
+    mixed-precision model and its float32 copy share it.
+    """
+    backbone = causal_lm.backbone
+    weights = hashlib.sha256()
+    for weight in backbone.weights:
+        weights.update(np.ascontiguousarray(keras.ops.convert_to_numpy(weight), dtype=np.float32).tobytes())
+    preprocessor = causal_lm.preprocessor
+    proto = None if preprocessor is None else preprocessor.tokenizer.proto
+    architecture = {key: value for key, value in backbone.get_config().items() if key not in _KERAS_FIELDS}
+    identity = {
+        "architecture": architecture,
+        "tokenizer_sha256": None if proto is None else hashlib.sha256(proto).hexdigest(),
+        "weights_sha256": weights.hexdigest(),
+        "quantize": quantize,
+    }
+    return json.loads(json.dumps(identity))  # as the file stores it (tuples as lists)
+
+
+def _with_identity(flatbuffer, identity):
+    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    buffer = flatbuffer_utils.schema_fb.BufferT()
+    buffer.data = np.frombuffer(json.dumps(identity, sort_keys=True).encode(), np.uint8)
+    model.buffers.append(buffer)
+    entry = flatbuffer_utils.schema_fb.MetadataT()
+    entry.name, entry.buffer = IDENTITY_KEY, len(model.buffers) - 1
+    model.metadata = [*(model.metadata or []), entry]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def read_identity(path):
+    """The `model_identity` dict a LiteRT file carries, or None for a file without one."""
+    with open(path, "rb") as f:
+        model = flatbuffer_utils.convert_bytearray_to_object(bytearray(f.read()))
+    for entry in model.metadata or []:
+        if entry.name.decode() == IDENTITY_KEY:
+            return json.loads(bytes(model.buffers[entry.buffer].data).decode())
+    return None
+
+
+def check_identity(path, causal_lm):
+    """Raises ValueError unless the LiteRT file at `path` was exported from `causal_lm`, naming what differs."""
+    found = read_identity(path)
+    if found is None:
+        raise ValueError(f"{path} carries no elita-tf model identity: export it again with `elita-export`.")
+    want = model_identity(causal_lm, found.get("quantize"))
+    differs = []
+    for key, value in want.items():
+        if key == "architecture":
+            theirs = found.get(key) or {}
+            differs += [
+                f"{name}={theirs.get(name)!r} (the run's: {value[name]!r})"
+                for name in value
+                if theirs.get(name) != value[name]
+            ]
+        elif found.get(key) != value:
+            differs.append(f"{key}={found.get(key)!r} (the run's: {value!r})")
+    if differs:
+        raise ValueError(f"{path} was exported from another model. Received: {'; '.join(differs)}")
 
 
 def flatten_state(caches):
@@ -96,13 +173,16 @@ class OnDeviceDecoder(tf.Module):
         # flatbuffer, which the interpreter never initialises.
         with keras.StatelessScope(state_mapping=self._weights):
             hidden, caches = self.backbone.hidden_states(token, cache=caches)
-            logits = self.backbone.logits(hidden[:, -1:])
-        return logits[:, -1], caches
+            logits = self.backbone.logits(hidden[:, -1:])[:, -1]
+        limit = self.backbone.decode_limit
+        if limit is not None:  # past the buffers: no defined next token
+            logits = tf.where(caches["position"][:, None] > limit, float("nan"), logits)
+        return logits, caches
 
     def _prefill(self, token_ids):
         # One recurrent step a token: the same state as the parallel form, in built-in ops.
         caches = self.backbone.get_initial_cache(1)
-        logits = tf.zeros([1, self.backbone.vocabulary_size], tf.float32)
+        logits = tf.fill([1, self.backbone.vocabulary_size], float("nan"))  # an empty prompt predicts nothing
 
         def body(index, logits, caches):
             token = tf.reshape(tf.gather(token_ids, index, axis=1), [1, 1])  # static: the one-step form
@@ -153,7 +233,7 @@ def export_litert(causal_lm, path, quantize=None):
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]  # no Flex: plain LiteRT runs it
     if quantize == "int8":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    flatbuffer = converter.convert()
+    flatbuffer = _with_identity(converter.convert(), model_identity(causal_lm, quantize))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "wb") as f:
         f.write(flatbuffer)

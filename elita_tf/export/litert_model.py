@@ -40,19 +40,30 @@ class LiteRTModel:
         self.prefill = interpreter.get_signature_runner("prefill")
         self.decode = interpreter.get_signature_runner("decode")
 
+    @staticmethod
+    def _defined(logits, tokens_read):
+        # The file returns NaN logits where no next token is defined: it cannot raise.
+        if np.isnan(logits).any():
+            raise ValueError(
+                "The LiteRT model has no next token after this input: it is past the buffers of its "
+                f"max_sequence_length (ElitaBackbone.decode_limit). Received: {tokens_read} tokens"
+            )
+        return logits
+
     def generate(self, prompt, max_new_tokens):
         """Greedy continuation of one prompt (a list of token ids); a list of `max_new_tokens` ids.
 
-        The caller keeps prompt + new tokens within the model's decoding limit
-        (`ElitaBackbone.decode_limit`, None for constant-size states): a
-        flatbuffer cannot raise, and past its buffers the output is undefined.
+        Raises:
+            ValueError: for an empty prompt, or when prompt and new tokens pass
+                the model's decoding limit (`ElitaBackbone.decode_limit`, None
+                for constant-size states).
         """
         if not len(prompt):
             raise ValueError("The prompt is empty: prefill needs at least one token. Received: prompt=[]")
         state = self.prefill(token_ids=np.asarray([prompt], np.int32))
         tokens = []
         for _ in range(max_new_tokens):
-            tokens.append(int(np.argmax(state.pop("logits")[0])))
+            tokens.append(int(np.argmax(self._defined(state.pop("logits")[0], len(prompt) + len(tokens)))))
             if len(tokens) < max_new_tokens:
                 state = self.decode(token_ids=np.asarray([tokens[-1:]], np.int32), **state)
         return tokens
@@ -68,7 +79,7 @@ class LiteRTModel:
         for window in np.asarray(windows, np.int32):
             state = self.prefill(token_ids=window[None, :1])
             for position in range(1, len(window)):
-                logits = state.pop("logits")[0].astype(np.float64)
+                logits = self._defined(state.pop("logits")[0], position).astype(np.float64)
                 top = logits.max()
                 total += top + np.log(np.exp(logits - top).sum()) - logits[window[position]]
                 count += 1

@@ -97,7 +97,8 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
     greedy.sampler = keras_hub.samplers.GreedySampler()
 
     def serve(token_ids):
-        return {"logits": backbone({"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)})}
+        logits = backbone({"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)})
+        return {"logits": tf.cast(logits, tf.float32)}  # float32 whatever the compute dtype: the documented signature
 
     cap = max_new_tokens
 

@@ -5,20 +5,20 @@ from elita_tf.layers.checks import check_token_ids
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class TokenEmbedding(keras.layers.Embedding):
+class TokenEmbedding(keras.layers.ReversibleEmbedding):
     """Token embeddings that can also produce the output logits (tied weights).
 
-    `call(ids)` embeds integer token ids `[B, T]` to `[B, T, d]`; ids outside
-    `[0, input_dim)` are an error (`check_token_ids`), float ids are refused;
-    `call(x, reverse=True)` maps `[B, T, d]` to float32 logits `x Eᵀ`
-    `[B, T, input_dim]` with the same matrix.
+    Keras' `ReversibleEmbedding` (keras-hub's token embedding, so `quantize("int8")`
+    covers it) with checked ids: `call(ids)` embeds integer token ids `[B, T]` to
+    `[B, T, d]`, ids outside `[0, input_dim)` are an error (`check_token_ids`) and
+    float ids are refused; `call(x, reverse=True)` maps `[B, T, d]` to logits
+    `x Eᵀ` `[B, T, input_dim]` with the same matrix, in the compute dtype.
 
     Args:
         input_dim: int. Number of tokens (the vocabulary size).
         output_dim: int. Embedding width `d`.
-        tie_weights: bool. Whether `reverse=True` may be used. Defaults to `True`.
         embeddings_initializer: Defaults to `RandomNormal(stddev=0.02)`.
-        **kwargs: other `keras.layers.Embedding` arguments.
+        **kwargs: other `keras.layers.ReversibleEmbedding` arguments.
 
     Example:
     >>> embed = TokenEmbedding(100, 16)
@@ -27,32 +27,32 @@ class TokenEmbedding(keras.layers.Embedding):
     TensorShape([1, 3, 100])
     """
 
-    def __init__(self, input_dim, output_dim, tie_weights=True, embeddings_initializer=None, **kwargs):
+    def __init__(self, input_dim, output_dim, embeddings_initializer=None, **kwargs):
+        # An untied head is the model's own `Dense` layer, not a second matrix here; the reverse mode is
+        # a plain product in the compute dtype (the model scales or clips its logits itself).
+        for option, only in {"tie_weights": True, "reverse_dtype": None, "logit_soft_cap": None}.items():
+            value = kwargs.pop(option, only)
+            if value != only:
+                raise ValueError(f"TokenEmbedding supports only {option}={only!r}. Received: {option}={value!r}")
         super().__init__(
             input_dim,
             output_dim,
+            tie_weights=True,
             embeddings_initializer=embeddings_initializer or keras.initializers.RandomNormal(stddev=0.02),
             **kwargs,
         )
-        self.tie_weights = bool(tie_weights)
 
     def call(self, inputs, reverse=False):
         if reverse:
-            if not self.tie_weights:
-                raise ValueError(f"Layer '{self.name}' was built with tie_weights=False: it has no reverse mode.")
-            return tf.matmul(tf.cast(inputs, tf.float32), tf.cast(self.embeddings, tf.float32), transpose_b=True)
+            # Embedding tables are not autocast (a gather reads float32): cast the transposed table here.
+            kernel = keras.ops.cast(keras.ops.transpose(self.embeddings), self.compute_dtype)
+            return keras.ops.matmul(keras.ops.cast(inputs, self.compute_dtype), kernel)
         token_ids, in_range = check_token_ids(inputs, self.input_dim)
         embedded = super().call(token_ids)
         # Where the range assertion cannot run (XLA drops it), an out-of-range id embeds to NaN:
         # a gather would clamp it (XLA) or return zeros (GPU), a silent wrong result.
         return tf.where(in_range[..., None], embedded, tf.constant(float("nan"), embedded.dtype))
 
-    def compute_output_spec(self, inputs, reverse=False):
-        if reverse:
-            return keras.KerasTensor(tuple(inputs.shape[:-1]) + (self.input_dim,), dtype="float32")
-        return keras.KerasTensor(tuple(inputs.shape) + (self.output_dim,), dtype=self.compute_dtype)
-
-    def get_config(self):
-        config = super().get_config()
-        config["tie_weights"] = self.tie_weights
-        return config
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras refuses subclasses unless they opt in: the quantized call is the parent's.
+        super().quantize(mode, type_check=False, config=config)

@@ -20,10 +20,13 @@ so training, evaluation, generation and the exports can never disagree on the ar
 import inspect
 import os
 
+import h5py
 import keras
 import keras_hub
+import sentencepiece
 import tensorflow as tf
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+from keras_hub.src.utils.preset_utils import get_preset_loader
 
 from elita_tf.layers import (
     AdditiveAttention,
@@ -151,11 +154,7 @@ def _make_block(config, index, shared_ffn, dtype):
 def _make_layers(config, dtype):
     """Every layer of the decoder, by its stable name (`token_embedding`, `block_{i}`, `final_norm`, ...)."""
     epsilon = 1e-3 if config["norm_epsilon"] is None else config["norm_epsilon"]
-    layers = {
-        "token_embedding": TokenEmbedding(
-            config["vocabulary_size"], config["hidden_dim"], tie_weights=config["tied_embeddings"], dtype=dtype
-        )
-    }
+    layers = {"token_embedding": TokenEmbedding(config["vocabulary_size"], config["hidden_dim"], dtype=dtype)}
     if config["position_embedding"]:
         layers["position_embedding"] = PositionEmbedding(config["max_sequence_length"], dtype=dtype)
     if config["embedding_norm"]:
@@ -169,7 +168,7 @@ def _make_layers(config, dtype):
     if config["final_norm"]:
         layers["final_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
     if not config["tied_embeddings"]:
-        layers["logits"] = keras.layers.Dense(config["vocabulary_size"], dtype="float32")
+        layers["logits"] = keras.layers.Dense(config["vocabulary_size"], dtype=dtype)
     for name, layer in layers.items():
         layer.name = name  # stable names: weights load by name
     return layers
@@ -209,8 +208,9 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
 
 
 def _logits(config, layers, hidden):
+    # In the compute dtype, as keras-hub's heads: the training loss takes float32 logits a chunk at a time
+    # (`ElitaBackbone.token_losses`), not these.
     logits = layers["token_embedding"](hidden, reverse=True) if config["tied_embeddings"] else layers["logits"](hidden)
-    logits = keras.ops.cast(logits, "float32")
     return logits * config["hidden_dim"] ** -0.5 if config["scaled_tied_logits"] else logits
 
 
@@ -218,8 +218,8 @@ def _logits(config, layers, hidden):
 class ElitaBackbone(keras_hub.models.Backbone):
     """A decoder language model of ELiTA or any related block, as a keras-hub backbone.
 
-    `{"token_ids": int [B, T], "padding_mask": [B, T]}` -> float32 logits
-    `[B, T, vocabulary_size]`. Like keras-hub's RWKV-7 backbone it ends in the
+    `{"token_ids": int [B, T], "padding_mask": [B, T]}` -> logits
+    `[B, T, vocabulary_size]` in the compute dtype. Like keras-hub's RWKV-7 backbone it ends in the
     language-model head, so `ElitaBackbone.from_preset(path)` gives the whole
     trained network. The arguments are the architecture: `get_config()`
     returns them, and a training run's manifest records them as they are.
@@ -278,7 +278,8 @@ class ElitaBackbone(keras_hub.models.Backbone):
             the first `"simplified"` block, as the Simplified Transformer's
             official configuration. Defaults to `False`.
         dtype: optional dtype policy of every layer (e.g. `"mixed_bfloat16"`).
-            Recurrent states, accumulators and the logits stay float32.
+            Every layer and the logits follow it, as in keras-hub's models;
+            recurrent states, accumulators and the training loss stay float32.
 
     Every projection is a Keras `Dense` or `EinsumDense` layer, so
     `quantize("int8")` covers them all and `enable_lora(rank)` adapts them
@@ -424,7 +425,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         return _run_layers(self._architecture, self._layers_by_name, token_ids, padding_mask, cache, resets, training)
 
     def logits(self, hidden):
-        """Float32 logits `[B, T, V]` from final hidden states `[B, T, d]`: the head."""
+        """Logits `[B, T, V]` (compute dtype) from final hidden states `[B, T, d]`: the head."""
         return _logits(self._architecture, self._layers_by_name, hidden)
 
     def token_losses(self, hidden, labels, gradient_in_forward=False):
@@ -434,12 +435,16 @@ class ElitaBackbone(keras_hub.models.Backbone):
         `logits` layer, and the tied head's scale), taken a chunk of tokens
         at a time by `chunked_cross_entropy`, float32 whatever the compute
         dtype. `gradient_in_forward=True` (training a mean loss) saves the
-        backward pass its recomputation of the logits.
+        backward pass its recomputation of the logits. A quantized head
+        (`quantize("int8")`) is read through its own call, which dequantizes.
         """
+        head = self.token_embedding if self.tied_embeddings else self.get_layer("logits")
+        if head.quantization_mode is not None:
+            logits = keras.ops.cast(self.logits(hidden), "float32")
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
         if self.tied_embeddings:
-            kernel, bias = keras.ops.transpose(self.token_embedding.embeddings), None
+            kernel, bias = keras.ops.transpose(head.embeddings), None
         else:
-            head = self.get_layer("logits")
             kernel, bias = head.kernel, head.bias
         scale = self.hidden_dim**-0.5 if self.scaled_tied_logits else 1.0
         return chunked_cross_entropy(
@@ -476,8 +481,18 @@ class ElitaBackbone(keras_hub.models.Backbone):
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder."""
-        return super().from_preset(resolve_preset(preset), load_weights=load_weights, **kwargs)
+        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
+
+        A quantized preset (`quantize("int8")`, then `save_to_preset`) loads
+        quantized: its saved per-layer policies are kept unless `dtype` is given.
+        """
+        preset = resolve_preset(preset, load_weights)
+        if kwargs.get("dtype") is None:
+            # keras-hub's backbone loader drops a saved DTypePolicyMap (its task loader keeps it).
+            saved = get_preset_loader(preset).config["config"].get("dtype")
+            if isinstance(saved, dict) and saved.get("class_name") == "DTypePolicyMap":
+                kwargs["dtype"] = keras.dtype_policies.deserialize(saved)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
 
 def architecture_config(name, **overrides):
@@ -501,14 +516,19 @@ def architecture_config(name, **overrides):
 RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
 
 
-def resolve_preset(preset):
+def resolve_preset(preset, load_weights=True):
     """A preset handle or directory; for an `elita-train` run directory, its `preset/` folder.
 
     Raises:
         ValueError: for a run directory whose run has not finished (it has
-            no preset yet), saying how to export its last checkpoint.
+            no preset yet), saying how to export its last checkpoint; for a
+            name that is neither a directory nor a `scheme://` handle (a
+            keras-hub built-in such as `"gemma_2b_en"` is not an ELiTA model).
+        FileNotFoundError: for a local preset without its config or weights file.
     """
-    if isinstance(preset, str) and os.path.isfile(os.path.join(preset, "run.json")):
+    if not isinstance(preset, str) or "://" in preset:
+        return preset
+    if os.path.isfile(os.path.join(preset, "run.json")):
         folder = os.path.join(preset, RUN_PRESET)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise ValueError(
@@ -516,5 +536,31 @@ def resolve_preset(preset):
                 f"Resume it with the same elita-train command, or export its last checkpoint with "
                 f"`elita-export --run-dir {preset} --format preset --output DIR`."
             )
-        return folder
+        preset = folder
+    if not os.path.isdir(preset):
+        raise ValueError(
+            "An ELiTA preset is a local directory (an elita-train run, or one `save_to_preset` or "
+            "`elita-export --format preset` wrote) or a handle such as kaggle://USER/MODEL/keras/VARIANT or "
+            f"hf://USER/MODEL; elita-tf has no built-in presets. Received: preset={preset!r}"
+        )
+    _check_preset_files(preset, load_weights)
     return preset
+
+
+def _check_preset_files(preset, load_weights):
+    """Names the file of a local preset that is missing or unreadable, which keras-hub, h5py and SentencePiece
+    would report without its name (or, for the weights, as a sharded index `model.weights.json`)."""
+    weights = os.path.join(preset, "model.weights.h5")
+    sharded = os.path.isfile(os.path.join(preset, "model.weights.json"))
+    for name in ("config.json", *(("model.weights.h5",) if load_weights and not sharded else ())):
+        if not os.path.isfile(os.path.join(preset, name)):
+            raise FileNotFoundError(f"The preset directory {preset!r} has no {name}: it is incomplete.")
+    vocabulary = os.path.join(preset, "assets", "tokenizer", "vocabulary.spm")
+    try:
+        if load_weights and not sharded:
+            h5py.File(weights, "r").close()
+        if os.path.isfile(vocabulary):
+            sentencepiece.SentencePieceProcessor(model_file=vocabulary)
+    except (OSError, RuntimeError) as error:
+        path = vocabulary if isinstance(error, RuntimeError) else weights
+        raise ValueError(f"{path} cannot be read (damaged or truncated?): {error}") from None

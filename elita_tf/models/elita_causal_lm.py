@@ -332,7 +332,7 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder."""
-        return super().from_preset(resolve_preset(preset), load_weights=load_weights, **kwargs)
+        return super().from_preset(resolve_preset(preset, load_weights), load_weights=load_weights, **kwargs)
 
 
 def _padding_mask(inputs):

@@ -309,9 +309,7 @@ def _global(logits, values, chunk_size):
     """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values."""
     shape = tf.shape(values)
     length, depth = _size(values, 2), _size(values, 3)  # static where known, so pads and slices can be left out
-    mean, log_z = _global_chunked(
-        tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth]), chunk_size
-    )
+    mean, log_z = _global_chunked(tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth]), chunk_size)
     return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
 
 

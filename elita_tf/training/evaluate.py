@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from elita_tf.data import load_wikitext, make_tokenizer, token_windows
 from elita_tf.export import LiteRTModel
+from elita_tf.export.litert import check_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 
 SPLITS = ("train", "validation", "test")
@@ -60,8 +61,8 @@ def _windowed_losses(backbone, windows, batch_size, progress):
     @tf.function(reduce_retracing=True)
     def losses(rows):
         inputs, targets = rows[:, :-1], rows[:, 1:]
-        logits = backbone({"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, training=False)
-        per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(targets, tf.cast(logits, tf.float32))
+        # The head's float32 loss a chunk at a time: no [B, T, V] logits in the compute dtype.
+        per_token = backbone.token_losses(backbone.hidden_states(inputs, training=False), targets)
         return tf.reduce_sum(tf.cast(per_token, tf.float64), axis=0)
 
     length = windows.shape[1] - 1
@@ -83,7 +84,7 @@ def _stream_losses(backbone, stream, segment_length, progress):
     @tf.function(reduce_retracing=True)
     def losses(inputs, targets, caches):
         hidden, caches = backbone.hidden_states(inputs, cache=caches)
-        return tf.nn.sparse_softmax_cross_entropy_with_logits(targets, backbone.logits(hidden))[0], caches
+        return backbone.token_losses(hidden, targets)[0], caches
 
     caches = backbone.get_initial_cache(1)
     scored = []
@@ -174,6 +175,8 @@ def evaluate(
     batch_size = batch_size or max(1, manifest["training"]["batch_size"] * sequence_length // length)
 
     causal_lm = ElitaCausalLM.from_preset(run_dir)
+    if litert is not None:
+        check_identity(litert, causal_lm)  # before any work: a file of another run would score as this one
     backbone = causal_lm.backbone
     if position_mode is not None and position_mode != backbone.position_mode:
         if litert is not None:

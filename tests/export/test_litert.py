@@ -9,7 +9,7 @@ import pytest
 from elita_tf.cli.export import main as export_main
 from elita_tf.cli.train import parse_args
 from elita_tf.export import LiteRTModel, export_litert
-from elita_tf.export.litert import flatten_state
+from elita_tf.export.litert import flatten_state, model_identity, read_identity
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
 from elita_tf.training import train
 from elita_tf.training.evaluate import evaluate
@@ -140,3 +140,39 @@ def test_bad_requests_are_refused_with_the_value(trained, tmp_path, capsys):
         LiteRTModel(files[None]).generate([], 4)
     with pytest.raises(ValueError, match="pass `litert` or `quantize`"):
         evaluate(str(run), litert=files[None], quantize="int8")
+
+
+def test_the_file_carries_its_run_and_another_run_s_file_is_refused(trained, tiny_wikitext, tmp_path):
+    run, _, _, files = trained
+    causal_lm = load_run_model(str(run))
+    assert read_identity(files[None]) == model_identity(causal_lm)
+    assert read_identity(files["int8"])["quantize"] == "int8"
+    # The same architecture and tokenizer, other weights: the report of `elita-evaluate --litert` would be wrong.
+    weight = causal_lm.backbone.get_layer("block_0").mixer.k1_dense.kernel
+    weight.assign(weight + 0.01)
+    other = export_litert(causal_lm, str(tmp_path / "other.tflite"))
+    data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds", "eval_batches": 1}
+    with pytest.raises(ValueError, match="exported from another model. Received: weights_sha256="):
+        evaluate(str(run), litert=other, **data)
+    # Another architecture is named field by field.
+    backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=60, num_layers=1, hidden_dim=16, head_dim=8)
+    small = export_litert(ElitaCausalLM(backbone), str(tmp_path / "small.tflite"))
+    with pytest.raises(ValueError, match="num_layers=1 \\(the run's: 2\\)"):
+        evaluate(str(run), litert=small, **data)
+
+
+def test_undefined_next_tokens_are_nan_and_the_runner_refuses_them(trained, tmp_path):
+    *_, files = trained
+    model = LiteRTModel(files[None])
+    assert np.isnan(model.prefill(token_ids=np.zeros([1, 0], np.int32))["logits"]).all()  # an empty prompt
+    # A finite buffer (3Lin's wide layers here) read past max_sequence_length.
+    keras.utils.set_random_seed(0)
+    size = {"hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8, "max_sequence_length": 8}
+    backbone = ElitaBackbone.from_architecture("3lin", vocabulary_size=50, **size)
+    model = LiteRTModel(export_litert(ElitaCausalLM(backbone), str(tmp_path / "3lin.tflite")))
+    state = model.prefill(token_ids=np.arange(1, 9, dtype=np.int32)[None])  # 8 tokens: defined
+    assert np.isfinite(state.pop("logits")).all()
+    assert np.isnan(model.decode(token_ids=np.array([[3]], np.int32), **state)["logits"]).all()  # the 9th
+    assert len(model.generate([1, 2, 3, 4, 5], 4)) == 4  # reads 8 tokens
+    with pytest.raises(ValueError, match="past the buffers.*Received: 9 tokens"):
+        model.generate([1, 2, 3, 4, 5], 5)

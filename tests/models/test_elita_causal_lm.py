@@ -1,3 +1,5 @@
+import shutil
+
 import keras
 import keras_hub
 import numpy as np
@@ -119,6 +121,36 @@ def test_text_in_text_out_fit_and_preset_round_trip(proto, tmp_path):
     np.testing.assert_allclose(loaded(x), causal_lm(x), rtol=1e-6, atol=1e-6)
 
 
+def test_from_preset_names_what_is_wrong(proto, tmp_path):
+    causal_lm = ElitaCausalLM(_backbone("elita"), ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24))
+    good = tmp_path / "good"
+    causal_lm.save_to_preset(str(good))
+    with pytest.raises(ValueError, match="no built-in presets. Received: preset='gemma_2b_en'"):
+        ElitaCausalLM.from_preset("gemma_2b_en")  # a keras-hub handle: not fetched from Kaggle
+    # A run killed before it wrote its preset.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    with pytest.raises(ValueError, match="has not finished.*elita-export --run-dir"):
+        ElitaBackbone.from_preset(str(tmp_path / "run"))
+
+    def damaged(name, cut):
+        broken = tmp_path / f"broken-{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(good, broken)
+        data = (broken / name).read_bytes()
+        (broken / name).write_bytes(data[: len(data) // 2] if cut else b"")
+        if not cut:
+            (broken / name).unlink()
+        return str(broken)
+
+    with pytest.raises(FileNotFoundError, match="has no model.weights.h5"):
+        ElitaCausalLM.from_preset(damaged("model.weights.h5", cut=False))
+    assert ElitaBackbone.from_preset(damaged("model.weights.h5", cut=False), load_weights=False).num_layers == 2
+    with pytest.raises(ValueError, match="model.weights.h5 cannot be read .*truncated"):
+        ElitaCausalLM.from_preset(damaged("model.weights.h5", cut=True))
+    with pytest.raises(ValueError, match="vocabulary.spm cannot be read"):
+        ElitaCausalLM.from_preset(damaged("assets/tokenizer/vocabulary.spm", cut=True))
+
+
 def test_generate_refuses_what_it_cannot_do_by_name(proto):
     causal_lm = ElitaCausalLM(_backbone("elita"), ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24))
     causal_lm.compile(sampler="greedy")
@@ -165,7 +197,7 @@ def test_float_token_ids_are_refused_not_truncated():
 
 
 @pytest.mark.parametrize("name", DECODING)
-def test_int8_and_lora_cover_every_projection(name):
+def test_int8_and_lora_cover_every_projection(name, tmp_path):
     backbone = _backbone(name)
     x = _prompts([8], 8)
     want = backbone(x)
@@ -183,10 +215,23 @@ def test_int8_and_lora_cover_every_projection(name):
     backbone.quantize("int8")
     int8 = {w.path.rsplit("/", 1)[0] for w in backbone.weights if w.dtype == "int8"}
     head = set() if backbone.tied_embeddings else {"logits"}  # a tied head is the embedding
-    assert projections | head <= int8
+    assert projections | head | {"token_embedding"} <= int8
     got = backbone(x)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()  # close, and not the float model
     assert not np.array_equal(got, want)
+    # The loss path (evaluation) reads the quantized head through its call, not its int8 table.
+    labels = tf.constant(x["token_ids"])
+    losses = backbone.token_losses(backbone.hidden_states(labels), labels)
+    np.testing.assert_allclose(
+        losses, tf.nn.sparse_softmax_cross_entropy_with_logits(labels, got), rtol=1e-5, atol=1e-5
+    )
+    # An int8 model saves and reloads as a preset, quantized.
+    backbone.save_to_preset(str(tmp_path / "int8"))
+    reloaded = ElitaBackbone.from_preset(str(tmp_path / "int8"))
+    assert {w.path for w in reloaded.weights if w.dtype == "int8"} == {
+        w.path for w in backbone.weights if w.dtype == "int8"
+    }
+    np.testing.assert_array_equal(reloaded(x), got)
     # Generation runs on the quantized model too.
     out = _greedy(backbone).generate(_prompts([4, 2], 10), stop_token_ids=None)
     assert out["token_ids"].shape == (2, 10)
@@ -229,7 +274,8 @@ def test_every_architecture_trains_20_steps(name):
     assert np.mean(losses[-5:]) < losses[0] - drop, losses
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+# The three heads: an untied `logits` layer, the tied embedding, and the tied embedding scaled by 1/sqrt(d).
+@pytest.mark.parametrize("name", ["elita", "simplified-reference", "additive-reference"])
 def test_the_chunked_loss_trains_and_evaluates_as_keras_loss_on_the_logits(name):
     # Plain SGD: the weights move by the gradients themselves (Adam would magnify round-off
     # in gradients that are zero in exact arithmetic, such as a softmax key bias's).
@@ -285,8 +331,13 @@ def test_every_architecture_trains_and_generates_under_xla(name):
         np.testing.assert_array_equal(compiled, causal_lm.generate(prompts, stop_token_ids=None)["token_ids"])
 
 
-@pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+# Every architecture under mixed_bfloat16; mixed_float16 adds Keras' loss scaling, the same for every block
+# (each mixer's float16 outputs and gradients are checked by value in tests/layers/test_mixer_contract.py).
+@pytest.mark.parametrize(
+    "name, policy_name",
+    [(name, "mixed_bfloat16") for name in sorted(ARCHITECTURES)]
+    + [("elita", "mixed_float16"), ("transformer", "mixed_float16")],
+)
 def test_every_architecture_trains_under_mixed_precision_as_in_float32(name, policy_name):
     # Five steps from the same weights: every weight moves (the blocks train, not the output layer
     # alone), and the losses stay within a band of the float32 run's.

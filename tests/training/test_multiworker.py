@@ -16,6 +16,8 @@ from elita_tf.training import list_checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 300
+# Multi-worker runs equal the single process up to float32 summation order: a few 1e-6 relative.
+ROUND_OFF = 2e-5
 
 
 def _free_ports(count):
@@ -113,9 +115,10 @@ def test_two_workers_train_the_single_process_run(tiny_wikitext, tmp_path, singl
     steps, losses = _losses(out)
     reference_steps, reference_losses = _losses(reference_dir)
     assert steps == reference_steps == list(range(1, 31))
-    # Each worker took half of every global batch: together, the single process's batches.
-    np.testing.assert_allclose(losses, reference_losses, rtol=1e-3)
-    np.testing.assert_allclose(results["test_loss"], reference["test_loss"], rtol=1e-3)
+    # Each worker took half of every global batch: together, the single process's batches. What differs
+    # is the order of float32 sums (the all-reduce): measured 2.7e-6 over the 30 losses, 7e-8 on the test loss.
+    np.testing.assert_allclose(losses, reference_losses, rtol=ROUND_OFF)
+    np.testing.assert_allclose(results["test_loss"], reference["test_loss"], rtol=ROUND_OFF)
     # The chief alone wrote the run; the other worker's files went to a scratch directory it deleted.
     assert sorted(os.listdir(out)) == sorted(os.listdir(reference_dir))
     assert '"replicas": 2' in outputs[0] and '"replicas"' not in outputs[1]
@@ -150,9 +153,9 @@ def test_a_killed_worker_is_relaunched_and_the_run_finishes_exactly(tiny_wikitex
     assert f"from step {checkpoint_step}" in outputs[0]
     steps, losses = _losses(out)
     assert steps == list(range(1, 31))  # each step once: the steps redone after the checkpoint replace theirs
-    np.testing.assert_allclose(losses, _losses(reference_dir)[1], rtol=1e-3)
+    np.testing.assert_allclose(losses, _losses(reference_dir)[1], rtol=ROUND_OFF)  # measured: 1.4e-6
     with open(out / "results.json") as f:
-        np.testing.assert_allclose(json.load(f)["test_loss"], reference["test_loss"], rtol=1e-3)
+        np.testing.assert_allclose(json.load(f)["test_loss"], reference["test_loss"], rtol=ROUND_OFF)
 
 
 def test_workers_launched_with_different_arguments_stop_with_the_reason(tiny_wikitext, tmp_path):
