@@ -174,8 +174,12 @@ def _make_layers(config, dtype):
     return layers
 
 
-def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets=None, training=None):
-    """Final hidden states `[B, T, d]` (and the new cache, with `cache`) of the layers on token ids."""
+def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets=None, training=None, intercept=None):
+    """Final hidden states `[B, T, d]` (and the new cache, with `cache`) of the layers on token ids.
+
+    `intercept(x, i)`, if given, sees and may replace the activations: the embedded tokens (`i = -1`)
+    and each block's output (`i = 0, 1, ...`), as keras-hub's `score(layer_intercept_fn=...)`.
+    """
     blocks = None if cache is None else [cache[f"block_{i}"] for i in range(config["num_layers"])]
     start = None if cache is None else cache["position"]
     x = layers["token_embedding"](token_ids)
@@ -183,6 +187,8 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
         x = x + layers["position_embedding"](x, start_index=start)
     if config["embedding_norm"]:
         x = layers["embedding_norm"](x)
+    if intercept is not None:
+        x = intercept(x, -1)
     x = layers["embedding_dropout"](x, training=training)
     extra = {} if resets is None else {"resets": resets}
     new_cache = {}
@@ -194,6 +200,8 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
             x, new_cache[f"block_{i}"] = block(
                 x, padding_mask=padding_mask, cache=blocks[i], training=training, **extra
             )
+        if intercept is not None:
+            x = intercept(x, i)
     if config["final_norm"]:
         x = layers["final_norm"](x)
     if cache is None:
@@ -395,7 +403,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         cache["position"] = tf.zeros([batch_size], tf.int32)
         return cache
 
-    def hidden_states(self, token_ids, padding_mask=None, cache=None, resets=None, training=None):
+    def hidden_states(self, token_ids, padding_mask=None, cache=None, resets=None, training=None, intercept=None):
         """The final hidden states `[B, T, d]` on token ids, continuing `cache` when given.
 
         Args:
@@ -411,6 +419,8 @@ class ElitaBackbone(keras_hub.models.Backbone):
                 carried in `cache`). Needs a model whose every block keeps a
                 constant-size state, without learned positions.
             training: bool, for dropout.
+            intercept: optional `f(x, i) -> x` applied to the embedded tokens
+                (`i = -1`) and to each block's output (`i = 0, 1, ...`).
 
         Returns:
             `hidden [B, T, d]`, or `(hidden, new_cache)` with a cache.
@@ -422,7 +432,9 @@ class ElitaBackbone(keras_hub.models.Backbone):
                 f"position_embedding={self.position_embedding}"
             )
         token_ids = check_integer_ids(token_ids, self.vocabulary_size)
-        return _run_layers(self._architecture, self._layers_by_name, token_ids, padding_mask, cache, resets, training)
+        return _run_layers(
+            self._architecture, self._layers_by_name, token_ids, padding_mask, cache, resets, training, intercept
+        )
 
     def logits(self, hidden):
         """Logits `[B, T, V]` (compute dtype) from final hidden states `[B, T, d]`: the head."""

@@ -104,6 +104,37 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
                     )
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
 
+    def score(self, token_ids, padding_mask=None, scoring_mode="logits", layer_intercept_fn=None, target_ids=None):
+        """Scores token ids as keras-hub's causal LMs do: per-token logits, or per-token losses.
+
+        Args:
+            token_ids: int `[B, T]`, e.g. a prompt and its generated tokens.
+            padding_mask: optional `[B, T]`, False (0) at padding; None: all real.
+            scoring_mode: `"logits"` (`[B, T, V]`, compute dtype) or `"loss"`
+                (`[B, T]` float32 cross-entropy of `target_ids`, taken from the
+                head a chunk of tokens at a time).
+            layer_intercept_fn: optional `f(x, i) -> x` that sees (and may
+                replace) the embedded tokens (`i = -1`) and each block's output
+                (`i = 0, 1, ...`), e.g. to take gradients with respect to them.
+            target_ids: int `[B, T]`, the token each position should predict
+                (usually `token_ids` shifted left by one); needed for `"loss"`.
+
+        Example:
+        >>> ids = tf.constant([[5, 9, 14, 3]])
+        >>> losses = causal_lm.score(ids, scoring_mode="loss", target_ids=tf.roll(ids, -1, axis=1))  # doctest: +SKIP
+        """
+        if scoring_mode not in ("logits", "loss"):
+            raise ValueError(f"`scoring_mode` must be 'logits' or 'loss'. Received: scoring_mode={scoring_mode!r}")
+        if scoring_mode == "loss" and target_ids is None:
+            raise ValueError("scoring_mode='loss' needs `target_ids`, the token each position should predict.")
+        if padding_mask is not None:
+            padding_mask = ops.cast(padding_mask, "bool")
+        backbone = self.backbone
+        hidden = backbone.hidden_states(token_ids, padding_mask, intercept=layer_intercept_fn)
+        if scoring_mode == "logits":
+            return backbone.logits(hidden)
+        return backbone.token_losses(hidden, target_ids)
+
     def call_with_cache(self, token_ids, cache, padding_mask=None):
         """Continues the sequence `cache` summarises with `token_ids [B, T]`.
 

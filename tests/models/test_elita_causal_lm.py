@@ -151,6 +151,46 @@ def test_from_preset_names_what_is_wrong(proto, tmp_path):
         ElitaCausalLM.from_preset(damaged("assets/tokenizer/vocabulary.spm", cut=True))
 
 
+@pytest.mark.parametrize("name", ["elita", "transformer"])
+def test_score_gives_keras_hub_s_logits_losses_and_intercepts(name):
+    causal_lm = ElitaCausalLM(_backbone(name))
+    x = _prompts([8, 5], 8)
+    ids, mask = tf.constant(x["token_ids"]), tf.constant(x["padding_mask"])
+    targets = tf.roll(ids, -1, axis=1)
+    logits = causal_lm.backbone(x)
+    np.testing.assert_allclose(causal_lm.score(ids, mask), logits, rtol=1e-6, atol=1e-6)
+    losses = causal_lm.score(ids, mask, scoring_mode="loss", target_ids=targets)
+    want = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")(targets, logits)
+    np.testing.assert_allclose(losses, want, rtol=1e-5, atol=1e-6)
+    # The intercept sees the embeddings (-1) and every block's output, and what it returns is used.
+    seen = []
+
+    def intercept(h, i):
+        seen.append(i)
+        return h * 0.0 if i == -1 else h
+
+    zeroed = causal_lm.score(ids, mask, layer_intercept_fn=intercept)
+    assert seen == [-1, 0, 1]
+    assert not np.allclose(zeroed, logits)
+    np.testing.assert_allclose(zeroed[0], zeroed[0, :1].numpy().repeat(8, 0), rtol=1e-5, atol=1e-5)  # no tokens seen
+    # Gradients of the losses with respect to the embeddings, as keras-hub's example takes them.
+    with tf.GradientTape() as tape:
+        embedded = []
+
+        def watch(h, i):
+            if i == -1:
+                tape.watch(h)
+                embedded.append(h)
+            return h
+
+        total = tf.reduce_sum(causal_lm.score(ids, mask, "loss", watch, targets))
+    assert np.abs(tape.gradient(total, embedded[0])).max() > 0
+    with pytest.raises(ValueError, match="Received: scoring_mode='perplexity'"):
+        causal_lm.score(ids, scoring_mode="perplexity")
+    with pytest.raises(ValueError, match="needs `target_ids`"):
+        causal_lm.score(ids, scoring_mode="loss")
+
+
 def test_generate_refuses_what_it_cannot_do_by_name(proto):
     causal_lm = ElitaCausalLM(_backbone("elita"), ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24))
     causal_lm.compile(sampler="greedy")
