@@ -2,6 +2,8 @@
 
 import ast
 import os
+import subprocess
+import sys
 
 # Found without importing it: a cycle that breaks the import must still be reported as a cycle.
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "elita_tf")
@@ -56,3 +58,32 @@ def test_one_model_class():
     for path in sources:
         text = open(path).read()
         assert "build_decoder" not in text and "DecoderModel" not in text and "elita_tf.generation" not in text, path
+
+
+def test_import_and_the_commands_help_load_no_tensorflow():
+    # `elita-train --help` (and a bad flag) answers before TensorFlow is imported: the package loads lazily.
+    code = (
+        "import sys, contextlib, io\n"
+        "import elita_tf\n"
+        "from elita_tf.cli import compare, train\n"
+        "for main in (train.main, compare.main):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        try:\n"
+        "            main(['--help'])\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras', 'keras_hub', 'numpy'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_a_class_imported_from_its_package_is_registered_with_keras():
+    code = (
+        "import keras\n"
+        "from elita_tf.models import ElitaCausalLM\n"
+        "names = ['ElitaBackbone', 'ElitaCausalLM', 'ElitaTokenizer', 'Attention2']\n"
+        "print([keras.saving.get_registered_object('elita_tf>' + name) is not None for name in names])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[True, True, True, True]", out

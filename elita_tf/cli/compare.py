@@ -11,7 +11,6 @@ import sys
 
 from elita_tf.cli.errors import DEBUG_HELP, run_command
 from elita_tf.cli.train import add_settings_flags
-from elita_tf.training.compare import compare
 from elita_tf.training.settings import TrainSettings
 
 # Set per run by compare itself.
@@ -40,6 +39,8 @@ def main(argv=None):
         parser.error(str(error))
 
     def body():
+        from elita_tf.training.compare import compare  # TensorFlow, once the arguments are parsed
+
         compare(fixed["output_dir"], fixed["architectures"], fixed["seeds"], fixed["plot"], **options)
         return 0
 

@@ -10,13 +10,11 @@ import dataclasses
 import os
 import sys
 
+# Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, run_command, split_debug
-from elita_tf.data.wikitext import CONFIG_NAMES, DATA_DIR_ENV, split_files
-from elita_tf.models import ARCHITECTURES
-from elita_tf.models.architectures import POSITION_MODES
-from elita_tf.training import TrainSettings, train
-from elita_tf.training.loop import check_carry_state
-from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES
+from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, split_files
+from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
+from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES, TrainSettings
 
 _HELP = {
     "architecture": f"one of {sorted(ARCHITECTURES)}",
@@ -83,6 +81,8 @@ def parse_args(argv=None):
     except ValueError as error:
         parser.error(str(error))
     if settings.carry_state:
+        from elita_tf.training.loop import check_carry_state  # needs the model's defaults: TensorFlow
+
         try:
             check_carry_state(settings)
         except ValueError as error:
@@ -101,6 +101,8 @@ def main(argv=None):
     resume = f"The run's last checkpoint is in {settings.output_dir}: run the same command to resume."
 
     def body():
+        from elita_tf.training.loop import train
+
         train(settings)
         return 0
 

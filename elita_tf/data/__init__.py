@@ -1,12 +1,24 @@
-"""WikiText through tensorflow-datasets, SentencePiece, and the language-modelling tf.data pipeline."""
+"""WikiText through tensorflow-datasets, SentencePiece, and the language-modelling tf.data pipeline.
 
-from elita_tf.data.pipeline import (
-    lm_dataset,
-    steps_per_epoch,
-    stream_dataset,
-    stream_steps_per_epoch,
-    token_stream,
-    token_windows,
+Each name loads its module on first use (`elita_tf.lazy`).
+"""
+
+from elita_tf.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "lm_dataset": "pipeline",
+        "steps_per_epoch": "pipeline",
+        "stream_dataset": "pipeline",
+        "stream_steps_per_epoch": "pipeline",
+        "token_stream": "pipeline",
+        "token_windows": "pipeline",
+        "make_tokenizer": "tokenizer",
+        "train_sentencepiece": "tokenizer",
+        "CONFIG_NAMES": "sources",
+        "Wikitext": "wikitext",
+        "load_wikitext": "wikitext",
+        "split_files": "sources",
+    },
 )
-from elita_tf.data.tokenizer import make_tokenizer, train_sentencepiece
-from elita_tf.data.wikitext import CONFIG_NAMES, Wikitext, load_wikitext, split_files

@@ -21,6 +21,16 @@ import urllib.request
 import zipfile
 
 SPLIT_FILES = {"train": "train", "validation": "valid", "test": "test"}
+# The offline setting: a local WikiText directory used whenever no directory is passed.
+DATA_DIR_ENV = "ELITA_WIKITEXT_DIR"
+# Each variant: its folder inside the archive, its files' suffix, a description.
+VARIANTS = {
+    "wikitext-2-raw-v1": ("wikitext-2-raw", "raw", "WikiText-2, raw text"),
+    "wikitext-2-v1": ("wikitext-2", "tokens", "WikiText-2, <unk> tokens"),
+    "wikitext-103-raw-v1": ("wikitext-103-raw", "raw", "WikiText-103, raw text"),
+    "wikitext-103-v1": ("wikitext-103", "tokens", "WikiText-103, <unk> tokens"),
+}
+CONFIG_NAMES = list(VARIANTS)
 
 # Lines of each split file, and tokens (words plus one end-of-line a line) of the tokenised variants.
 _LINES_2 = {"train": 36_718, "validation": 3_760, "test": 4_358}
@@ -143,4 +153,25 @@ def fetch_wikitext(config, directory):
         + "\n".join(failures)
         + "\nOffline, or behind a firewall: put wiki.train, wiki.valid and wiki.test files in a directory "
         "and pass it as --data-dir (or set ELITA_WIKITEXT_DIR)."
+    )
+
+
+def split_files(directory, config_name):
+    """`{split: path}` of the three split files of variant `config_name` in `directory` (or its folder).
+
+    Raises:
+        ValueError: for an unknown variant.
+        FileNotFoundError: naming the files expected, when any is missing.
+    """
+    if config_name not in VARIANTS:
+        raise ValueError(f"Unknown WikiText config. Expected one of {CONFIG_NAMES}. Received: {config_name!r}")
+    folder, suffix, _ = VARIANTS[config_name]
+    names = {split: f"wiki.{stem}.{suffix}" for split, stem in SPLIT_FILES.items()}
+    for root in [directory, os.path.join(directory, folder)]:
+        paths = {split: os.path.join(root, name) for split, name in names.items()}
+        if all(os.path.isfile(p) for p in paths.values()):
+            return paths
+    raise FileNotFoundError(
+        f"WikiText data directory {directory!r} must hold {', '.join(names.values())} "
+        f"(the {config_name} files, optionally inside {folder}/)."
     )

@@ -1,7 +1,7 @@
 """WikiText (Merity et al. 2016) as a tensorflow-datasets builder, online or from a local directory.
 
     import tensorflow_datasets as tfds
-    import elita_tf.data  # registers the builder "wikitext"
+    import elita_tf.data.wikitext  # registers the builder "wikitext"
 
     # With internet: downloads from a source that serves WikiText today (`sources.py`).
     splits = tfds.load("wikitext/wikitext-2-v1")
@@ -23,51 +23,24 @@ import os
 import tensorflow_datasets as tfds
 
 from elita_tf.data.sources import SPLIT_FILES as SPLITS
-from elita_tf.data.sources import fetch_wikitext
-
-# The offline setting: a local WikiText directory used whenever no directory is passed.
-DATA_DIR_ENV = "ELITA_WIKITEXT_DIR"
+from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, VARIANTS, fetch_wikitext, split_files
 
 
 class WikitextConfig(tfds.core.BuilderConfig):
-    """One WikiText variant: the folder inside its archive and the files' suffix."""
+    """One WikiText variant (`variant`, a `CONFIG_NAMES` entry): its folder inside the archive and its files' suffix.
 
-    def __init__(self, *, folder, suffix, **kwargs):
-        super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
-        self.folder = folder
-        self.suffix = suffix
-
-
-CONFIGS = [
-    WikitextConfig(name="wikitext-2-raw-v1", folder="wikitext-2-raw", suffix="raw", description="WikiText-2, raw text"),
-    WikitextConfig(name="wikitext-2-v1", folder="wikitext-2", suffix="tokens", description="WikiText-2, <unk> tokens"),
-    WikitextConfig(
-        name="wikitext-103-raw-v1", folder="wikitext-103-raw", suffix="raw", description="WikiText-103, raw text"
-    ),
-    WikitextConfig(
-        name="wikitext-103-v1", folder="wikitext-103", suffix="tokens", description="WikiText-103, <unk> tokens"
-    ),
-]
-CONFIG_NAMES = [c.name for c in CONFIGS]
-
-
-def split_files(directory, config):
-    """`{split: path}` of the three split files in `directory` (or its `config.folder`).
-
-    Raises:
-        FileNotFoundError: naming the files expected, when any is missing.
+    A config of local files is named after their content, and keeps its variant.
     """
-    if isinstance(config, str):
-        config = _config(config)
-    names = {split: f"wiki.{stem}.{config.suffix}" for split, stem in SPLITS.items()}
-    for root in [directory, os.path.join(directory, config.folder)]:
-        paths = {split: os.path.join(root, name) for split, name in names.items()}
-        if all(os.path.isfile(p) for p in paths.values()):
-            return paths
-    raise FileNotFoundError(
-        f"WikiText data directory {directory!r} must hold {', '.join(names.values())} "
-        f"(the {config.name} files, optionally inside {config.folder}/)."
-    )
+
+    def __init__(self, *, variant, **kwargs):
+        kwargs.setdefault("name", variant)
+        kwargs.setdefault("description", VARIANTS[variant][2])
+        super().__init__(version=tfds.core.Version("1.0.0"), **kwargs)
+        self.variant = variant
+        self.folder, self.suffix, _ = VARIANTS[variant]
+
+
+CONFIGS = [WikitextConfig(variant=name) for name in VARIANTS]
 
 
 def files_sha256(paths):
@@ -134,7 +107,7 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
             root = source = os.fspath(dl_manager.manual_dir)
         except (AssertionError, ValueError):  # no manual directory given: download
             root, source = fetch_wikitext(self.builder_config, os.fspath(dl_manager.download_dir))
-        paths = split_files(root, self.builder_config)
+        paths = split_files(root, self.builder_config.variant)
         self.info.metadata["sha256"] = files_sha256(paths)
         self.info.metadata["source"] = source
         return {split: self._generate_examples(path) for split, path in paths.items()}
@@ -170,16 +143,15 @@ def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, wi
     local_dir = local_dir or os.environ.get(DATA_DIR_ENV) or None
     if local_dir is not None:
         local_dir = os.path.abspath(local_dir)
-        paths = split_files(local_dir, config)
+        paths = split_files(local_dir, config.name)
         for split, path in paths.items():  # fail early, naming the file
             if next(read_lines(path), None) is None:
                 raise ValueError(f"The WikiText {split} split is empty ({path}): there is no text to use.")
         download_config = tfds.download.DownloadConfig(manual_dir=local_dir)
         # Keyed by content: a cache prepared from other files is never reused.
         config = WikitextConfig(
+            variant=config.variant,
             name=f"{config.name}-local-{files_sha256(paths)[:16]}",
-            folder=config.folder,
-            suffix=config.suffix,
             description=f"{config.description}, from local files",
         )
     builder = Wikitext(config=config, data_dir=tfds_dir)

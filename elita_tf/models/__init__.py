@@ -1,7 +1,20 @@
-"""The decoder language model as keras-hub classes, and the named architectures it is built from."""
+"""The decoder language model as keras-hub classes, and the named architectures it is built from.
 
-from elita_tf.models.architectures import ARCHITECTURES, BLOCK_TYPES, FFN_TYPES
-from elita_tf.models.elita_backbone import ElitaBackbone, architecture_config
-from elita_tf.models.elita_causal_lm import ElitaCausalLM
-from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
-from elita_tf.models.elita_tokenizer import ElitaTokenizer
+Each name loads its module on first use (`elita_tf.lazy`): `ARCHITECTURES` without TensorFlow.
+"""
+
+from elita_tf.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ARCHITECTURES": "architectures",
+        "BLOCK_TYPES": "architectures",
+        "FFN_TYPES": "architectures",
+        "ElitaBackbone": "elita_backbone",
+        "architecture_config": "elita_backbone",
+        "ElitaCausalLM": "elita_causal_lm",
+        "ElitaCausalLMPreprocessor": "elita_causal_lm_preprocessor",
+        "ElitaTokenizer": "elita_tokenizer",
+    },
+)

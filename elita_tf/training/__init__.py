@@ -1,18 +1,26 @@
-"""Training as a library: settings, the loop, run directories (manifest, lock) and checkpoints."""
+"""Training as a library: settings, the loop, run directories (manifest, lock) and checkpoints.
 
-from elita_tf.training.checkpoints import (
-    CorruptCheckpointError,
-    latest_checkpoint,
-    list_checkpoints,
-    load_latest_checkpoint,
-    save_checkpoint,
-    verify_checkpoint,
+Each name loads its module on first use (`elita_tf.lazy`).
+"""
+
+from elita_tf.lazy import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CorruptCheckpointError": "checkpoints",
+        "latest_checkpoint": "checkpoints",
+        "list_checkpoints": "checkpoints",
+        "load_latest_checkpoint": "checkpoints",
+        "save_checkpoint": "checkpoints",
+        "verify_checkpoint": "checkpoints",
+        "DistributedSetupError": "distributed",
+        "make_strategy": "distributed",
+        "StepLog": "loop",
+        "train": "loop",
+        "RunDirectory": "run_directory",
+        "RunDirectoryError": "run_directory",
+        "write_atomically": "run_directory",
+        "TrainSettings": "settings",
+    },
 )
-from elita_tf.training.distributed import DistributedSetupError, make_strategy
-from elita_tf.training.loop import StepLog, train
-from elita_tf.training.run_directory import (
-    RunDirectory,
-    RunDirectoryError,
-    write_atomically,
-)
-from elita_tf.training.settings import TrainSettings

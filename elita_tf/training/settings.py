@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from elita_tf.data.wikitext import CONFIG_NAMES
+from elita_tf.data.sources import CONFIG_NAMES
 from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
 
 STRATEGIES = ("default", "mirrored", "multiworker")
