@@ -289,10 +289,12 @@ class ElitaBackbone(keras_hub.models.Backbone):
             Every layer and the logits follow it, as in keras-hub's models;
             recurrent states, accumulators and the training loss stay float32.
 
-    Every projection is a Keras `Dense` or `EinsumDense` layer, so
-    `quantize("int8")` covers them all and `enable_lora(rank)` adapts them
-    all (`default_lora_layer_names`); the documented weights stay reachable
-    by name (`backbone.get_layer("block_0").mixer.k1` is ELiTA's `k1` kernel).
+    Every projection is a Keras `Dense` or `EinsumDense` layer and the token
+    embedding a Keras `ReversibleEmbedding`, so `quantize("int8")` covers them
+    all (a quantized backbone saves and loads as a preset) and
+    `enable_lora(rank)` adapts every projection (`default_lora_layer_names`);
+    the documented weights stay reachable by name
+    (`backbone.get_layer("block_0").mixer.k1` is ELiTA's `k1` kernel).
 
     Example:
     >>> backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=100, num_layers=2, hidden_dim=32)
