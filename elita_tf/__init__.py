@@ -8,4 +8,4 @@ from elita_tf.lazy import lazy_exports
 __version__ = "0.1.0"
 
 _SUBMODULES = ("data", "export", "layers", "models", "ops", "optimizers", "schedules", "training")
-__getattr__, __dir__ = lazy_exports(__name__, {name: name for name in _SUBMODULES})
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {name: name for name in _SUBMODULES})

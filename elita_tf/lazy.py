@@ -9,7 +9,7 @@ import importlib
 
 
 def lazy_exports(package, exports):
-    """`(__getattr__, __dir__)` for `package`: `exports` maps each public name to the module that holds it.
+    """`(__getattr__, __dir__, __all__)` for `package`: `exports` maps each public name to the module holding it.
 
     A name that maps to itself is a submodule (`"layers": "layers"`).
     """
@@ -23,4 +23,4 @@ def lazy_exports(package, exports):
     def __dir__():
         return sorted(exports)
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(exports)

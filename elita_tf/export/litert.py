@@ -81,6 +81,9 @@ def model_identity(causal_lm, quantize=None):
 
 def _with_identity(flatbuffer, identity):
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(flatbuffer))
+    if any((buffer.offset or 0) > 1 for buffer in model.buffers):
+        # Over 2 GB the converter stores weights after the flatbuffer, which rewriting it would drop.
+        raise ValueError("LiteRT files over 2 GB are not supported: their weights live outside the flatbuffer.")
     buffer = flatbuffer_utils.schema_fb.BufferT()
     buffer.data = np.frombuffer(json.dumps(identity, sort_keys=True).encode(), np.uint8)
     model.buffers.append(buffer)

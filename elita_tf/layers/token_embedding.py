@@ -47,8 +47,17 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
             # Embedding tables are not autocast (a gather reads float32): cast the transposed table here.
             kernel = keras.ops.cast(keras.ops.transpose(self.embeddings), self.compute_dtype)
             return keras.ops.matmul(keras.ops.cast(inputs, self.compute_dtype), kernel)
+        return self._checked(super().call, inputs)
+
+    def quantized_call(self, inputs, reverse=False):
+        # A quantized layer is called here instead of `call`: the same id checks around the int8 lookup.
+        if reverse:
+            return super().quantized_call(inputs, reverse=True)
+        return self._checked(super().quantized_call, inputs)
+
+    def _checked(self, lookup, inputs):
         token_ids, in_range = check_token_ids(inputs, self.input_dim)
-        embedded = super().call(token_ids)
+        embedded = lookup(token_ids)
         # Where the range assertion cannot run (XLA drops it), an out-of-range id embeds to NaN:
         # a gather would clamp it (XLA) or return zeros (GPU), a silent wrong result.
         return tf.where(in_range[..., None], embedded, tf.constant(float("nan"), embedded.dtype))

@@ -570,11 +570,13 @@ def _check_preset_files(preset, load_weights):
         if not os.path.isfile(os.path.join(preset, name)):
             raise FileNotFoundError(f"The preset directory {preset!r} has no {name}: it is incomplete.")
     vocabulary = os.path.join(preset, "assets", "tokenizer", "vocabulary.spm")
-    try:
-        if load_weights and not sharded:
+    if load_weights and not sharded:
+        try:
             h5py.File(weights, "r").close()
-        if os.path.isfile(vocabulary):
+        except OSError as error:
+            raise ValueError(f"{weights} cannot be read (damaged or truncated?): {error}") from None
+    if os.path.isfile(vocabulary):
+        try:
             sentencepiece.SentencePieceProcessor(model_file=vocabulary)
-    except (OSError, RuntimeError) as error:
-        path = vocabulary if isinstance(error, RuntimeError) else weights
-        raise ValueError(f"{path} cannot be read (damaged or truncated?): {error}") from None
+        except Exception as error:  # its error type varies with sentencepiece's version and the damage
+            raise ValueError(f"{vocabulary} cannot be read (damaged or truncated?): {error}") from None

@@ -5,7 +5,7 @@ Each name loads its module on first use (`elita_tf.lazy`).
 
 from elita_tf.lazy import lazy_exports
 
-__getattr__, __dir__ = lazy_exports(
+__getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         "CorruptCheckpointError": "checkpoints",

@@ -17,6 +17,10 @@ import zipfile
 
 import keras
 
+# The package loads lazily: the classes a checkpoint names are imported here, so that Keras finds them registered.
+import elita_tf.models.elita_causal_lm  # noqa: F401
+import elita_tf.schedules  # noqa: F401  (the learning-rate schedules, and NormalizedSGD)
+
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8})\.keras$")
 

@@ -1,6 +1,8 @@
 """LiteRT export: prefill/decode signatures, built-in ops only, run by the `ai_edge_litert` interpreter."""
 
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -176,3 +178,13 @@ def test_undefined_next_tokens_are_nan_and_the_runner_refuses_them(trained, tmp_
     assert len(model.generate([1, 2, 3, 4, 5], 4)) == 4  # reads 8 tokens
     with pytest.raises(ValueError, match="past the buffers.*Received: 9 tokens"):
         model.generate([1, 2, 3, 4, 5], 5)
+
+
+def test_elita_export_in_a_fresh_process_loads_the_run_s_checkpoint(trained, tmp_path):
+    # Nothing else imported: the checkpoint's optimizer and schedule classes must register themselves.
+    run, *_ = trained
+    out = tmp_path / "preset"
+    command = [sys.executable, "-m", "elita_tf.cli.export", "--run-dir", str(run), "--format", "preset"]
+    done = subprocess.run([*command, "--output", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ElitaCausalLM.from_preset(str(out)).backbone.num_layers == 2

@@ -259,6 +259,11 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
     got = backbone(x)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()  # close, and not the float model
     assert not np.array_equal(got, want)
+    # The int8 lookup keeps the id checks: an error eagerly, NaN where XLA drops the assertion.
+    with pytest.raises(ValueError, match=r"Token ids must be in \[0, vocabulary_size=40\).*=99"):
+        backbone.token_embedding(tf.constant([[1, 99]]))
+    embedded = tf.function(backbone.token_embedding, jit_compile=True)(tf.constant([[1, 99]]))
+    assert np.isfinite(embedded[0, 0]).all() and np.isnan(embedded[0, 1]).all()
     # The loss path (evaluation) reads the quantized head through its call, not its int8 table.
     labels = tf.constant(x["token_ids"])
     losses = backbone.token_losses(backbone.hidden_states(labels), labels)
