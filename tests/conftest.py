@@ -37,6 +37,26 @@ def write_tiny_wikitext(directory, lines_per_split=(400, 60, 60), seed=0):
     return directory
 
 
+WORDS = (
+    "the cat dog sees a house river tree walks near big small old young red green blue stone bridge under over "
+    "bird sings loud quiet night day sun moon rain snow wind field city road king queen garden apple window door "
+    "mountain valley forest ocean island winter summer autumn spring morning evening story letter music painting"
+).split()
+
+
+def write_documents(folder, count, seed=0, lines=6):
+    """`count` plain-text files of `lines` random sentences each in `folder`; returns their glob."""
+    import numpy as np
+
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        text = [" ".join(rng.choice(WORDS, 7)) + " ." for _ in range(lines)]
+        with open(os.path.join(folder, f"doc-{i:03d}.txt"), "w") as f:
+            f.write("\n".join(text) + "\n")
+    return os.path.join(str(folder), "*.txt")
+
+
 @pytest.fixture(scope="session")
 def tiny_wikitext(tmp_path_factory):
     return write_tiny_wikitext(str(tmp_path_factory.mktemp("wikitext")))

@@ -8,6 +8,7 @@ flag). Python blocks run as written, with `TrainSettings` given the same tiny si
 
 import dataclasses
 import functools
+import json
 import os
 import re
 import shlex
@@ -15,7 +16,7 @@ import subprocess
 import sys
 
 from elita_tf import training
-from tests.conftest import write_tiny_wikitext
+from tests.conftest import write_documents, write_tiny_wikitext
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -70,6 +71,11 @@ def test_the_readme_has_the_two_set_up_commands_that_ci_runs():
 
 def test_every_readme_block_runs(tmp_path, monkeypatch):
     data = write_tiny_wikitext(str(tmp_path / "wikitext"))
+    # The own-text examples' files, as a user would have them.
+    write_documents(tmp_path / "my-texts", 100, seed=0, lines=20)
+    write_documents(tmp_path / "new-texts", 100, seed=1, lines=20)
+    notes = [{"body": open(path).read()} for path in sorted((tmp_path / "new-texts").iterdir())]
+    (tmp_path / "notes.jsonl").write_text("".join(json.dumps(note) + "\n" for note in notes))
     environment = {
         **os.environ,
         "ELITA_WIKITEXT_DIR": data,

@@ -4,5 +4,5 @@
 # Not run in this project: its machines hold WikiText-2 only. Downloads by default.
 set -euo pipefail
 out="${1:-runs/wikitext103}"
-elita-compare --architectures elita transformer --seeds 0 --dataset wikitext-103-v1 --output-dir "$out" \
+elita-compare --architectures elita transformer --seeds 0 --data wikitext-103-v1 --output-dir "$out" \
   --epochs 1 --checkpoint-every 100 --verbose 2 --plot "$out/ELiTA_wikitext103.png"

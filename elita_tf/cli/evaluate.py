@@ -1,4 +1,4 @@
-"""`elita-evaluate`: a trained run's loss and perplexity on a WikiText split, and its loss by position.
+"""`elita-evaluate`: a run's loss and perplexity on a split of its data or on any text, and its loss by position.
 
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --quantize int8
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
@@ -17,7 +17,8 @@ import os
 import sys
 
 from elita_tf.cli.errors import DEBUG_HELP, run_command
-from elita_tf.data.wikitext import DATA_DIR_ENV
+from elita_tf.data.sources import DATA_DIR_ENV
+from elita_tf.data.text_files import DOCUMENTS, TextCorpus, data_kind
 from elita_tf.models.architectures import POSITION_MODES
 from elita_tf.training.evaluate import QUANTIZATIONS, SPLITS, evaluate
 from elita_tf.training.run_directory import write_atomically
@@ -27,6 +28,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="elita-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, help="a finished elita-train output directory")
     parser.add_argument("--split", default="test", choices=SPLITS)
+    parser.add_argument(
+        "--data",
+        help="score this text instead of the run's: text files or .jsonl (scored whole), a WikiText config or "
+        "tfds:NAME (its --split)",
+    )
+    parser.add_argument("--text-field", default="text", help="JSON Lines and TFDS: the field holding the text")
+    parser.add_argument("--documents", default="file", choices=DOCUMENTS, help="plain text: how documents are cut")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="evaluate after Keras' quantize(MODE)")
     parser.add_argument("--litert", help="score through this LiteRT file of the run (elita-export --format litert)")
     parser.add_argument(
@@ -55,6 +63,11 @@ def main(argv=None):
             parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
     if args.window_length is not None and args.window_length < 2:
         parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
+    if args.data is not None and data_kind(args.data) in ("text", "jsonl"):
+        try:
+            TextCorpus(args.data, holdout_fraction=0.0)  # the files exist
+        except ValueError as error:
+            parser.error(str(error))
     if args.output:  # before any work: an evaluation is not lost to a path that cannot be written
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -66,6 +79,9 @@ def main(argv=None):
             result = evaluate(
                 args.run_dir,
                 split=args.split,
+                data=args.data,
+                text_field=args.text_field,
+                documents=args.documents,
                 data_dir=args.data_dir,
                 tfds_dir=args.tfds_dir,
                 batch_size=args.batch_size,

@@ -1,6 +1,10 @@
-"""`elita-train`: train (or resume) a language model of a named architecture on WikiText.
+"""`elita-train`: train (or resume) a language model of a named architecture on WikiText or your own text.
 
     elita-train --architecture elita --output-dir runs/elita --epochs 3
+    elita-train --data "my-texts/*.txt" --output-dir runs/mine
+    elita-train --data corpus.jsonl --text-field body --output-dir runs/jsonl
+    elita-train --data tfds:lm1b --output-dir runs/lm1b
+    elita-train --init-from runs/mine --data "new-texts/*.txt" --lora-rank 8 --output-dir runs/tuned
 
 Every flag is a field of `elita_tf.training.TrainSettings`; the loop is `elita_tf.training.train`.
 """
@@ -13,12 +17,24 @@ import sys
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, run_command, split_debug
 from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, split_files
+from elita_tf.data.text_files import DOCUMENTS, TextCorpus, data_kind
 from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
 from elita_tf.training.settings import DTYPE_POLICIES, OPTIMIZERS, STRATEGIES, TrainSettings
 
 _HELP = {
     "architecture": f"one of {sorted(ARCHITECTURES)}",
+    "data": f"the training text: a WikiText config {CONFIG_NAMES}, tfds:NAME[/CONFIG], a .jsonl file, or a glob "
+    "of plain-text files (quote it)",
     "data_dir": f"local WikiText directory (wiki.*.tokens or .raw); defaults to ${DATA_DIR_ENV}; else downloads",
+    "validation_data": "text files or .jsonl for the validation split (default: held out of --data)",
+    "test_data": "text files or .jsonl for the test split (default: held out of --data)",
+    "documents": "plain-text files: each file is a document, or blank lines separate documents",
+    "text_field": "JSON Lines and TFDS: the field holding the text",
+    "holdout_fraction": "share of --data's documents held out for each split it does not provide",
+    "tokenizer_sample_bytes": "SentencePiece trains on a seeded sample of at most this much train text",
+    "init_from": "fine-tune: start from this run directory's or preset's weights, tokenizer and architecture",
+    "lora_rank": "with --init-from: train LoRA adapters of this rank on every projection, nothing else",
+    "merge_lora": "with --lora-rank: the run's preset holds the merged weights instead of the adapters",
     "tfds_dir": "where tensorflow-datasets keeps prepared data",
     "max_steps": "stop after this many steps in all (a token budget)",
     "checkpoint_every": "steps between checkpoints",
@@ -35,7 +51,7 @@ _HELP = {
     "positions)",
 }
 _CHOICES = {
-    "dataset": CONFIG_NAMES,
+    "documents": DOCUMENTS,
     "strategy": STRATEGIES,
     "optimizer": OPTIMIZERS,
     "dtype_policy": DTYPE_POLICIES,
@@ -57,8 +73,6 @@ def add_settings_flags(parser, exclude=(), defaults=True):
             parser.add_argument(flag, action="store_true", help=_HELP.get(field.name))
             continue
         default = None if field.default is dataclasses.MISSING else field.default
-        if field.name == "data_dir":
-            default = os.environ.get(DATA_DIR_ENV) or None
         kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
         parser.add_argument(
             flag,
@@ -80,6 +94,15 @@ def parse_args(argv=None):
         settings = TrainSettings(**{k: v for k, v in vars(parser.parse_args(argv)).items() if k != "debug"})
     except ValueError as error:
         parser.error(str(error))
+    if settings.init_from is not None:
+        from elita_tf.training.loop import MODEL_FIELDS, init_from_settings  # reads the model: TensorFlow
+
+        # The flags given on the command line, defaults aside: those must agree with the model.
+        given_flags = vars(add_settings_flags(argparse.ArgumentParser(), defaults=False).parse_known_args(argv)[0])
+        try:
+            settings = init_from_settings(settings, [key for key in MODEL_FIELDS if given_flags[key] is not None])
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
     if settings.carry_state:
         from elita_tf.training.loop import check_carry_state  # needs the model's defaults: TensorFlow
 
@@ -87,11 +110,14 @@ def parse_args(argv=None):
             check_carry_state(settings)
         except ValueError as error:
             parser.error(str(error))
-    if settings.data_dir is not None:
-        try:
-            split_files(settings.data_dir, settings.dataset)
-        except FileNotFoundError as error:
-            parser.error(str(error))
+    try:  # the data's files exist (a full check of the text comes before the run writes anything)
+        if data_kind(settings.data) == "wikitext":
+            if settings.data_dir or os.environ.get(DATA_DIR_ENV):
+                split_files(settings.data_dir or os.environ[DATA_DIR_ENV], settings.data)
+        elif data_kind(settings.data) != "tfds":
+            TextCorpus(settings.data, settings.validation_data, settings.test_data)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
     return settings
 
 

@@ -1,4 +1,4 @@
-"""WikiText through tensorflow-datasets, SentencePiece, and the language-modelling tf.data pipeline.
+"""Text (WikiText, TFDS, your own files), SentencePiece, and the language-modelling tf.data pipeline.
 
 Each name loads its module on first use (`elita_tf.lazy`).
 """
@@ -8,6 +8,9 @@ from elita_tf.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
+        "load_corpus": "corpus",
+        "TextCorpus": "text_files",
+        "sample_text": "tokenizer",
         "lm_dataset": "pipeline",
         "steps_per_epoch": "pipeline",
         "stream_dataset": "pipeline",

@@ -3,6 +3,7 @@
 import io
 import re
 
+import numpy as np
 import sentencepiece
 import tensorflow as tf
 import tensorflow_text
@@ -58,6 +59,35 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
             ) from None
         raise
     return model.getvalue()
+
+
+def sample_text(lines, max_bytes, seed=0):
+    """A seeded sample of at most `max_bytes` of text from a dataset of lines, to train a tokenizer on.
+
+    A corpus that fits in `max_bytes` is returned whole, in order. A larger one is read twice, never
+    held: once to measure it, once keeping each line with probability `max_bytes / total`.
+
+    Args:
+        lines: `tf.data.Dataset` of `tf.string` lines.
+        max_bytes: int. The sample's size bound, in UTF-8 bytes.
+        seed: int. Which lines are kept. Defaults to `0`.
+
+    Returns:
+        list of `str`.
+    """
+    sizes = lines.map(lambda line: tf.cast(tf.strings.length(line), tf.int64))
+    total = int(sizes.reduce(tf.constant(0, tf.int64), tf.add))
+    keep = min(1.0, max_bytes / max(total, 1))
+    rng = np.random.default_rng(seed)
+    sample, size = [], 0
+    for line in lines.as_numpy_iterator():
+        if keep < 1.0 and rng.random() >= keep:
+            continue
+        if size + len(line) > max_bytes:
+            break
+        sample.append(line.decode("utf-8"))
+        size += len(line)
+    return sample
 
 
 def make_tokenizer(model_proto, add_eos=True):

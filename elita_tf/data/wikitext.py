@@ -24,6 +24,7 @@ import tensorflow_datasets as tfds
 
 from elita_tf.data.sources import SPLIT_FILES as SPLITS
 from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, VARIANTS, fetch_wikitext, split_files
+from elita_tf.data.text_files import read_lines
 
 
 class WikitextConfig(tfds.core.BuilderConfig):
@@ -52,27 +53,6 @@ def files_sha256(paths):
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def read_lines(path):
-    """The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`; a byte-order mark is not text.
-
-    Raises:
-        ValueError: naming the file, the line and the byte, when a line is not UTF-8.
-    """
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                # "utf-8-sig" drops a byte-order mark at the start of the first line.
-                text = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"{path}, line {number}: not UTF-8 text ({error.reason} at byte {error.start} of the line: "
-                    f"{raw[max(0, error.start - 10) : error.start + 10]!r}). WikiText files are UTF-8; "
-                    "convert or remove that line."
-                ) from None
-            if text:
-                yield number, text
 
 
 def _config(name):

@@ -285,6 +285,9 @@ class ElitaBackbone(keras_hub.models.Backbone):
         first_value_projection: bool. A learned value projection with gains in
             the first `"simplified"` block, as the Simplified Transformer's
             official configuration. Defaults to `False`.
+        lora_rank: int or None. Start with LoRA adapters of this rank on every
+            projection (`enable_lora`); an adapted model's config records it,
+            so it saves and loads with its adapters. Defaults to `None`.
         dtype: optional dtype policy of every layer (e.g. `"mixed_bfloat16"`).
             Every layer and the logits follow it, as in keras-hub's models;
             recurrent states, accumulators and the training loss stay float32.
@@ -329,6 +332,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         ffn_bias=True,
         ffn_init_stddev=None,
         first_value_projection=False,
+        lora_rank=None,
         dtype=None,
         **kwargs,
     ):
@@ -379,6 +383,9 @@ class ElitaBackbone(keras_hub.models.Backbone):
         self._layers_by_name = layers
         for name, value in config.items():
             setattr(self, name, value)
+        self.lora_rank = None
+        if lora_rank is not None:  # a saved adapted model: its adapters come back before its weights load
+            self.enable_lora(lora_rank)
 
     @property
     def decode_limit(self):
@@ -468,12 +475,50 @@ class ElitaBackbone(keras_hub.models.Backbone):
     def get_config(self):
         config = super().get_config()
         config.update(self._architecture)
+        if self.lora_rank is not None:
+            config["lora_rank"] = self.lora_rank
         return config
 
     def count_params_without_embeddings(self):
         """Weights of the blocks and norms: `count_params()` less the token and position tables and the head."""
         tables = [name for name in ("token_embedding", "position_embedding", "logits") if name in self._layers_by_name]
         return self.count_params() - sum(self.get_layer(name).count_params() for name in tables)
+
+    def enable_lora(self, rank, target_layer_names=None):
+        """keras-hub's `enable_lora`, remembered in the config (with the default targets), so an adapted
+        model saves, loads and resumes training as one."""
+        if target_layer_names is not None:
+            raise ValueError(
+                "ElitaBackbone adapts its default projections (`default_lora_layer_names`), so that a saved adapted "
+                f"model loads as one. Received: target_layer_names={target_layer_names!r}"
+            )
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise ValueError(f"The LoRA rank must be a positive integer. Received: rank={rank!r}")
+        super().enable_lora(rank)
+        self.lora_rank = rank
+
+    def merge_lora(self):
+        """A backbone without adapters whose projections hold `W + A B`: the same function, for serving.
+
+        Example:
+        >>> backbone.enable_lora(4)          # doctest: +SKIP
+        >>> merged = backbone.merge_lora()   # doctest: +SKIP
+        """
+        if self.lora_rank is None:
+            raise ValueError("This backbone has no LoRA adapters to merge: call `enable_lora(rank)` first.")
+        config = self.get_config()
+        del config["lora_rank"]
+        merged = type(self).from_config(config)
+        # An adapted layer's `kernel` is the merged one; its weights list the frozen `_kernel`.
+        merged_kernels = {
+            id(layer._kernel): layer.kernel
+            for layer in self._flatten_layers(include_self=False)
+            if getattr(layer, "lora_enabled", False)
+        }
+        sources = [w for w in self.weights if w.path.rsplit("/", 1)[-1] not in ("lora_kernel_a", "lora_kernel_b")]
+        for target, source in zip(merged.weights, sources, strict=True):
+            target.assign(merged_kernels.get(id(source), source))
+        return merged
 
     def default_lora_layer_names(self):
         """Every projection of every block (not the embedding or the head): `enable_lora(rank)` adapts them all."""
@@ -522,7 +567,7 @@ def architecture_config(name, **overrides):
     defaults = {
         key: parameter.default
         for key, parameter in inspect.signature(ElitaBackbone.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty and key != "dtype"
+        if parameter.default is not inspect.Parameter.empty and key not in ("dtype", "lora_rank")
     }
     return check_architecture(**{**defaults, **architecture(name), **overrides})
 

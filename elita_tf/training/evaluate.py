@@ -1,10 +1,11 @@
-"""`evaluate`: the loss and perplexity of a finished training run on a WikiText split.
+"""`evaluate`: the loss and perplexity of a finished training run on a split of its data, or on any text.
 
     from elita_tf.training.evaluate import evaluate
     evaluate("runs/compare/elita/seed-0", split="test", quantize="int8")
     evaluate("runs/compare/elita/seed-0", split="test", litert="elita.tflite")  # the exported file
     evaluate("runs/compare/elita/seed-0", window_length=4096)                   # longer windows
     evaluate("runs/compare/elita/seed-0", window_length=4096, carry_state=True)  # the split as one stream
+    evaluate("runs/mine", data="new-texts/*.txt")                                # all of other text
 
 By default the split is cut into the training run's windows (its `sequence_length`, its
 tokenizer, every line ending with the end-of-line id), so the float result equals the run's own
@@ -24,7 +25,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.data import load_wikitext, make_tokenizer, token_windows
+from elita_tf.data import load_corpus, make_tokenizer, token_windows
+from elita_tf.data.text_files import data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
@@ -101,6 +103,9 @@ def _stream_losses(backbone, stream, segment_length, progress):
 def evaluate(
     run_dir,
     split="test",
+    data=None,
+    text_field="text",
+    documents="file",
     data_dir=None,
     tfds_dir=None,
     batch_size=None,
@@ -117,6 +122,10 @@ def evaluate(
     Args:
         run_dir: a finished `elita-train` run directory.
         split: `"train"`, `"validation"` or `"test"`. Defaults to `"test"`.
+        data: None (the run's own data, split as it was), or other text in any form
+            `load_corpus` reads. Text files and JSON Lines are scored whole (the
+            result's split is `"all"`); WikiText and TFDS data by `split`.
+        text_field, documents: how `data` is read (`load_corpus`).
         data_dir: a local WikiText directory; None reads `ELITA_WIKITEXT_DIR`, else downloads.
         tfds_dir: where tensorflow-datasets keeps prepared data (its default when None).
         batch_size: int. Windows per batch. Defaults to the run's batch size,
@@ -197,13 +206,23 @@ def evaluate(
         )
     if quantize:
         backbone.quantize(quantize)
-    splits, data = load_wikitext(manifest["data"]["dataset"], local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
-    if data["sha256"] != manifest["data"]["sha256"]:
-        print(
-            f"Warning: the {data['dataset']} files read ({data['source']}, sha256 {data['sha256'][:12]}...) are not "
-            f"the ones the run trained on (sha256 {manifest['data']['sha256'][:12]}...).",
-            file=sys.stderr,
+    if data is None:  # the run's own data, split as it was for training
+        splits, data = load_corpus(
+            manifest["data"]["dataset"], data_dir=data_dir, tfds_dir=tfds_dir, **manifest["data"].get("corpus", {})
         )
+        if data["sha256"] != manifest["data"]["sha256"]:
+            print(
+                f"Warning: the {data['dataset']} files read ({data['source']}, sha256 {data['sha256'][:12]}...) are "
+                f"not the ones the run trained on (sha256 {manifest['data']['sha256'][:12]}...).",
+                file=sys.stderr,
+            )
+    elif data_kind(data) in ("text", "jsonl"):  # all of it, one split
+        splits, data = load_corpus(
+            data, documents=documents, text_field=text_field, holdout_fraction=0.0, required_splits=("train",)
+        )
+        split, splits = "all", {"all": splits["train"]}
+    else:
+        splits, data = load_corpus(data, data_dir=data_dir, tfds_dir=tfds_dir, text_field=text_field)
     tokenizer = make_tokenizer(causal_lm.preprocessor.tokenizer.proto)
     # One stream: cut in the shortest windows, so that at most two tokens of the split are left out.
     cut = 2 if carry_state else length

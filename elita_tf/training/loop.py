@@ -1,10 +1,13 @@
-"""The training loop: an `ElitaCausalLM` of a named architecture, fitted on WikiText, resumable exactly.
+"""The training loop: an `ElitaCausalLM` of a named architecture, fitted on a corpus, resumable exactly.
 
     from elita_tf.training import TrainSettings, train
     results = train(TrainSettings("runs/elita", architecture="elita", epochs=2))
+    results = train(TrainSettings("runs/mine", data="my-texts/*.txt"))
 
-WikiText is downloaded (and prepared once by tensorflow-datasets) unless `data_dir` or the
-environment variable `ELITA_WIKITEXT_DIR` names a local directory holding its files.
+The corpus is WikiText-2 unless `data` names another (`elita_tf.data.load_corpus`). WikiText is
+downloaded (and prepared once by tensorflow-datasets) unless `data_dir` or the environment
+variable `ELITA_WIKITEXT_DIR` names a local directory holding its files. The text is read and
+checked before the run directory is touched: bad input leaves nothing behind.
 
 A run directory (`RunDirectory`) keeps the training state apart from the model it publishes:
 
@@ -39,12 +42,14 @@ import tempfile
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from elita_tf.data import (
     lm_dataset,
-    load_wikitext,
+    load_corpus,
     make_tokenizer,
+    sample_text,
     steps_per_epoch,
     stream_dataset,
     stream_steps_per_epoch,
@@ -53,8 +58,8 @@ from elita_tf.data import (
     train_sentencepiece,
 )
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
-from elita_tf.models.architectures import architecture, decode_limit
-from elita_tf.models.elita_backbone import architecture_config
+from elita_tf.models.architectures import ARCHITECTURES, architecture, decode_limit
+from elita_tf.models.elita_backbone import architecture_config, resolve_preset
 from elita_tf.schedules import elita_adam, three_lin_sgd
 from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoint
 from elita_tf.training.distributed import (
@@ -116,6 +121,69 @@ def model_config(settings):
     return architecture_config(settings.architecture, **overrides)
 
 
+# The settings that shape the model: a fine-tuned run takes them from the model it starts from.
+MODEL_FIELDS = (
+    "architecture",
+    "vocabulary_size",
+    "hidden_dim",
+    "num_layers",
+    "num_heads",
+    "head_dim",
+    "sequence_length",
+    "dropout",
+    "position_mode",
+)
+
+
+def preset_architecture(preset):
+    """`(recipe name, backbone config)` of the model in a run directory or keras-hub preset.
+
+    Raises:
+        ValueError: when the model is none of `ARCHITECTURES` at any size.
+    """
+    with open(os.path.join(resolve_preset(preset), "config.json")) as f:
+        config = json.load(f)["config"]
+    size = ("vocabulary_size", "hidden_dim", "num_layers", "num_heads", "head_dim", "max_sequence_length")
+    overrides = {key: config[key] for key in (*size, "dropout", "position_mode")}
+    for name in ARCHITECTURES:
+        try:
+            candidate = architecture_config(name, **overrides)
+        except ValueError:
+            continue
+        if all(config.get(key) == value for key, value in candidate.items()):
+            return name, config
+    raise ValueError(f"The model in {preset!r} is none of the architectures {sorted(ARCHITECTURES)}.")
+
+
+def init_from_settings(settings, given=None):
+    """`settings` with the model fields (`MODEL_FIELDS`) of the model `settings.init_from` names.
+
+    Args:
+        settings: a `TrainSettings`.
+        given: the names of the model fields the user set; None takes those
+            that differ from `TrainSettings`' defaults.
+
+    Raises:
+        ValueError: naming a given field that disagrees with the model.
+    """
+    if settings.init_from is None:
+        return settings
+    name, config = preset_architecture(settings.init_from)
+    values = {key: config[key] for key in ("vocabulary_size", "hidden_dim", "num_layers", "num_heads", "head_dim")}
+    values.update(architecture=name, sequence_length=config["max_sequence_length"], dropout=config["dropout"])
+    values["position_mode"] = config["position_mode"] if "elita" in config["blocks"] else None
+    if given is None:
+        defaults = {field.name: field.default for field in dataclasses.fields(settings)}
+        given = [key for key in MODEL_FIELDS if getattr(settings, key) != defaults[key]]
+    for key in given:
+        if getattr(settings, key) != values[key]:
+            raise ValueError(
+                f"--init-from {settings.init_from} is a model with {key}={values[key]!r}: fine-tuning keeps its "
+                f"architecture. Leave --{key.replace('_', '-')} out. Received: {key}={getattr(settings, key)!r}"
+            )
+    return dataclasses.replace(settings, **values)
+
+
 def resolve_position_mode(settings, run_path):
     """`settings` with `position_mode` decided, when it was left to the run (None).
 
@@ -155,10 +223,21 @@ def check_carry_state(settings):
 
 def requested_manifest(settings, config, data):
     """What makes this run this run: a resumed run must match it field by field."""
+    fine_tuning = {}
+    if settings.init_from is not None:
+        weights = os.path.join(resolve_preset(settings.init_from), "model.weights.h5")
+        with open(weights, "rb") as f:
+            fine_tuning["init_from"] = {
+                "preset": os.path.abspath(settings.init_from),
+                "weights_sha256": hashlib.file_digest(f, "sha256").hexdigest(),
+                "lora_rank": settings.lora_rank,
+            }
     return {
+        **fine_tuning,
         "architecture": settings.architecture,
         "model": config,
-        "data": {"dataset": data["dataset"], "sha256": data["sha256"]},
+        # WikiText's record is its name and hash; other text also records how it was split.
+        "data": {key: data[key] for key in ("dataset", "sha256", "corpus") if key in data},
         "training": {
             "sequence_length": settings.sequence_length,
             "batch_size": settings.batch_size,
@@ -170,25 +249,37 @@ def requested_manifest(settings, config, data):
     }
 
 
-def prepare_run(settings, run_dir):
+def load_settings_corpus(settings):
+    """`load_corpus` of the text `settings` names: `(splits, data)`."""
+    return load_corpus(
+        settings.data,
+        data_dir=settings.data_dir,
+        tfds_dir=settings.tfds_dir,
+        validation_data=settings.validation_data,
+        test_data=settings.test_data,
+        documents=settings.documents,
+        text_field=settings.text_field,
+        holdout_fraction=settings.holdout_fraction,
+        seed=settings.seed,
+    )
+
+
+def prepare_run(settings, run_dir, splits, data):
     """Checks the directory against the request, then the tokenizer and the windows of the three splits.
 
-    A new run trains the tokenizer and writes `run.json`; a
-    resumed one reuses its tokenizer after checking its hash. Returns
-    `(config, windows, data)`.
+    A new run trains the tokenizer, cuts every split, and only then writes
+    the tokenizer and `run.json`; a resumed one reuses its tokenizer after
+    checking its hash. Returns `(config, windows)`.
     """
-    splits, data = load_wikitext(
-        settings.dataset, local_dir=settings.data_dir, tfds_dir=settings.tfds_dir, with_info=True
-    )
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
     stored = run_dir.check_manifest(manifest)
     tokenizer_path = run_dir.file(TOKENIZER)
-    if stored is None:
-        lines = (line.decode("utf-8") for line in splits["train"].as_numpy_iterator())
-        proto = train_sentencepiece(lines, vocabulary_size=settings.vocabulary_size, seed=settings.seed)
-        write_atomically(tokenizer_path, proto)
-        run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
+    if stored is None and settings.init_from is not None:  # fine-tuning keeps the model's own tokenizer
+        proto = ElitaCausalLM.from_preset(settings.init_from, load_weights=False).preprocessor.tokenizer.proto
+    elif stored is None:
+        text = sample_text(splits["train"], settings.tokenizer_sample_bytes, seed=settings.seed)
+        proto = train_sentencepiece(text, vocabulary_size=settings.vocabulary_size, seed=settings.seed)
     else:
         proto = open(tokenizer_path, "rb").read() if os.path.exists(tokenizer_path) else b""
         if _sha256(proto) != stored["tokenizer_sha256"]:
@@ -197,13 +288,21 @@ def prepare_run(settings, run_dir):
                 f"(sha256 {stored['tokenizer_sha256'][:12]}...). Restore it, or use --force-new."
             )
     tokenizer = make_tokenizer(proto)
-    windows = {
-        split: token_windows(lines, tokenizer, settings.sequence_length, vocabulary_size=settings.vocabulary_size)
-        for split, lines in splits.items()
-    }
+    windows = {}
+    for split, lines in splits.items():
+        try:
+            windows[split] = token_windows(
+                lines, tokenizer, settings.sequence_length, vocabulary_size=settings.vocabulary_size
+            )
+        except ValueError as error:
+            source = data.get("corpus", {}).get(f"{split}_data") or data["dataset"]  # the files given for it
+            raise ValueError(f"The {split} split ({source}): {error}") from None
     if settings.carry_state:  # the train split as one stream, with its article starts
         windows["train_stream"] = token_stream(splits["train"], tokenizer, vocabulary_size=settings.vocabulary_size)
-    return config, windows, data
+    if stored is None:
+        write_atomically(tokenizer_path, proto)
+        run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
+    return config, windows
 
 
 class StepLog(keras.callbacks.Callback):
@@ -305,22 +404,25 @@ def train(settings, callbacks=(), strategy=None):
     """
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
+    settings = init_from_settings(settings)
+    corpus = load_settings_corpus(settings)  # before the run directory: bad text leaves nothing behind
     if strategy.extended.should_checkpoint:  # the chief, or the only process
         with RunDirectory(settings.output_dir, force_new=settings.force_new) as run_dir:
-            return _train(settings, strategy, run_dir, run_dir.path, callbacks)
+            return _train(settings, strategy, run_dir, run_dir.path, corpus, callbacks)
     with tempfile.TemporaryDirectory(prefix="elita-worker-") as scratch, RunDirectory(scratch) as run_dir:
         # A worker resumes from the chief's checkpoints, unless the chief is discarding them.
         checkpoints = scratch if settings.force_new else settings.output_dir
-        return _train(settings, strategy, run_dir, checkpoints, callbacks)
+        return _train(settings, strategy, run_dir, checkpoints, corpus, callbacks)
 
 
-def _train(settings, strategy, run_dir, checkpoints, callbacks):
+def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     chief = strategy.extended.should_checkpoint
     settings = resolve_position_mode(settings, checkpoints)
     keras.utils.set_random_seed(settings.seed)
     if settings.carry_state:
         check_carry_state(settings)
-    config, windows, data = prepare_run(settings, run_dir)
+    splits, data = corpus
+    config, windows = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
         per_epoch = stream_steps_per_epoch(
             len(windows["train_stream"][0]), settings.batch_size, settings.sequence_length
@@ -343,6 +445,13 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         model, checkpoint = load_latest_checkpoint(checkpoints)
         if model is None:
             model = ElitaCausalLM(ElitaBackbone(**config, dtype=settings.dtype_policy))
+            if settings.init_from is not None:
+                start_from = ElitaBackbone.from_preset(settings.init_from)
+                if start_from.lora_rank is not None:  # an adapted model starts from its merged weights
+                    start_from = start_from.merge_lora()
+                model.backbone.set_weights(start_from.get_weights())
+            if settings.lora_rank is not None:
+                model.backbone.enable_lora(settings.lora_rank)
             if settings.carry_state:
                 model.enable_carried_state(settings.batch_size)
             model.compile(
@@ -414,6 +523,7 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
         "seed": settings.seed,
         "steps": total,
         "params": model.backbone.count_params(),
+        "trainable_params": sum(int(np.prod(w.shape)) for w in model.backbone.trainable_weights),
         "params_without_embeddings": model.backbone.count_params_without_embeddings(),
         "replicas": replicas,
         "data": data,
@@ -434,6 +544,6 @@ def _train(settings, strategy, run_dir, checkpoints, callbacks):
     write_atomically(run_dir.file("results.json"), json.dumps(results, indent=2))
     if chief:
         # The trained model as a keras-hub preset, in the run's `preset/` folder.
-        save_run_preset(model, run_dir.path)
+        save_run_preset(ElitaCausalLM(model.backbone.merge_lora()) if settings.merge_lora else model, run_dir.path)
         print(json.dumps(results, indent=2), flush=True)
     return results

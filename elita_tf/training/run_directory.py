@@ -80,6 +80,7 @@ class RunDirectory:
         self._lock_file = None
 
     def __enter__(self):
+        self._created = not os.path.exists(self.path)
         try:
             os.makedirs(self.path, exist_ok=True)
             lock = open(os.path.join(self.path, LOCK), "a+")
@@ -108,7 +109,7 @@ class RunDirectory:
         self._lock_file = lock
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         if self._lock_file is not None:
             # Emptied before it is released: a non-empty lock file means its holder died.
             self._lock_file.seek(0)
@@ -116,6 +117,11 @@ class RunDirectory:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
+            if exc_type is not None and not os.path.exists(self.file(MANIFEST)):
+                # A run that failed before it started (bad text, say) leaves nothing behind.
+                os.remove(self.file(LOCK))
+                if self._created and not os.listdir(self.path):
+                    os.rmdir(self.path)
         return False
 
     def file(self, name):

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from elita_tf.data.sources import CONFIG_NAMES
+from elita_tf.data.text_files import DOCUMENTS, data_kind
 from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
 
 STRATEGIES = ("default", "mirrored", "multiworker")
@@ -12,7 +12,7 @@ DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
 @dataclasses.dataclass(frozen=True)
 class TrainSettings:
-    """One training run of an architecture on WikiText (`elita_tf.training.train`).
+    """One training run of an architecture on a corpus, WikiText-2 by default (`elita_tf.training.train`).
 
     The model's fields carry `ElitaBackbone`'s names; `sequence_length` is the
     training window `T`, which is also the model's `max_sequence_length`.
@@ -20,10 +20,23 @@ class TrainSettings:
     Attributes:
         output_dir: str. The run directory (see `RunDirectory`).
         architecture: str. One of `elita_tf.models.ARCHITECTURES`. Defaults to `"elita"`.
-        data_dir: str or None. A local WikiText directory; None reads
-            `ELITA_WIKITEXT_DIR`, else downloads.
-        dataset: str. A WikiText config. Defaults to `"wikitext-2-v1"`.
+        data: str. The training text: a WikiText config, `"tfds:NAME[/CONFIG]"`,
+            a `.jsonl` file or a glob of plain-text files (`elita_tf.data.load_corpus`).
+            Defaults to `"wikitext-2-v1"`.
+        data_dir: str or None. WikiText only: a local directory of its files;
+            None reads `ELITA_WIKITEXT_DIR`, else downloads.
         tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
+        validation_data, test_data: str or None. Text files or JSON Lines for
+            that split; a split not given is held out of `data`.
+        documents: str. Plain-text files: `"file"` (a file is a document) or
+            `"blank-line"` (blank lines separate documents). Defaults to `"file"`.
+        text_field: str. JSON Lines and TFDS: the field holding the text.
+            Defaults to `"text"`.
+        holdout_fraction: float. The share of `data`'s documents held out for
+            each split it does not provide. Defaults to `0.05`.
+        tokenizer_sample_bytes: int. SentencePiece trains on a seeded sample of
+            at most this much train text (all of WikiText-2 and -103 fit the
+            default). Defaults to `10**9`.
         vocabulary_size: int. SentencePiece pieces, the model's vocabulary. Defaults to `5000`.
         sequence_length: int. Training length `T`. Defaults to `256`.
         batch_size: int. Global batch. Defaults to `128`.
@@ -48,6 +61,14 @@ class TrainSettings:
             `"mixed_float16"`: float32 weights, the layers computing in 16
             bits (the recurrent states, the loss and the head stay float32).
             Defaults to `"float32"`.
+        init_from: str or None. Fine-tuning: start from the weights, tokenizer
+            and architecture of a trained model (a finished run directory or a
+            keras-hub preset). Its architecture wins: a model field given that
+            disagrees with it is an error (`init_from_settings`).
+        lora_rank: int or None. With `init_from`, train LoRA adapters of this
+            rank on every projection and nothing else (Hu et al. 2021).
+        merge_lora: bool. With `lora_rank`, the run's preset holds the merged
+            weights `W + A B` (a plain model) instead of the adapters.
         carry_state: bool. Truncated backpropagation through time: each batch
             row reads its own contiguous stream of the split, and every
             block's decoding state carries over from one step to the next,
@@ -70,9 +91,15 @@ class TrainSettings:
 
     output_dir: str
     architecture: str = "elita"
+    data: str = "wikitext-2-v1"
     data_dir: str = None
-    dataset: str = "wikitext-2-v1"
     tfds_dir: str = None
+    validation_data: str = None
+    test_data: str = None
+    documents: str = "file"
+    text_field: str = "text"
+    holdout_fraction: float = 0.05
+    tokenizer_sample_bytes: int = 10**9
     vocabulary_size: int = 5000
     sequence_length: int = 256
     batch_size: int = 128
@@ -86,6 +113,9 @@ class TrainSettings:
     position_mode: str = None
     optimizer: str = "adam"
     dtype_policy: str = "float32"
+    init_from: str = None
+    lora_rank: int = None
+    merge_lora: bool = False
     carry_state: bool = False
     seed: int = 0
     checkpoint_every: int = 20
@@ -102,8 +132,18 @@ class TrainSettings:
 
         if self.architecture not in ARCHITECTURES:
             fail("architecture", f"one of {sorted(ARCHITECTURES)}")
-        if self.dataset not in CONFIG_NAMES:
-            fail("dataset", f"one of {CONFIG_NAMES}")
+        if not isinstance(self.data, str) or not self.data:
+            fail("data", "a WikiText config, tfds:NAME, a .jsonl file or a glob of text files")
+        own_text = data_kind(self.data) in ("text", "jsonl")
+        for name in ("validation_data", "test_data"):
+            if getattr(self, name) is not None and not own_text:
+                fail(name, f"None: {self.data!r} has its own splits")
+        if self.data_dir is not None and data_kind(self.data) != "wikitext":
+            fail("data_dir", f"None: it names WikiText's files, and data={self.data!r}")
+        if self.documents not in DOCUMENTS:
+            fail("documents", f"one of {list(DOCUMENTS)}")
+        if not 0.0 <= self.holdout_fraction < 0.5:
+            fail("holdout_fraction", "in [0, 0.5)")
         if self.strategy not in STRATEGIES:
             fail("strategy", f"one of {list(STRATEGIES)}")
         if self.optimizer not in OPTIMIZERS:
@@ -118,9 +158,10 @@ class TrainSettings:
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
         positive = ["vocabulary_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "hidden_dim"]
-        for name in positive + ["num_layers", "num_heads", "head_dim", "max_steps", "eval_batches"]:
+        positive.append("tokenizer_sample_bytes")
+        for name in positive + ["num_layers", "num_heads", "head_dim", "max_steps", "eval_batches", "lora_rank"]:
             value = getattr(self, name)
-            if value is None and name in ("max_steps", "eval_batches"):
+            if value is None and name in ("max_steps", "eval_batches", "lora_rank"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 fail(name, "a positive integer")
@@ -136,6 +177,10 @@ class TrainSettings:
             fail("seed", "a non-negative integer")
         if self.verbose not in (0, 1, 2):
             fail("verbose", "0, 1 or 2")
+        if self.lora_rank is not None and self.init_from is None:
+            fail("lora_rank", "None without init_from: LoRA adapts a trained model")
+        if self.merge_lora and self.lora_rank is None:
+            fail("merge_lora", "False without lora_rank: there are no adapters to merge")
         if self.carry_state and self.strategy != "default":
             raise ValueError(
                 "A carried state is one batch of streams in one process: `carry_state` needs strategy='default'. "

@@ -307,18 +307,6 @@ def _trainable(name, dtype=None, optimizer=None, jit_compile=False, **compile_kw
     return causal_lm
 
 
-@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_every_architecture_trains_20_steps(name):
-    causal_lm = _trainable(name)
-    assert causal_lm._chunked_loss_applies()
-    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches()]
-    assert all(np.isfinite(losses))
-    # fastformerLM's head divides tied logits of N(0, 0.02) embeddings by sqrt(d): it starts
-    # uniform and moves slowly at this learning rate (measured: 3.18 -> 3.08 in 20 steps).
-    drop = 0.05 if name == "additive-reference" else 0.3
-    assert np.mean(losses[-5:]) < losses[0] - drop, losses
-
-
 # The three heads: an untied `logits` layer, the tied embedding, and the tied embedding scaled by 1/sqrt(d).
 @pytest.mark.parametrize("name", ["elita", "simplified-reference", "additive-reference"])
 def test_the_chunked_loss_trains_and_evaluates_as_keras_loss_on_the_logits(name):
@@ -363,11 +351,17 @@ def test_out_of_range_ids_under_xla_give_nan_not_a_clamped_row():
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
-def test_every_architecture_trains_and_generates_under_xla(name):
-    # Keras compiles with XLA by default on GPUs: the training step and the decoding loop must compile.
+def test_every_architecture_learns_and_generates_under_xla(name):
+    # Keras compiles with XLA by default on GPUs: the training step and the decoding loop must compile,
+    # and 20 steps (with the chunked loss) learn the rule.
     causal_lm = _trainable(name, jit_compile=True)
-    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches(steps=3)]
-    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    assert causal_lm._chunked_loss_applies()
+    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches()]
+    assert all(np.isfinite(losses))
+    # fastformerLM's head divides tied logits of N(0, 0.02) embeddings by sqrt(d): it starts
+    # uniform and moves slowly at this learning rate (measured: 3.18 -> 3.08 in 20 steps).
+    drop = 0.05 if name == "additive-reference" else 0.3
+    assert np.mean(losses[-5:]) < losses[0] - drop, losses
     if name in DECODING:
         prompts = _prompts([3, 1], 9, vocabulary_size=24)
         causal_lm.compile(sampler="greedy", jit_compile=True)

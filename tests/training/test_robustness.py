@@ -285,7 +285,7 @@ def test_a_new_run_clamps_its_positions_and_a_resumed_run_keeps_its_own(tiny_wik
 
 
 def test_a_byte_order_mark_is_not_text(tmp_path):
-    from elita_tf.data.wikitext import read_lines
+    from elita_tf.data.text_files import read_lines
 
     path = tmp_path / "wiki.train.tokens"
     path.write_bytes("\ufeff = Title = \n the cat \ufeff sees \n".encode("utf-8"))

@@ -1,0 +1,143 @@
+"""Any training text as three `tf.data` splits of lines: WikiText, a TFDS text dataset, text files or JSON Lines.
+
+    splits, info = load_corpus("wikitext-2-v1")                  # WikiText, as `load_wikitext`
+    splits, info = load_corpus("tfds:lm1b", text_field="text")    # any TFDS dataset with a text feature
+    splits, info = load_corpus("books/*.txt", holdout_fraction=0.1)
+    splits, info = load_corpus("corpus.jsonl", text_field="body")
+
+Every form gives `{"train", "validation", "test"}` datasets of `tf.string` lines, and `info`:
+`{"dataset", "source", "sha256"}`, plus `"corpus"` (the settings that decide the splits) for all
+but WikiText. A split the data does not provide is held out of the train split by a seeded hash of
+each document's (or TFDS example's) position.
+"""
+
+import hashlib
+import json
+
+import tensorflow as tf
+
+from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
+from elita_tf.data.wikitext import load_wikitext
+
+# Other names TFDS datasets give their validation split.
+_VALIDATION_NAMES = ("validation", "valid", "dev")
+
+
+def _lines_of(texts):
+    """A dataset of texts as one of their non-empty stripped lines."""
+    lines = texts.map(lambda text: tf.strings.split(text, "\n")).unbatch().map(tf.strings.strip)
+    return lines.filter(lambda line: tf.strings.length(line) > 0)
+
+
+def _held_out(index, seed, holdout_fraction):
+    """`split_of` in the graph: 0 train, 1 validation, 2 test, by a hash of `(seed, index)`."""
+    bucket = tf.strings.to_hash_bucket_fast(tf.strings.format("{}:{}", (seed, index)), 2**31 - 1)
+    u = tf.cast(bucket, tf.float64) / (2**31 - 1)
+    return tf.where(u < holdout_fraction, 2, tf.where(u < 2 * holdout_fraction, 1, 0))
+
+
+def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed):
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=tfds_dir)
+        builder.download_and_prepare()
+    except Exception as error:  # noqa: BLE001 - TFDS raises many kinds; the first line says which
+        raise ValueError(f"--data tfds:{name}: {str(error).strip().splitlines()[0]}") from None
+    features = builder.info.features
+    texts = sorted(key for key, feature in features.items() if isinstance(feature, tfds.features.Text))
+    field = text_field if text_field in texts else (texts[0] if len(texts) == 1 else None)
+    if field is None:
+        raise ValueError(
+            f"tfds:{name} has no text feature {text_field!r}: its text features are {texts}. "
+            f"Name one with --text-field. Received: text_field={text_field!r}"
+        )
+    available = set(builder.info.splits)
+    if "train" not in available:
+        raise ValueError(f"tfds:{name} has no train split: its splits are {sorted(available)}.")
+    given = {"train": "train", "test": "test" if "test" in available else None}
+    given["validation"] = next((s for s in _VALIDATION_NAMES if s in available), None)
+    train = builder.as_dataset(split="train", shuffle_files=False).map(lambda example: example[field])
+    provided = tuple(code for code, split in enumerate(SPLITS) if split != "train" and given[split])
+    splits = {}
+    for code, split in enumerate(SPLITS):
+        if split != "train" and given[split]:
+            texts_ds = builder.as_dataset(split=given[split], shuffle_files=False).map(lambda example: example[field])
+        else:
+            # Train keeps what is not held out, and what it holds out for a split TFDS provides.
+            keep = (0, *provided) if split == "train" else (code,)
+            texts_ds = train.enumerate().filter(
+                lambda index, _, keep=keep: tf.reduce_any(tf.equal(_held_out(index, seed, holdout_fraction), keep))
+            )
+            texts_ds = texts_ds.map(lambda _, text: text)
+        splits[split] = _lines_of(texts_ds)
+    settings = {"text_field": field, "holdout_fraction": holdout_fraction, "seed": seed}
+    described = {
+        "name": builder.info.full_name,
+        "splits": {split: given[split] for split in SPLITS},
+        "examples": {split: builder.info.splits[split].num_examples for split in sorted(available)},
+        **settings,
+    }
+    sha256 = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+    info = {"dataset": f"tfds:{name}", "source": f"tfds:{builder.info.full_name}", "sha256": sha256}
+    return splits, {**info, "corpus": settings}
+
+
+def load_corpus(
+    data="wikitext-2-v1",
+    data_dir=None,
+    tfds_dir=None,
+    validation_data=None,
+    test_data=None,
+    documents="file",
+    text_field="text",
+    holdout_fraction=0.05,
+    seed=0,
+    required_splits=SPLITS,
+):
+    """The three splits of `data` as `tf.data.Dataset`s of lines, and where they came from.
+
+    Args:
+        data: str. A WikiText config (`"wikitext-2-v1"`, ...), `"tfds:NAME[/CONFIG]"`, a `.jsonl`
+            file, or a glob of plain-text files. Defaults to `"wikitext-2-v1"`.
+        data_dir: str or None. WikiText only: a local directory of its files (`load_wikitext`).
+        tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
+        validation_data, test_data: str or None. Text files or JSON Lines for a split, instead of
+            holding it out of `data`.
+        documents: str. Plain text: `"file"` or `"blank-line"` (`TextCorpus`).
+        text_field: str. JSON Lines and TFDS: the field of the text. Defaults to `"text"`; a TFDS
+            dataset with a single text feature uses it whatever its name.
+        holdout_fraction: float. Share of `data` held out for each split it does not provide.
+            Defaults to `0.05`.
+        seed: int. Which documents are held out. Defaults to `0`.
+        required_splits: the splits of text files or JSON Lines that must hold a document.
+            Defaults to all three.
+
+    Returns:
+        `(splits, info)`: `{"train", "validation", "test"}` datasets of `tf.string` lines, and
+        `{"dataset", "source", "sha256"}` (plus `"corpus"`, the split settings, for all but WikiText).
+
+    Raises:
+        ValueError: bad input, naming the file and line (`TextCorpus.check`), an unknown TFDS dataset,
+            or a missing text feature.
+    """
+    kind = data_kind(data)
+    if kind != "text" and kind != "jsonl" and (validation_data or test_data):
+        raise ValueError(
+            f"--validation-data and --test-data go with text files or JSON Lines; {data!r} has its own splits. "
+            f"Received: validation_data={validation_data!r}, test_data={test_data!r}"
+        )
+    if kind == "wikitext":
+        return load_wikitext(data, local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
+    if kind == "tfds":
+        return _load_tfds(data[len("tfds:") :], tfds_dir, text_field, holdout_fraction, seed)
+    corpus = TextCorpus(data, validation_data, test_data, documents, text_field, holdout_fraction, seed)
+    checked = corpus.check(required_splits)
+    splits = {
+        split: tf.data.Dataset.from_generator(
+            lambda split=split: corpus.lines(split), output_signature=tf.TensorSpec([], tf.string)
+        )
+        for split in SPLITS
+    }
+    info = {"dataset": data, "source": f"{data} ({len(corpus.paths['train'])} files)", "sha256": checked["sha256"]}
+    return splits, {**info, "documents": checked["documents"], "corpus": corpus.settings()}
