@@ -3,16 +3,18 @@
 Shell blocks run command by command: the set-up steps (virtual environment, pip, the test run
 itself) are what CI's `.ci/run` executes, and are skipped here; every `elita-*` command runs as
 written with flags appended that shrink it to the tiny corpus (argparse keeps the last value of a
-flag). Python blocks run as written, with `TrainSettings` given the same tiny sizes.
+flag), through the `main` its console script calls, in this process (a fresh interpreter a
+command would cost TensorFlow's import each time; tests/training/test_errors.py runs the installed
+commands themselves). Python blocks run as written, with `TrainSettings` given the same tiny sizes.
 """
 
 import dataclasses
 import functools
+import importlib
 import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 from elita_tf import training
@@ -32,6 +34,13 @@ TINY = {
     "max_steps": 2,
     "eval_batches": 1,
     "verbose": 0,
+}
+# The `main` of each console script (setup.cfg's entry points).
+COMMANDS = {
+    "elita-train": "elita_tf.cli.train",
+    "elita-compare": "elita_tf.cli.compare",
+    "elita-evaluate": "elita_tf.cli.evaluate",
+    "elita-export": "elita_tf.cli.export",
 }
 SHRINK = {
     "elita-train": [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()],
@@ -69,21 +78,22 @@ def test_the_readme_has_the_two_set_up_commands_that_ci_runs():
     assert tests.split("&& ", 2)[-1] in ci  # CI installs and tests with the README's own command
 
 
-def test_every_readme_block_runs(tmp_path, monkeypatch):
+def test_the_commands_are_the_console_scripts():
+    with open(os.path.join(REPO, "setup.cfg")) as f:
+        scripts = dict(re.findall(r"^\s*(elita-[\w-]+) = ([\w.]+):main$", f.read(), flags=re.M))
+    assert scripts == COMMANDS
+
+
+def test_every_readme_block_runs(tmp_path, monkeypatch, capsys):
     data = write_tiny_wikitext(str(tmp_path / "wikitext"))
     # The own-text examples' files, as a user would have them.
     write_documents(tmp_path / "my-texts", 100, seed=0, lines=20)
     write_documents(tmp_path / "new-texts", 100, seed=1, lines=20)
     notes = [{"body": open(path).read()} for path in sorted((tmp_path / "new-texts").iterdir())]
     (tmp_path / "notes.jsonl").write_text("".join(json.dumps(note) + "\n" for note in notes))
-    environment = {
-        **os.environ,
-        "ELITA_WIKITEXT_DIR": data,
-        "TFDS_DATA_DIR": str(tmp_path / "tfds"),
-        "PATH": BIN + os.pathsep + os.environ["PATH"],
-        "PYTHONPATH": REPO,
-    }
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", BIN + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("PYTHONPATH", REPO)  # elita-compare's runs, each a process of its own
     monkeypatch.setenv("ELITA_WIKITEXT_DIR", data)
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
     sizes = {k: v for k, v in TINY.items() if k in {f.name for f in dataclasses.fields(training.TrainSettings)}}
@@ -100,8 +110,11 @@ def test_every_readme_block_runs(tmp_path, monkeypatch):
             words = shlex.split(command)
             assert words[0] in SHRINK, f"README runs a command this test does not know: {command}"
             extra = SHRINK[words[0]] + (["--window-length=32"] if "--window-length" in words else [])
-            proc = subprocess.run(words + extra, env=environment, capture_output=True, text=True)
-            assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
+            try:
+                status = importlib.import_module(COMMANDS[words[0]]).main(words[1:] + extra)
+            except SystemExit as stop:  # a flag refused
+                status = stop.code
+            assert status == 0, f"{command}\n{capsys.readouterr().err[-3000:]}"
             ran.append(words[0])
     assert ran.count("python") == 4 and {"elita-compare", "elita-train", "elita-evaluate", "elita-export"} <= set(ran)
     assert os.path.exists(tmp_path / "runs" / "compare" / "ELiTA.png")  # the quick start's plot, in its own directory

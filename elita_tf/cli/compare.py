@@ -13,8 +13,8 @@ from elita_tf.cli.errors import DEBUG_HELP, run_command
 from elita_tf.cli.train import add_settings_flags
 from elita_tf.training.settings import TrainSettings
 
-# Set per run by compare itself.
-_PER_RUN = ("output_dir", "architecture", "seed")
+# Set per run by compare itself; a comparison trains each architecture from scratch (no fine-tuning).
+_PER_RUN = ("output_dir", "architecture", "seed", "init_from", "lora_rank", "merge_lora")
 
 
 def parse_args(argv=None):

@@ -73,6 +73,7 @@ from elita_tf.training.run_directory import (
     TOKENIZER,
     RunDirectory,
     RunDirectoryError,
+    check_writable,
     save_run_preset,
     write_atomically,
 )
@@ -405,6 +406,8 @@ def train(settings, callbacks=(), strategy=None):
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
     settings = init_from_settings(settings)
+    if strategy.extended.should_checkpoint:
+        check_writable(settings.output_dir)  # before the data: minutes of preparation for nothing, otherwise
     corpus = load_settings_corpus(settings)  # before the run directory: bad text leaves nothing behind
     if strategy.extended.should_checkpoint:  # the chief, or the only process
         with RunDirectory(settings.output_dir, force_new=settings.force_new) as run_dir:

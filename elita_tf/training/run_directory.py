@@ -62,6 +62,21 @@ def manifest_differences(stored, requested):
     ]
 
 
+def check_writable(path):
+    """Raises `RunDirectoryError` unless `path` is, or can be made as, a writable directory.
+
+    Checked before any data is read: a run that could not write its directory stops at once.
+    """
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+        reason = "not a directory" if not os.path.isdir(existing) else "permission denied"
+        raise RunDirectoryError(
+            f"Cannot write to the run directory {path!r}: {existing} is {reason}. Choose a writable --output-dir."
+        )
+
+
 class RunDirectory:
     """The output directory of one training run; use as a context manager to hold its lock.
 

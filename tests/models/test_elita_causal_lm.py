@@ -251,6 +251,16 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
     projections = {p.rsplit("/", 1)[0] for p in matrices if p.endswith("kernel") and not p.startswith("logits")}
     assert adapted == projections
     np.testing.assert_allclose(lora(x), want, rtol=1e-6, atol=1e-6)  # B starts at zero: the same function
+    # Trained adapters merge into plain weights, W + A B: the same function, without adapters.
+    rng = np.random.default_rng(0)
+    for weight in lora.weights:
+        if weight.path.endswith("lora_kernel_b"):
+            weight.assign(rng.normal(0.0, 0.1, weight.shape).astype("float32"))
+    adapted_out = lora(x)
+    assert not np.allclose(adapted_out, want, rtol=1e-3, atol=1e-3)
+    merged = lora.merge_lora()
+    assert merged.lora_rank is None and "lora_rank" not in merged.get_config()
+    np.testing.assert_allclose(merged(x), adapted_out, rtol=1e-5, atol=1e-5)
 
     backbone.quantize("int8")
     int8 = {w.path.rsplit("/", 1)[0] for w in backbone.weights if w.dtype == "int8"}
