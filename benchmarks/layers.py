@@ -30,7 +30,15 @@ import statistics
 import sys
 import time
 
-from measure import device_description, kernel_inputs, loss_functions, run_measurement, use_gpu_peak, wait_for
+from measure import (
+    describe_environment,
+    environment,
+    kernel_inputs,
+    loss_functions,
+    run_measurement,
+    use_gpu_peak,
+    wait_for,
+)
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
 LAYERS = [
@@ -130,6 +138,7 @@ def run_one(args):
             }
         )
     result["peak_mib"] = _peak_rss_mib() - base
+    result.update(environment())
     print(json.dumps(use_gpu_peak(result)))
 
 
@@ -156,14 +165,8 @@ def main():
     if args.subject:
         return run_one(args)
 
-    import keras
-    import tensorflow as tf
-
-    print(
-        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {device_description()}, "
-        f"python {platform.python_version()}"
-    )
-    print(f"# tensorflow {tf.__version__}, keras {keras.__version__}, xla={args.xla}")
+    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
+    print(f"# xla={args.xla}")
     print(f"# tokens/batch={args.tokens} H={args.heads} D={args.head_dim} d={args.width} C={args.chunk_size}")
     header = "| subject | T | B | fwd ms | fwd+bwd ms | fwd+bwd tokens/s | peak MiB | compile s | finite |"
     print(header)
@@ -191,6 +194,8 @@ def main():
             if args.out:
                 with open(args.out, "a") as f:
                     f.write(json.dumps(r) + "\n")
+    if results:
+        print(describe_environment(results[0]))
     _print_ratios(results)
 
 

@@ -33,6 +33,19 @@ def device_description():
     return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
 
 
+def environment():
+    """What a measurement ran on: the device in words, and TensorFlow's and Keras' versions."""
+    import keras
+    import tensorflow as tf
+
+    return {"device": device_description(), "tensorflow": tf.__version__, "keras": keras.__version__}
+
+
+def describe_environment(result):
+    """A table's last line, from a measurement: the parent process, which prints it, never imports TensorFlow."""
+    return f"# measured on {result['device']}, tensorflow {result['tensorflow']}, keras {result['keras']}"
+
+
 def use_gpu_peak(result):
     """On a GPU, where the tensors live, sets `result["peak_mib"]` to TensorFlow's peak there so far."""
     import tensorflow as tf

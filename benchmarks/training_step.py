@@ -8,6 +8,10 @@ for the timed steps' tensors: the model's own memory, without the process's libr
 graphs and caches.
 
     python benchmarks/training_step.py --architectures elita transformer --sequence-lengths 256 1024 4096
+    python benchmarks/training_step.py --size 25m --sequence-lengths 2048 8192 16384 --tokens 16384
+
+`--size` takes a width, depth and head count from `elita_tf.models.MODEL_SIZES` ("seed", "25m",
+"100m"); `--hidden-dim` and the others set them one by one.
 """
 
 import argparse
@@ -19,7 +23,8 @@ import statistics
 import sys
 import time
 
-from measure import device_description, run_measurement, training_model, use_gpu_peak
+from elita_tf.models.architectures import MODEL_SIZES
+from measure import describe_environment, environment, run_measurement, training_model, use_gpu_peak
 
 
 def run_one(args):
@@ -46,12 +51,17 @@ def run_one(args):
     x = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}  # elita-train's batches
     y = tf.constant(rng.integers(0, args.vocabulary_size, size=(batch, args.sequence_length)), tf.int32)
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    try:  # a CPU whose allocator keeps no statistics (XLA's own CPU runtime) has no tensor peak
+        tf.config.experimental.get_memory_info(device)
+        tracks_memory = True
+    except ValueError:
+        tracks_memory = False
     times = []
     for step in range(args.repeats + 1):
         start = time.perf_counter()
         loss = float(model.train_on_batch(x, y))
         times.append(time.perf_counter() - start)
-        if step == 0:  # from here on, the allocator's peak is the steps' own tensors
+        if step == 0 and tracks_memory:  # from here on, the allocator's peak is the steps' own tensors
             tf.config.experimental.reset_memory_stats(device)
     result = {
         "architecture": args.architecture,
@@ -64,9 +74,12 @@ def run_one(args):
         "compile_s": times[0],
         "step_s": statistics.median(times[1:]),
         "loss": loss,
+        "size": args.size,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **environment(),
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
         # The most memory the steps' tensors held at once, without the process's libraries, graphs and caches.
-        "tensor_peak_mib": tf.config.experimental.get_memory_info(device)["peak"] / 2**20,
+        "tensor_peak_mib": tf.config.experimental.get_memory_info(device)["peak"] / 2**20 if tracks_memory else None,
     }
     print(json.dumps(use_gpu_peak(result)))
 
@@ -77,10 +90,11 @@ def main():
     parser.add_argument("--sequence-lengths", nargs="+", type=int, default=[256, 1024, 4096])
     parser.add_argument("--tokens", type=int, default=32768, help="tokens a batch: B = tokens // T")
     parser.add_argument("--vocabulary-size", type=int, default=5000)
-    parser.add_argument("--hidden-dim", type=int, default=64)
-    parser.add_argument("--num-layers", type=int, default=6)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=16)
+    parser.add_argument("--size", default="seed", choices=sorted(MODEL_SIZES), help="width, depth and heads")
+    parser.add_argument("--hidden-dim", type=int)
+    parser.add_argument("--num-layers", type=int)
+    parser.add_argument("--num-heads", type=int)
+    parser.add_argument("--head-dim", type=int)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--output-heads",
@@ -92,24 +106,25 @@ def main():
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--jit-compile", action="store_true", help="compile the training step with XLA")
     parser.add_argument("--dtype-policy", default="float32", help="e.g. mixed_bfloat16")
+    parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument(
+        "--deadline", type=float, help="a Unix time: no measurement starts in the minute before it"
+    )
     parser.add_argument("--architecture", help=argparse.SUPPRESS)
     parser.add_argument("--sequence-length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--output-head", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name, value in MODEL_SIZES[args.size].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.architecture:
         return run_one(args)
 
-    import keras
-    import tensorflow as tf
-
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
     print(
-        f"# {platform.machine()}, {os.cpu_count()} CPUs, {device_description()}, "
-        f"tensorflow {tf.__version__}, keras {keras.__version__}"
-    )
-    print(
-        f"# tokens/batch={args.tokens} vocab={args.vocabulary_size} d={args.hidden_dim} L={args.num_layers} "
-        f"H={args.num_heads} "
-        f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy}"
+        f"# size={args.size} tokens/batch={args.tokens} vocab={args.vocabulary_size} d={args.hidden_dim} "
+        f"L={args.num_layers} H={args.num_heads} D={args.head_dim} "
+        f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
     )
     print(
         "| architecture | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | compile s |"
@@ -119,8 +134,11 @@ def main():
     for length in args.sequence_lengths:
         for head in args.output_heads:
             for name in args.architectures:
+                if args.deadline and time.time() + 60 > args.deadline:
+                    print(f"| {name} | {head} | {length} | | skipped: past the deadline | | | | | |", flush=True)
+                    continue
                 cmd = [sys.executable, __file__, "--architecture", name, "--sequence-length", str(length)]
-                cmd += ["--output-head", head]
+                cmd += ["--output-head", head, "--size", args.size]
                 for flag in [
                     "tokens",
                     "vocabulary_size",
@@ -137,20 +155,29 @@ def main():
                     print(f"| {name} | {head} | {length} | | {reason} | | | | | |", flush=True)
                     continue
                 results[name, head, length] = r
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(r) + "\n")
                 print(
                     f"| {name} | {head} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.3g} | "
-                    f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['tensor_peak_mib']:,.0f} | "
+                    f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['tensor_peak_mib'] or 0:,.0f} | "
                     f"{r['compile_s']:.1f} |",
                     flush=True,
                 )
+    if results:
+        print(describe_environment(next(iter(results.values()))))
     base = args.architectures[-1]
     for (name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][2]):
         if name != base and (base, head, length) in results:
             other = results[base, head, length]
             print(
                 f"T={length}, {head} head: {name} / {base}: step time {r['step_s'] / other['step_s']:.2f}x, "
-                f"peak memory {r['peak_mib'] / other['peak_mib']:.2f}x, "
-                f"tensor peak {r['tensor_peak_mib'] / other['tensor_peak_mib']:.2f}x"
+                f"peak memory {r['peak_mib'] / other['peak_mib']:.2f}x"
+                + (
+                    f", tensor peak {r['tensor_peak_mib'] / other['tensor_peak_mib']:.2f}x"
+                    if other["tensor_peak_mib"]
+                    else ""
+                )
             )
 
 

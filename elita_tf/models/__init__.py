@@ -11,6 +11,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "ARCHITECTURES": "architectures",
         "BLOCK_TYPES": "architectures",
         "FFN_TYPES": "architectures",
+        "MODEL_SIZES": "architectures",
         "ElitaBackbone": "elita_backbone",
         "architecture_config": "elita_backbone",
         "ElitaCausalLM": "elita_causal_lm",

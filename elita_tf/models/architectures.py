@@ -51,6 +51,16 @@ ARCHITECTURES = {
     },
 }
 
+# Model sizes: width, depth and heads, the same for every architecture (`elita-train --hidden-dim ...`).
+# "seed" is the backbone's defaults (about 1M parameters at a 5,000-token vocabulary). At that vocabulary,
+# ELiTA has 28.3M parameters at "25m" and 86M at "100m" (the Transformer 31.4M and 94M, with its learned
+# positions for 2,048 tokens); a larger vocabulary adds `2 * vocabulary_size * hidden_dim`.
+MODEL_SIZES = {
+    "seed": {"hidden_dim": 64, "num_layers": 6, "num_heads": 4, "head_dim": 16},
+    "25m": {"hidden_dim": 512, "num_layers": 8, "num_heads": 8, "head_dim": 64},
+    "100m": {"hidden_dim": 768, "num_layers": 12, "num_heads": 12, "head_dim": 64},
+}
+
 
 def _fail(name, value, expected):
     raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")

@@ -449,27 +449,31 @@ class ElitaBackbone(keras_hub.models.Backbone):
         """Logits `[B, T, V]` (compute dtype) from final hidden states `[B, T, d]`: the head."""
         return _logits(self._architecture, self._layers_by_name, hidden)
 
-    def token_losses(self, hidden, labels, gradient_in_forward=False):
-        """Per-token cross-entropy `[B, T]` of the head on `hidden [B, T, d]`, without the `[B, T, V]` logits.
+    def token_losses(self, hidden, labels, sample_weight=None, reduction="none"):
+        """The head's cross-entropy on `hidden [B, T, d]`, per token `[B, T]` or summed, without `[B, T, V]` logits.
 
         The same logits as `logits` (the tied embedding's transpose or the
         `logits` layer, and the tied head's scale), taken a chunk of tokens
         at a time by `chunked_cross_entropy`, float32 whatever the compute
-        dtype. `gradient_in_forward=True` (training a mean loss) saves the
+        dtype. `reduction="sum"` (training) gives `Σ sample_weight * loss`
+        and forms its gradients in the forward pass, which saves the
         backward pass its recomputation of the logits. A quantized head
         (`quantize("int8")`) is read through its own call, which dequantizes.
         """
         head = self.token_embedding if self.tied_embeddings else self.get_layer("logits")
         if head.quantization_mode is not None:
             logits = keras.ops.cast(self.logits(hidden), "float32")
-            return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
+            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
+            if sample_weight is not None:
+                losses = losses * tf.cast(sample_weight, losses.dtype)
+            return tf.reduce_sum(losses) if reduction == "sum" else losses
         if self.tied_embeddings:
             kernel, bias = keras.ops.transpose(head.embeddings), None
         else:
             kernel, bias = head.kernel, head.bias
         scale = self.hidden_dim**-0.5 if self.scaled_tied_logits else 1.0
         return chunked_cross_entropy(
-            hidden, kernel, labels, bias=bias, scale=scale, gradient_in_forward=gradient_in_forward
+            hidden, kernel, labels, bias=bias, scale=scale, sample_weight=sample_weight, reduction=reduction
         )
 
     def get_config(self):

@@ -292,10 +292,13 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
                 token_ids, padding_mask, cache=cache, resets=x["resets"], training=training
             )
             tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
-        per_token = backbone.token_losses(hidden, labels, gradient_in_forward=training)
-        if sample_weight is not None:  # Keras' "sum_over_batch_size": weighted sum over every token
-            per_token = per_token * ops.cast(sample_weight, per_token.dtype)
-        loss = ops.mean(per_token)
+        # Keras' "sum_over_batch_size": the weighted sum over every token, divided by their number. Training
+        # takes the sum from the head, which then forms its gradients in the forward pass.
+        if training:
+            loss = backbone.token_losses(hidden, labels, sample_weight, reduction="sum")
+            loss = loss / tf.cast(tf.size(labels), loss.dtype)
+        else:
+            loss = ops.mean(backbone.token_losses(hidden, labels, sample_weight))
         for extra in self.losses:  # regularisers, as `compute_loss` adds them
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss / tf.distribute.get_strategy().num_replicas_in_sync

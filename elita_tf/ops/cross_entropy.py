@@ -23,14 +23,15 @@ Three things keep the passes over a chunk's `[C, V]` values few:
 - the one-hot part of `dz` never touches a `[C, V]` array: it is the
   column `W[:, y_n]` for `dh_n` and a sum of rows per label for `dW`, `db`.
 
-The forward pass keeps only the losses; the backward pass recomputes each
-chunk's logits, one more `[N, d] x [d, V]` product. With
-`gradient_in_forward=True` (training) the forward pass also forms the
-gradients for `g_n = 1` while it holds each chunk's softmax; the backward
-pass multiplies them by `g`, which is exact for `dh` token by token and, for
-`dW` and `db`, whenever `g` is one number on every token (a mean loss). That
-is three `[N, d] x [d, V]` products in all, as many as with the full logits.
-All arithmetic is float32 (float64 stays float64) whatever the input dtype.
+Per-token losses (`reduction="none"`) keep only the losses; the backward
+pass recomputes each chunk's logits, one more `[N, d] x [d, V]` product, and
+is exact for any upstream gradient. Their weighted sum (`reduction="sum"`,
+training) has one number as its upstream gradient, so the forward pass forms
+the gradients for weights `g_n = w_n` while it holds each chunk's softmax,
+and the backward pass scales them by that number: three `[N, d] x [d, V]`
+products in all, as many as with the full logits, and no choice to make at
+run time. All arithmetic is float32 (float64 stays float64) whatever the
+input dtype.
 """
 
 import numpy as np
@@ -44,25 +45,29 @@ DEFAULT_CROSS_ENTROPY_CHUNK = 512
 def _token_loss(logits, probs, labels):
     """`logsumexp(z_n) - z_n[y_n]` of one chunk `[C]`, read from its softmax `probs`.
 
-    The loss is `-log softmax(z_n)[y_n]`: one gather, no pass over the logits,
-    and accurate to round-off while that probability is a normal float. A
-    chunk where one falls below the square root of the smallest normal (a
-    loss above 43.7 in float32) takes `max z_n - log max softmax(z_n) - z_n[y_n]`
-    on every row instead, exact at any size since the largest probability is
-    at least `1/V`.
+    The loss is `-log softmax(z_n)[y_n]`: one gather, and accurate to
+    round-off while that probability is a normal float. A row where it falls
+    below the square root of the smallest normal (a loss above 43.7 in
+    float32) takes `max z_n - log max softmax(z_n) - z_n[y_n]` instead, exact
+    at any size since the largest probability is at least `1/V`. The two are
+    selected row by row, not branched on: under XLA the maxima fuse with the
+    softmax's own, and a data-dependent branch would cost a GPU a copy to the
+    host in every chunk.
     """
     label_probs = tf.gather(probs, labels, axis=1, batch_dims=1)
     tiny = float(np.sqrt(np.finfo(probs.dtype.as_numpy_dtype).tiny))
-
-    def from_the_largest():
-        label_logits = tf.gather(logits, labels, axis=1, batch_dims=1)
-        return tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1)) - label_logits
-
-    return tf.cond(tf.reduce_all(label_probs >= tiny), lambda: -tf.math.log(label_probs), from_the_largest)
+    label_logits = tf.gather(logits, labels, axis=1, batch_dims=1)
+    from_the_largest = tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1)) - label_logits
+    return tf.where(label_probs >= tiny, -tf.math.log(tf.maximum(label_probs, tiny)), from_the_largest)
 
 
-def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations):
-    """Per-token loss `[K, C]` of hidden `[K, C, d]` and labels `[K, C]`, with its custom gradient."""
+def _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale, parallel_iterations):
+    """Per-token loss `[K, C]` of hidden `[K, C, d]` and labels `[K, C]`, with its custom gradient.
+
+    `valid [K, C]` is 1 on real tokens, 0 on the chunks' padding. With `weights [K, C]` (zero on the
+    padding) the result is instead the scalar `Σ weights * loss`, whose gradients the forward pass forms.
+    """
+    summed = weights is not None
     width, vocab_size = kernel.shape
 
     def loop(body, arrays, accumulators=()):
@@ -111,17 +116,17 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
             return soft_table - tf.transpose(one_hot_part)
 
         def forward(k, losses, *gradients):
-            if gradient_in_forward:  # the softmax's shares for g = 1, while the softmax is here
-                logits, probs, *gradients = softmax_step(k, rows, *gradients)
+            if summed:  # the softmax's shares for g = weights, while the softmax is here
+                logits, probs, *gradients = softmax_step(k, rows * weights[..., None], *gradients)
             else:
                 logits, probs = chunk_softmax(k)
             return [k + 1, losses.write(k, _token_loss(logits, probs, labels[k])), *gradients]
 
         arrays, accumulators = [array(labels.shape[1:])], []
-        if gradient_in_forward:
+        if summed:
             arrays.append(array(hidden.shape[1:]))
             accumulators = [tf.zeros_like(table)]
-        losses, *unit_shares = loop(forward, arrays, accumulators)
+        losses, *weighted_shares = loop(forward, arrays, accumulators)
 
         def recomputed(upstream, with_hidden):
             weighted_rows = rows * upstream[..., None]
@@ -136,28 +141,22 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forwar
             return (hidden_gradient(upstream, shares[0].stack()), d_table) if with_hidden else d_table
 
         def gradients(upstream):
-            if not gradient_in_forward:
+            if not summed:
                 return recomputed(upstream, with_hidden=True)
-            soft_hidden, soft_table = unit_shares
-            d_hidden = hidden_gradient(upstream, soft_hidden.stack())  # exact token by token
-            # The table's gradient sums over tokens: scaling the g = 1 sum is exact when g is one
-            # number on every real token (a mean loss, as in training); other weights recompute it.
-            real = tf.cast(valid, tf.bool)
-            largest = tf.reduce_max(tf.where(real, upstream, tf.constant(-float("inf"), upstream.dtype)))
-            smallest = tf.reduce_min(tf.where(real, upstream, tf.constant(float("inf"), upstream.dtype)))
-            d_table = tf.cond(
-                tf.equal(largest, smallest),
-                lambda: table_gradient(tf.fill(tf.shape(upstream), largest), largest * soft_table),
-                lambda: recomputed(upstream, with_hidden=False),
+            # The sum's upstream gradient is one number: the weighted shares scaled by it, exactly.
+            soft_hidden, soft_table = weighted_shares
+            return (
+                upstream * hidden_gradient(weights, soft_hidden.stack()),
+                upstream * table_gradient(weights, soft_table),
             )
-            return d_hidden, d_table
 
         def grad(upstream):
             with tf.name_scope("chunked_cross_entropy_gradient"):
                 d_hidden, d_table = gradients(upstream)
                 return d_hidden, d_table[:width], d_table[width]
 
-        return losses.stack(), grad
+        losses = losses.stack()
+        return (tf.reduce_sum(losses * weights) if summed else losses), grad
 
     with tf.name_scope("chunked_cross_entropy"):
         return loss_fn(hidden, kernel, bias)
@@ -170,10 +169,11 @@ def chunked_cross_entropy(
     bias=None,
     scale=1.0,
     chunk_size=DEFAULT_CROSS_ENTROPY_CHUNK,
-    gradient_in_forward=False,
+    sample_weight=None,
+    reduction="none",
     parallel_iterations=1,
 ):
-    """Per-token softmax cross-entropy of `s (hidden @ kernel + bias)`, without all the logits at once.
+    """Softmax cross-entropy of `s (hidden @ kernel + bias)`, per token or summed, without all the logits at once.
 
     Args:
         hidden: float `[..., d]`, the final hidden states.
@@ -183,26 +183,32 @@ def chunked_cross_entropy(
         scale: float. Multiplies the logits (a tied head's `1/sqrt(d)`). Defaults to `1.0`.
         chunk_size: int. Tokens per chunk `C`: the peak holds `C x V` logits.
             Defaults to `512`.
-        gradient_in_forward: bool. Also form the gradient in the forward pass,
-            while each chunk's logits are at hand, so that the backward pass
-            needs no second pass over the logits: one matrix product fewer
-            when the loss is a mean (every token's upstream gradient the
-            same, as in training). Other upstream gradients stay exact, at
-            the cost of a recomputation. Leave it off for a loss that is not
-            differentiated (evaluation). Defaults to `False`.
+        sample_weight: optional float `[...]` like `labels`: each token's loss
+            is multiplied by it.
+        reduction: `"none"` (per-token losses) or `"sum"` (their sum). The
+            sum is the training form: its forward pass also forms the
+            gradients while each chunk's logits are at hand, so the backward
+            pass needs no second pass over the logits (one matrix product
+            fewer), and nothing is decided at run time. Per-token losses
+            recompute the logits in the backward pass, exact for any
+            upstream gradient. Defaults to `"none"`.
         parallel_iterations: int. Chunks in flight at once. Defaults to `1`.
 
     Returns:
-        float32 loss `[...]` (float64 for float64 inputs): `logsumexp(z) - z[label]`,
-        with gradients to `hidden`, `kernel` and `bias` in their own dtypes.
+        float32 (float64 for float64 inputs) `[...]` losses `logsumexp(z) - z[label]`,
+        or their scalar sum, with gradients to `hidden`, `kernel` and `bias` in their own dtypes.
 
     Example:
     >>> hidden, kernel = tf.random.normal([2, 8, 16]), tf.random.normal([16, 100])
     >>> chunked_cross_entropy(hidden, kernel, tf.zeros([2, 8], tf.int32), chunk_size=4).shape
     TensorShape([2, 8])
+    >>> chunked_cross_entropy(hidden, kernel, tf.zeros([2, 8], tf.int32), reduction="sum").shape
+    TensorShape([])
     """
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"`chunk_size` must be a positive integer. Received: chunk_size={chunk_size}")
+    if reduction not in ("none", "sum"):
+        raise ValueError(f'`reduction` must be "none" or "sum". Received: reduction={reduction!r}')
     dtype = accumulator_dtype(hidden.dtype)
     width, vocab_size = kernel.shape[0], kernel.shape[-1]
     if hidden.shape[-1] != width:
@@ -210,6 +216,8 @@ def chunked_cross_entropy(
             f"`hidden`'s last axis must be the kernel's input width {width}. Received: hidden.shape={hidden.shape}"
         )
     out_shape = tf.shape(labels)
+    if sample_weight is not None:
+        sample_weight = tf.broadcast_to(tf.cast(sample_weight, dtype), out_shape)
     hidden = tf.reshape(tf.cast(hidden, dtype), [-1, width])
     labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
     count = tf.shape(labels)[0]
@@ -225,5 +233,11 @@ def chunked_cross_entropy(
     else:  # a Python float stays exact; 1 costs nothing
         scale = None if scale == 1 else tf.constant(scale, dtype)
     kernel = tf.convert_to_tensor(tf.cast(kernel, dtype))
-    losses = _chunked_loss(hidden, kernel, bias, labels, valid, scale, gradient_in_forward, parallel_iterations)
-    return tf.reshape(tf.reshape(losses, [-1])[:count], out_shape)
+    if reduction == "sum":
+        weights = valid
+        if sample_weight is not None:
+            weights = valid * tf.reshape(tf.pad(tf.reshape(sample_weight, [-1]), [[0, pad]]), [-1, chunk_size])
+        return _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale, parallel_iterations)
+    losses = _chunked_loss(hidden, kernel, bias, labels, valid, None, scale, parallel_iterations)
+    losses = tf.reshape(tf.reshape(losses, [-1])[:count], out_shape)
+    return losses if sample_weight is None else losses * sample_weight

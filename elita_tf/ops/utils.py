@@ -83,13 +83,9 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         What `compute` returns, with the rules above applied.
     """
     finite = tf.reduce_all(tf.math.is_finite(inputs), axis=-1)  # [B, T]
-    # Without a bad value the inputs go through as they are: no copy, which the mixer's projections would keep
-    # for the backward pass beside the norm's output that it equals.
-    clean = tf.cond(
-        tf.reduce_all(finite),
-        lambda: tf.identity(inputs),
-        lambda: tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype)),
-    )
+    # A select, not a branch on "all finite": a data-dependent branch (and its gradient) costs XLA's GPU
+    # runtime a copy to the host and a break of its command buffer, in every layer.
+    clean = tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype))
     result = compute(clean)
     bad = tf.logical_not(finite)
     if padding_mask is not None:

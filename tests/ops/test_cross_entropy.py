@@ -18,45 +18,41 @@ def _inputs(length, batch=2, width=8, vocab=37, seed=0, dtype=tf.float64, spread
     return hidden, kernel, bias, labels
 
 
-def _loss_and_gradients(fn, hidden, kernel, bias, labels, **kwargs):
+def _loss_and_gradients(fn, hidden, kernel, bias, labels, reduction="none", **kwargs):
+    """The loss and the gradients of `Σ c_n loss_n` for random weights `c`: per-token upstream gradients, or
+    (`reduction="sum"`) the same weights given as `sample_weight`, under the scalar sum's upstream gradient of 3."""
     cotangent = tf.constant(np.random.default_rng(1).normal(size=labels.shape), hidden.dtype)
     with tf.GradientTape() as tape:
         tape.watch([hidden, kernel, bias])
-        loss = fn(hidden, kernel, labels, bias=bias, **kwargs)
-        total = tf.reduce_sum(tf.cast(loss, hidden.dtype) * cotangent)
+        if reduction == "sum":
+            loss = fn(hidden, kernel, labels, bias=bias, sample_weight=cotangent, reduction="sum", **kwargs)
+            total = 3.0 * tf.cast(loss, hidden.dtype)
+        else:
+            loss = fn(hidden, kernel, labels, bias=bias, **kwargs)
+            total = 3.0 * tf.reduce_sum(tf.cast(loss, hidden.dtype) * cotangent)
     return [loss] + tape.gradient(total, [hidden, kernel, bias])
 
 
-@pytest.mark.parametrize("gradient_in_forward", [False, True])
+def _reference(hidden, kernel, labels, bias=None, sample_weight=None, reduction="none", **kwargs):
+    losses = cross_entropy_reference(hidden, kernel, labels, bias=bias, **kwargs)
+    if sample_weight is not None:
+        losses = losses * sample_weight
+    return tf.reduce_sum(losses) if reduction == "sum" else losses
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum"])
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 @pytest.mark.parametrize("scale", [1.0, 8**-0.5])
-def test_loss_and_gradients_match_reference(length, scale, gradient_in_forward):
-    # Per-token upstream gradients: with gradient_in_forward, the kernel and bias are recomputed.
+def test_loss_and_gradients_match_reference(length, scale, reduction):
+    # Per-token upstream gradients recompute the logits; the weighted sum's gradients come from its forward pass.
     inputs = _inputs(length)
-    chunked = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward, **k)  # noqa: E731
-    got = _loss_and_gradients(chunked, *inputs, scale=scale)
-    want = _loss_and_gradients(cross_entropy_reference, *inputs, scale=scale)
-    assert got[0].shape == inputs[3].shape
+    chunked = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k)  # noqa: E731
+    got = _loss_and_gradients(chunked, *inputs, reduction=reduction, scale=scale)
+    want = _loss_and_gradients(_reference, *inputs, reduction=reduction, scale=scale)
+    assert got[0].shape == (inputs[3].shape if reduction == "none" else ())
     for g, w in zip(got, want):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("length", [1, 63, 100])
-def test_gradient_in_forward_of_a_mean_matches_reference(length):
-    # A mean gives every token the same upstream gradient: the forward pass's gradients are scaled, not recomputed.
-    hidden, kernel, bias, labels = _inputs(length)
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch([hidden, kernel, bias])
-            loss = 3.0 * tf.reduce_mean(fn(hidden, kernel, labels, bias=bias, scale=0.5))
-        return [loss] + tape.gradient(loss, [hidden, kernel, bias])
-
-    got = run(lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, gradient_in_forward=True, **k))
-    want = run(cross_entropy_reference)
-    for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
 
 
 def test_without_bias_equals_a_zero_bias():
@@ -69,11 +65,9 @@ def test_without_bias_equals_a_zero_bias():
 
 def test_custom_gradient_passes_numerical_check():
     hidden, kernel, bias, labels = _inputs(5, width=3, vocab=7)
-    for gradient_in_forward in (False, True):
+    for reduction in ("none", "sum"):
         theoretical, numerical = tf.test.compute_gradient(
-            lambda h, w, b: chunked_cross_entropy(
-                h, w, labels, bias=b, scale=0.7, chunk_size=2, gradient_in_forward=gradient_in_forward
-            ),
+            lambda h, w, b: chunked_cross_entropy(h, w, labels, bias=b, scale=0.7, chunk_size=2, reduction=reduction),
             [hidden, kernel, bias],
         )
         for t, n in zip(theoretical, numerical):
@@ -126,31 +120,33 @@ def test_low_precision_inputs_accumulate_in_float32(dtype):
     np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gradient_in_forward", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "sum"])
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
-def test_low_precision_hidden_states_get_the_float32_gradient(dtype, gradient_in_forward):
+def test_low_precision_hidden_states_get_the_float32_gradient(dtype, reduction):
     # The mixed-precision path: 16-bit hidden states, float32 head. Without the hidden states'
     # gradient, a mixed-precision model would train its output layer alone.
     hidden, kernel, bias, labels = _inputs(50, dtype=tf.float32)
 
     def loss(h, k, b):
-        return chunked_cross_entropy(h, k, labels, bias=b, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward)
+        return chunked_cross_entropy(h, k, labels, bias=b, chunk_size=CHUNK, reduction=reduction)
 
     assert_low_precision_follows_float32(lambda h: loss(h, kernel, bias), [hidden], dtype)
 
 
-@pytest.mark.parametrize("gradient_in_forward", [False, True])
-def test_under_xla_matches_eager(gradient_in_forward):
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_under_xla_matches_eager(reduction):
     hidden, kernel, bias, labels = _inputs(70, dtype=tf.float32)
-    run = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward, **k)  # noqa: E731
-    eager = _loss_and_gradients(run, hidden, kernel, bias, labels)
-    compiled = tf.function(lambda *a: _loss_and_gradients(run, *a), jit_compile=True)(hidden, kernel, bias, labels)
+    run = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k)  # noqa: E731
+    eager = _loss_and_gradients(run, hidden, kernel, bias, labels, reduction)
+    compiled = tf.function(lambda *a: _loss_and_gradients(run, *a, reduction), jit_compile=True)(
+        hidden, kernel, bias, labels
+    )
     for e, c in zip(eager, compiled):
         np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("gradient_in_forward", [False, True])
-def test_variables_get_their_gradients_inside_a_tf_function(gradient_in_forward):
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_variables_get_their_gradients_inside_a_tf_function(reduction):
     hidden, kernel, bias, labels = _inputs(30, dtype=tf.float32)
     kernel_var, bias_var = tf.Variable(kernel), tf.Variable(bias)
 
@@ -158,9 +154,9 @@ def test_variables_get_their_gradients_inside_a_tf_function(gradient_in_forward)
     def gradients():
         with tf.GradientTape() as tape:
             loss = chunked_cross_entropy(
-                hidden, kernel_var, labels, bias=bias_var, chunk_size=CHUNK, gradient_in_forward=gradient_in_forward
+                hidden, kernel_var, labels, bias=bias_var, chunk_size=CHUNK, reduction=reduction
             )
-            loss = tf.reduce_mean(loss)
+            loss = tf.reduce_mean(loss) if reduction == "none" else loss / tf.cast(tf.size(labels), loss.dtype)
         return tape.gradient(loss, [kernel_var, bias_var])
 
     with tf.GradientTape() as tape:
@@ -176,3 +172,5 @@ def test_refuses_a_width_other_than_the_kernels():
         chunked_cross_entropy(hidden[..., :5], kernel, labels)
     with pytest.raises(ValueError, match="chunk_size=0"):
         chunked_cross_entropy(hidden, kernel, labels, chunk_size=0)
+    with pytest.raises(ValueError, match="reduction='mean'"):
+        chunked_cross_entropy(hidden, kernel, labels, reduction="mean")

@@ -1,8 +1,11 @@
-# Sourced on the lent GPU machine (CUDA 13, PyTorch's Python 3.12, no TensorFlow, no internet)
-# from the repository root, after the archive's parts were copied to /tmp/parts. See README.md.
+# Sourced on a lent GPU machine that has CUDA 13 and PyTorch's Python 3.12 but no TensorFlow and no internet,
+# from the repository root, once the archive's parts are in /tmp/parts (benchmarks/gpu/README.md says how).
+# A user's machine needs none of this: `pip install "tensorflow[and-cuda]"`.
 mkdir -p /tmp/site
 [ -d /tmp/site/tensorflow ] || cat /tmp/parts/part* | xz -d -T0 | tar -C /tmp/site -xf -
-for w in .gpu/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done  # kagglesdk
+# Newer protobuf and flatbuffers than the image's, where TensorFlow 2.21 needs them.
+for w in /tmp/parts/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/site; done
+# TensorFlow 2.21 is built against CUDA 12 and cuDNN 9: link the machine's CUDA 13 libraries under those names.
 L=/tmp/cudalink; mkdir -p $L; dirs=""
 link() {
   src=$(find /opt /usr/local /usr/lib -name "$1" 2>/dev/null | grep -v '^/tmp' | sort | head -1)
