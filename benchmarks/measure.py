@@ -2,10 +2,14 @@
 
 import json
 import subprocess
+import sys
 
 
 def run_measurement(cmd, timeout):
     """Runs `cmd`, which prints one JSON line of results.
+
+    A process that fails or times out has the end of its error output copied to this one's, so that a log
+    shows where it stopped.
 
     Returns:
         `(result, None)` with the parsed dict, or `(None, reason)` when the
@@ -13,8 +17,13 @@ def run_measurement(cmd, timeout):
     """
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as stopped:
+        stderr = stopped.stderr or b""
+        stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+        print(f"{' '.join(cmd)}: timed out after {timeout} s; its last output:\n{stderr[-3000:]}", file=sys.stderr)
         return None, f"timed out after {timeout} s"
+    if proc.returncode:
+        print(f"{' '.join(cmd)}: exit status {proc.returncode}:\n{proc.stderr[-3000:]}", file=sys.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode < 0:
         return None, f"killed by signal {-proc.returncode} (out of memory?)"

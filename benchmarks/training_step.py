@@ -107,9 +107,7 @@ def main():
     parser.add_argument("--jit-compile", action="store_true", help="compile the training step with XLA")
     parser.add_argument("--dtype-policy", default="float32", help="e.g. mixed_bfloat16")
     parser.add_argument("--out", help="also append the JSON lines to this file")
-    parser.add_argument(
-        "--deadline", type=float, help="a Unix time: no measurement starts in the minute before it"
-    )
+    parser.add_argument("--deadline", type=float, help="a Unix time: no measurement starts in the minute before it")
     parser.add_argument("--architecture", help=argparse.SUPPRESS)
     parser.add_argument("--sequence-length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--output-head", help=argparse.SUPPRESS)

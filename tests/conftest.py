@@ -60,3 +60,14 @@ def write_documents(folder, count, seed=0, lines=6):
 @pytest.fixture(scope="session")
 def tiny_wikitext(tmp_path_factory):
     return write_tiny_wikitext(str(tmp_path_factory.mktemp("wikitext")))
+
+
+@pytest.fixture(params=["branch", "select"])
+def choice_form(request, monkeypatch):
+    """Both ways `branch_or_select` makes a data-dependent choice: a CPU without XLA branches, while XLA and
+    GPUs compute the general form alone. Here the second is taken on the CPU, eagerly."""
+    if request.param == "select":
+        from elita_tf.ops import utils
+
+        monkeypatch.setattr(utils, "_in_xla_or_on_gpu", lambda: True)
+    return request.param

@@ -35,13 +35,14 @@ Forms:
   constant-size state (global) or a ring buffer of `window` entries.
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
 from elita_tf.ops.utils import (
     NEG_INF,
     accumulator_dtype,
+    branch_or_select,
     gated_scan,
     outer_product,
     pad_axis,
@@ -141,7 +142,8 @@ class _Factors(NamedTuple):
     log_z: tf.Tensor  # [N, K, C]
     rows: tf.Tensor  # [N, K, C], exp(r - L_i)
     keys: tf.Tensor  # [N, K, C], exp(l_j - r)
-    exact: tf.Tensor  # bool [N, K, C], the rows whose factors are exact
+    within: tf.Tensor  # scalar bool: every row's factors are exact
+    exact_rows: Callable  # () -> bool [N, K, C], the rows whose factors are exact
 
 
 def _chunk_factors(logits):
@@ -158,7 +160,7 @@ def _chunk_factors(logits):
     The prefix sums are one product with a triangle of ones, `Z_i >= 1`
     (its first two terms sum to 1), and every factor is a normal number as
     long as no logit of the chunk up to row `i` rises more than the span
-    (`_SPAN`) above `r`. Rows past such a logit are not `exact`:
+    (`_SPAN`) above `r`. Rows past such a logit are not `exact_rows()`:
     their `L` and weights are taken from the exponential forms instead. A
     row's reference and factors depend on positions `<= i` only, so which
     form a row takes, and every bit of it, is causal.
@@ -175,8 +177,13 @@ def _chunk_factors(logits):
     upper = tf.cast(tf.range(size)[:, None] <= tf.range(size)[None, :], logits.dtype)  # [C, C], j <= i
     z = tf.exp(before[..., None] - ref) + tf.matmul(keys, upper)  # [N, K, C], >= 1
 
-    exact = tf.equal(tf.matmul(tf.cast(rise > span, logits.dtype), upper), 0.0)  # no too-high logit up to the row
-    return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, exact)
+    too_high = rise > span  # a bool, not `rise`, is what the rows' check keeps until the backward pass
+
+    def exact_rows():  # built where it is needed: on a CPU without XLA, only in the branch that needs it
+        return tf.equal(tf.matmul(tf.cast(too_high, logits.dtype), upper), 0.0)
+
+    within = tf.logical_not(tf.reduce_any(too_high))
+    return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, within, exact_rows)
 
 
 def _chunk_products(log_w, log_norm, items, block_size, factors=None):
@@ -209,9 +216,9 @@ def _chunk_products(log_w, log_norm, items, block_size, factors=None):
             # by the mask at T = 16K on a CPU. The factors are finite and >= 0: the same values.
             return tf.linalg.band_part(outer_product(factors.rows, factors.keys), -1, 0)
 
-        # A select, not a branch: a data-dependent branch costs XLA's GPU runtime a copy to the host and a
-        # break of its command buffer, each time. Fused under XLA, the rarely needed form is one pass more.
-        return tf.where(factors.exact[..., None], factored(), exponential())
+        return branch_or_select(
+            factors.within, factored, lambda: tf.where(factors.exact_rows()[..., None], factored(), exponential())
+        )
 
     @tf.custom_gradient
     def products(log_w, log_norm, items):
@@ -286,8 +293,14 @@ def _global_chunked(logits, values, chunk_size):
     values = pad_axis(values, 1, pad)
     factors = _chunk_factors(tf.reshape(logits, [-1, (length + pad) // chunk_size, chunk_size]))
     factored_log_z = tf.reshape(factors.log_z, tf.shape(logits))  # [N, T']
-    log_z = tf.where(
-        tf.reshape(factors.exact, tf.shape(logits)), factored_log_z, tf.math.cumulative_logsumexp(logits, axis=-1)
+    log_z = branch_or_select(
+        factors.within,
+        lambda: factored_log_z,
+        lambda: tf.where(
+            tf.reshape(factors.exact_rows(), tf.shape(logits)),
+            factored_log_z,
+            tf.math.cumulative_logsumexp(logits, axis=-1),
+        ),
     )
     mean = _decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits, factors=factors)
     return _leading(mean, length), _leading(log_z, length)

@@ -37,7 +37,7 @@ input dtype.
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.ops.utils import accumulator_dtype
+from elita_tf.ops.utils import accumulator_dtype, branch_or_select
 
 DEFAULT_CROSS_ENTROPY_CHUNK = 512
 
@@ -49,16 +49,19 @@ def _token_loss(logits, probs, labels):
     round-off while that probability is a normal float. A row where it falls
     below the square root of the smallest normal (a loss above 43.7 in
     float32) takes `max z_n - log max softmax(z_n) - z_n[y_n]` instead, exact
-    at any size since the largest probability is at least `1/V`. The two are
-    selected row by row, not branched on: under XLA the maxima fuse with the
-    softmax's own, and a data-dependent branch would cost a GPU a copy to the
-    host in every chunk.
+    at any size since the largest probability is at least `1/V`. The rows
+    choose between the two (`branch_or_select`: under XLA the maxima fuse
+    with the softmax's own).
     """
     label_probs = tf.gather(probs, labels, axis=1, batch_dims=1)
     tiny = float(np.sqrt(np.finfo(probs.dtype.as_numpy_dtype).tiny))
-    label_logits = tf.gather(logits, labels, axis=1, batch_dims=1)
-    from_the_largest = tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1)) - label_logits
-    return tf.where(label_probs >= tiny, -tf.math.log(tf.maximum(label_probs, tiny)), from_the_largest)
+
+    def by_row():
+        label_logits = tf.gather(logits, labels, axis=1, batch_dims=1)
+        from_the_largest = tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1)) - label_logits
+        return tf.where(label_probs >= tiny, -tf.math.log(tf.maximum(label_probs, tiny)), from_the_largest)
+
+    return branch_or_select(tf.reduce_all(label_probs >= tiny), lambda: -tf.math.log(label_probs), by_row)
 
 
 def _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale, parallel_iterations):

@@ -48,6 +48,32 @@ def write_positions(buffer, new, index, axis):
     return tf.where(tf.reshape(written, shape), gathered, buffer)
 
 
+def _in_xla_or_on_gpu():
+    """Whether the graph being traced is compiled by XLA, or a GPU is visible to TensorFlow."""
+    try:  # TensorFlow's own test, as `tf.function(jit_compile=True)` sets it while tracing
+        from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+
+        if GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+            return True
+    except ImportError:  # pragma: no cover - a TensorFlow without it still selects on a GPU
+        pass
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def branch_or_select(usual, fast, general):
+    """`fast()` where the scalar bool `usual` holds, else `general()`, which is right in every case.
+
+    A choice the data makes, made the cheapest way for where it runs:
+    - on a CPU without XLA, a `tf.cond`: the general form, an extra pass, runs only when needed;
+    - traced for XLA, or with a GPU visible, `general()` alone, no branch. A branch copies its
+      predicate to the host, and under XLA ends the GPU's command buffer there: on a GPU that costs
+      more than the extra pass, which XLA fuses into its neighbours.
+    """
+    if _in_xla_or_on_gpu():
+        return general()
+    return tf.cond(usual, fast, general)
+
+
 def contain_nonfinite(compute, inputs, padding_mask=None):
     """Runs a causal token mixer so that a NaN or Inf input cannot travel back in time.
 
@@ -83,9 +109,13 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         What `compute` returns, with the rules above applied.
     """
     finite = tf.reduce_all(tf.math.is_finite(inputs), axis=-1)  # [B, T]
-    # A select, not a branch on "all finite": a data-dependent branch (and its gradient) costs XLA's GPU
-    # runtime a copy to the host and a break of its command buffer, in every layer.
-    clean = tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype))
+    # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
+    # would keep for the backward pass beside the norm's output that it equals.
+    clean = branch_or_select(
+        tf.reduce_all(finite),
+        lambda: tf.identity(inputs),
+        lambda: tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype)),
+    )
     result = compute(clean)
     bad = tf.logical_not(finite)
     if padding_mask is not None:

@@ -179,7 +179,7 @@ def test_rows_decode_at_their_own_positions(name):
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 @pytest.mark.parametrize("name", sorted(MIXERS))
-def test_a_nonfinite_input_never_changes_earlier_rows(name, bad):
+def test_a_nonfinite_input_never_changes_earlier_rows(name, bad, choice_form):
     layer = _mixer(name)
     x = _inputs()
     spoiled = x.copy()

@@ -59,7 +59,7 @@ def test_gradients_match_reference(length, window):
 
 
 @pytest.mark.parametrize("window", [None, 7, 40])
-def test_float32_large_logits_exact_and_finite(window):
+def test_float32_large_logits_exact_and_finite(window, choice_form):
     # Logits up to +-80: exp() of them alone would overflow float32 sums.
     logits, values = _inputs(257, scale=40.0, dtype=tf.float64, seed=3)
     logits = tf.clip_by_value(logits, -80.0, 80.0)
@@ -75,7 +75,7 @@ def test_float32_large_logits_exact_and_finite(window):
     np.testing.assert_allclose(log_z, ref_log_z, rtol=1e-5, atol=1e-4)
 
 
-def test_early_rows_survive_a_late_huge_logit():
+def test_early_rows_survive_a_late_huge_logit(choice_form):
     # A single global max would underflow every earlier row to 0/0.
     logits = tf.constant([[[-80.0] * 70 + [80.0] + [-80.0] * 30]])
     values = tf.random.stateless_normal([1, 1, 101, 2], seed=[0, 1])
@@ -126,7 +126,7 @@ def test_rows_before_any_real_position_stay_causal(window, with_resets):
 
 
 @pytest.mark.parametrize("dtype, rise", [(tf.float32, 150.0), (tf.float64, 1000.0)])
-def test_a_logit_past_the_span_switches_its_rows_exactly_and_causally(dtype, rise):
+def test_a_logit_past_the_span_switches_its_rows_exactly_and_causally(dtype, rise, choice_form):
     # Position 40 rises further above its chunk's reference than the factored weights allow (e^80
     # in float32, e^700 in float64): its rows take the exponential forms, the rows before stay
     # bit for bit what they were without it, and everything equals the reference.

@@ -87,7 +87,7 @@ def test_large_logits_stay_finite_and_exact():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-2)
 
 
-def test_float32_loss_is_exact_on_both_sides_of_the_underflow_switch():
+def test_float32_loss_is_exact_on_both_sides_of_the_underflow_switch(choice_form):
     # The loss is read from the softmax while the label's probability is a normal float; a chunk
     # holding a loss above 43.7 (probability below 1e-19) switches to the largest logit's form.
     vocab = 37
