@@ -64,8 +64,8 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
 def sample_text(lines, max_bytes, seed=0):
     """A seeded sample of at most `max_bytes` of text from a dataset of lines, to train a tokenizer on.
 
-    A corpus that fits in `max_bytes` is returned whole, in order. A larger one is read twice, never
-    held: once to measure it, once keeping each line with probability `max_bytes / total`.
+    A corpus that fits in `max_bytes` is returned whole, in order, read once. A larger one is read
+    again, never held: once to measure it, once keeping each line with probability `max_bytes / total`.
 
     Args:
         lines: `tf.data.Dataset` of `tf.string` lines.
@@ -75,13 +75,20 @@ def sample_text(lines, max_bytes, seed=0):
     Returns:
         list of `str`.
     """
+    sample, size = [], 0
+    for line in lines.as_numpy_iterator():  # the whole corpus, while it fits
+        if size + len(line) > max_bytes:
+            break
+        sample.append(line.decode("utf-8"))
+        size += len(line)
+    else:
+        return sample
     sizes = lines.map(lambda line: tf.cast(tf.strings.length(line), tf.int64))
-    total = int(sizes.reduce(tf.constant(0, tf.int64), tf.add))
-    keep = min(1.0, max_bytes / max(total, 1))
+    keep = max_bytes / int(sizes.reduce(tf.constant(0, tf.int64), tf.add))
     rng = np.random.default_rng(seed)
     sample, size = [], 0
     for line in lines.as_numpy_iterator():
-        if keep < 1.0 and rng.random() >= keep:
+        if rng.random() >= keep:
             continue
         if size + len(line) > max_bytes:
             break

@@ -118,9 +118,12 @@ def _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale, parallel_
             one_hot_part = tf.math.unsorted_segment_sum(weighted, tf.reshape(labels, [-1]), vocab_size)  # [V, d + 1]
             return soft_table - tf.transpose(one_hot_part)
 
+        if summed:  # padded rows are zeros already: weights that are just `valid` change nothing
+            weighted_rows = rows if weights is valid else rows * weights[..., None]
+
         def forward(k, losses, *gradients):
             if summed:  # the softmax's shares for g = weights, while the softmax is here
-                logits, probs, *gradients = softmax_step(k, rows * weights[..., None], *gradients)
+                logits, probs, *gradients = softmax_step(k, weighted_rows, *gradients)
             else:
                 logits, probs = chunk_softmax(k)
             return [k + 1, losses.write(k, _token_loss(logits, probs, labels[k])), *gradients]
