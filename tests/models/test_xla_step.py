@@ -39,13 +39,18 @@ def _control_flow(hlo):
 
 def test_the_xla_training_step_has_no_conditional_and_no_more_loops_than_the_transformers():
     # XLA's GPU runtime copies a conditional's predicate to the host and breaks its command buffer there.
-    # The kernel's exact-or-exponential choice, the non-finite guard and the head's loss are selects; the
-    # one loop left is the output head's over chunks of tokens, which both models share.
+    # The kernel's exact-or-exponential choice, the non-finite guard and the head's loss are selects. The
+    # loops left are the output head's over chunks of tokens, which both models share, and, on TensorFlow
+    # 2.19's CPU compiler, the scatters of the embedding's and the head's gradients (`UnsortedSegmentSum`),
+    # which it expands into loops; none is in a block.
     elita, transformer = (_control_flow(_optimized_hlo(name)) for name in ("elita", "transformer"))
     assert elita["conditional"] == [] and transformer["conditional"] == [], (elita, transformer)
     assert len(elita["while"]) <= len(transformer["while"]), (elita, transformer)
+    assert "chunked_cross_entropy/while" in elita["while"], elita["while"]
     for name in elita["while"]:
-        assert name.startswith("chunked_cross_entropy/"), elita["while"]
+        assert name == "chunked_cross_entropy/while" or name.endswith(("UnsortedSegmentSum", "UnsortedSegmentSum_1")), (
+            elita["while"]
+        )
 
 
 @pytest.mark.parametrize(
