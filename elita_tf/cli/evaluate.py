@@ -54,6 +54,12 @@ def main(argv=None):
         choices=POSITION_MODES,
         help="read ELiTA's positions past the training length this way (same weights; defaults to the run's)",
     )
+    parser.add_argument(
+        "--pack-documents",
+        action=argparse.BooleanOptionalAction,
+        help="windows of documents back to back that never see each other, each document's first token unscored "
+        "(default: as the run trained)",
+    )
     parser.add_argument("--output", help="also write the JSON to this file")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
@@ -91,6 +97,7 @@ def main(argv=None):
                 window_length=args.window_length,
                 carry_state=args.carry_state,
                 position_mode=args.position_mode,
+                pack_documents=args.pack_documents,
                 verbose=1,
             )
         text = json.dumps(result, indent=2)

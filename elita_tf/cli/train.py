@@ -32,6 +32,7 @@ _HELP = {
     "text_field": "JSON Lines and TFDS: the field holding the text",
     "holdout_fraction": "share of --data's documents held out for each split it does not provide",
     "tokenizer_sample_bytes": "SentencePiece trains on a seeded sample of at most this much train text",
+    "tokenizer_from": "reuse this run directory's or preset's SentencePiece model (and its vocabulary size)",
     "init_from": "fine-tune: start from this run directory's or preset's weights, tokenizer and architecture",
     "lora_rank": "with --init-from: train LoRA adapters of this rank on every projection, nothing else",
     "merge_lora": "with --lora-rank: the run's preset holds the merged weights instead of the adapters",
@@ -49,6 +50,8 @@ _HELP = {
     "carry_state": "truncated backpropagation through time: each batch row reads its own stream, every block's "
     "state carries over from step to step and restarts at each article (elita; linear and additive have learned "
     "positions)",
+    "pack_documents": "windows hold documents back to back, and no position sees another document in any block; "
+    "the loss leaves out each document's first token",
 }
 _CHOICES = {
     "documents": DOCUMENTS,
@@ -101,6 +104,14 @@ def parse_args(argv=None):
         given_flags = vars(add_settings_flags(argparse.ArgumentParser(), defaults=False).parse_known_args(argv)[0])
         try:
             settings = init_from_settings(settings, [key for key in MODEL_FIELDS if given_flags[key] is not None])
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
+    if settings.tokenizer_from is not None:
+        from elita_tf.training.loop import tokenizer_from_settings  # reads the tokenizer: TensorFlow
+
+        given_flags = vars(add_settings_flags(argparse.ArgumentParser(), defaults=False).parse_known_args(argv)[0])
+        try:
+            settings = tokenizer_from_settings(settings, given_flags["vocabulary_size"] is not None)
         except (FileNotFoundError, ValueError) as error:
             parser.error(str(error))
     if settings.carry_state:

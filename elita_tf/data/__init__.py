@@ -12,6 +12,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "TextCorpus": "text_files",
         "sample_text": "tokenizer",
         "lm_dataset": "pipeline",
+        "packed_windows": "pipeline",
         "steps_per_epoch": "pipeline",
         "stream_dataset": "pipeline",
         "stream_steps_per_epoch": "pipeline",

@@ -17,16 +17,21 @@ import json
 import tensorflow as tf
 
 from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
-from elita_tf.data.wikitext import load_wikitext
+from elita_tf.data.wikitext import is_article_title, load_wikitext
 
 # Other names TFDS datasets give their validation split.
 _VALIDATION_NAMES = ("validation", "valid", "dev")
 
 
-def _lines_of(texts):
-    """A dataset of texts as one of their non-empty stripped lines."""
-    lines = texts.map(lambda text: tf.strings.split(text, "\n")).unbatch().map(tf.strings.strip)
-    return lines.filter(lambda line: tf.strings.length(line) > 0)
+def _lines_of(texts, document_starts=False):
+    """A dataset of texts as one of their non-empty stripped lines (with `document_starts`, `(line, first)` pairs)."""
+
+    def lines(text):
+        parts = tf.strings.strip(tf.strings.split(text, "\n"))
+        parts = tf.boolean_mask(parts, tf.strings.length(parts) > 0)
+        return (parts, tf.equal(tf.range(tf.size(parts)), 0)) if document_starts else parts
+
+    return texts.map(lines).unbatch()
 
 
 def _held_out(index, seed, holdout_fraction):
@@ -36,7 +41,7 @@ def _held_out(index, seed, holdout_fraction):
     return tf.where(u < holdout_fraction, 2, tf.where(u < 2 * holdout_fraction, 1, 0))
 
 
-def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed):
+def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_starts):
     import tensorflow_datasets as tfds
 
     try:
@@ -70,7 +75,7 @@ def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed):
                 lambda index, _, keep=keep: tf.reduce_any(tf.equal(_held_out(index, seed, holdout_fraction), keep))
             )
             texts_ds = texts_ds.map(lambda _, text: text)
-        splits[split] = _lines_of(texts_ds)
+        splits[split] = _lines_of(texts_ds, document_starts)
     settings = {"text_field": field, "holdout_fraction": holdout_fraction, "seed": seed}
     described = {
         "name": builder.info.full_name,
@@ -94,6 +99,7 @@ def load_corpus(
     holdout_fraction=0.05,
     seed=0,
     required_splits=SPLITS,
+    document_starts=False,
 ):
     """The three splits of `data` as `tf.data.Dataset`s of lines, and where they came from.
 
@@ -112,6 +118,9 @@ def load_corpus(
         seed: int. Which documents are held out. Defaults to `0`.
         required_splits: the splits of text files or JSON Lines that must hold a document.
             Defaults to all three.
+        document_starts: bool. Give `(line, starts_document)` pairs instead of lines: True on the
+            first line of each file or blank-line document, JSON record, TFDS example or WikiText
+            article (its title line, `= Title =`). Defaults to False.
 
     Returns:
         `(splits, info)`: `{"train", "validation", "test"}` datasets of `tf.string` lines, and
@@ -128,15 +137,21 @@ def load_corpus(
             f"Received: validation_data={validation_data!r}, test_data={test_data!r}"
         )
     if kind == "wikitext":
-        return load_wikitext(data, local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
+        splits, info = load_wikitext(data, local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
+        if document_starts:
+            splits = {split: lines.map(lambda line: (line, is_article_title(line))) for split, lines in splits.items()}
+        return splits, info
     if kind == "tfds":
-        return _load_tfds(data[len("tfds:") :], tfds_dir, text_field, holdout_fraction, seed)
+        return _load_tfds(data[len("tfds:") :], tfds_dir, text_field, holdout_fraction, seed, document_starts)
     corpus = TextCorpus(data, validation_data, test_data, documents, text_field, holdout_fraction, seed)
     checked = corpus.check(required_splits)
+    if document_starts:
+        signature = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.bool))
+        read = corpus.lines_with_starts
+    else:
+        signature, read = tf.TensorSpec([], tf.string), corpus.lines
     splits = {
-        split: tf.data.Dataset.from_generator(
-            lambda split=split: corpus.lines(split), output_signature=tf.TensorSpec([], tf.string)
-        )
+        split: tf.data.Dataset.from_generator(lambda split=split: read(split), output_signature=signature)
         for split in SPLITS
     }
     info = {"dataset": data, "source": f"{data} ({len(corpus.paths['train'])} files)", "sha256": checked["sha256"]}

@@ -8,6 +8,10 @@ windows are small (WikiText-2 at T = 256 is ~13K of them), so they are held
 in memory, and batch `k` of the training stream is a pure function of
 `(seed, k)`: the same seed gives the same batches, and a resumed run starts
 exactly at its step (`lm_dataset(..., start_step=k)`).
+
+With packed documents (`elita-train --pack-documents`) the split is first one
+stream of ids and document starts (`token_stream`), cut the same way
+(`packed_windows`); the batches then carry `resets` and weights.
 """
 
 import numpy as np
@@ -58,7 +62,9 @@ def steps_per_epoch(windows, batch_size):
     return steps
 
 
-def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1):
+def lm_dataset(
+    windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1, document_starts=None
+):
     """Batches of `({"token_ids": [B, T], "padding_mask": [B, T]}, targets [B, T])`, targets shifted by one.
 
     Epoch `e` visits the windows in the order `stateless_shuffle(seed, e)`
@@ -77,6 +83,10 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
         shard: int in `[0, num_shards)`. Which part of each batch to produce.
         num_shards: int. Parts each global batch is cut into; must divide
             `batch_size`.
+        document_starts: optional bool `[N, T + 1]` from `packed_windows`:
+            packed documents. The inputs then carry `resets` (the window's
+            starts, and its first position), and a third element weighs each
+            target: 0 where the target starts a document, else 1.
 
     Returns:
         A `tf.data.Dataset`, prefetched.
@@ -90,6 +100,7 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
     count = len(windows)
     per_epoch = steps_per_epoch(windows, batch_size)
     table = tf.constant(windows)
+    starts = None if document_starts is None else tf.constant(document_starts, tf.bool)
     end = None if epochs is None else epochs * per_epoch
 
     def batch(step):
@@ -100,35 +111,37 @@ def lm_dataset(windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0
         first = position * batch_size + shard * rows_per_shard
         rows = tf.gather(table, order[first : first + rows_per_shard])
         token_ids = rows[:, :-1]
-        return {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}, rows[:, 1:]
+        inputs = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}
+        if starts is None:
+            return inputs, rows[:, 1:]
+        row_starts = tf.gather(starts, order[first : first + rows_per_shard])
+        # A window's first position starts what it holds, whatever came before it.
+        inputs["resets"] = tf.concat([tf.ones_like(row_starts[:, :1]), row_starts[:, 1:-1]], axis=1)
+        return inputs, rows[:, 1:], tf.cast(tf.logical_not(row_starts[:, 1:]), tf.float32)
 
     steps = tf.data.Dataset.range(start_step, end) if end is not None else tf.data.Dataset.range(start_step, 2**62)
     return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
 
 
-# WikiText's article titles, ` = Title = ` (sections are ` = = Section = = `), on stripped lines.
-ARTICLE_TITLE = r"= [^=].* ="
-
-
 def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
-    """A split as one stream of token ids, with the positions where articles start.
+    """A split as one stream of token ids, with the positions where documents start.
 
     Args:
-        lines: `tf.data.Dataset` of `tf.string` lines (stripped, as `load_wikitext` gives them).
+        lines: `tf.data.Dataset` of `(line, starts_document)` pairs
+            (`load_corpus(..., document_starts=True)`).
         tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
         vocabulary_size: optional int: every id must be below it.
 
     Returns:
         `(ids, resets)`: int32 `[N]` and bool `[N]`, True at the first token
-        of each article's title line (`ARTICLE_TITLE`).
+        of each document's first line.
     """
 
-    def tokenize(text):
+    def tokenize(text, starts):
         pieces = tokenizer.tokenize(text)
-        title = tf.strings.regex_full_match(text, ARTICLE_TITLE)
         first = tf.sequence_mask(tf.minimum(pieces.row_lengths(), 1), tf.reduce_max(pieces.row_lengths()))
-        starts = tf.RaggedTensor.from_tensor(first & title[:, None], lengths=pieces.row_lengths())
-        return pieces.flat_values, starts.flat_values
+        resets = tf.RaggedTensor.from_tensor(first & starts[:, None], lengths=pieces.row_lengths())
+        return pieces.flat_values, resets.flat_values
 
     chunks = list(lines.batch(lines_per_batch).map(tokenize).as_numpy_iterator())
     if not chunks:
@@ -142,6 +155,29 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
             f"Received: vocabulary_size={vocabulary_size}"
         )
     return ids, resets
+
+
+def packed_windows(ids, resets, sequence_length):
+    """Windows of `sequence_length + 1` consecutive tokens of a stream, and where documents start in them.
+
+    Documents lie back to back across windows (packed); `lm_dataset` turns
+    the starts into the model's `resets` and into weights that leave out
+    the first token of each document, which nothing in its document predicts.
+
+    Args:
+        ids, resets: int32 `[N]` and bool `[N]`, from `token_stream`.
+        sequence_length: int `T >= 2`.
+
+    Returns:
+        `(windows, starts)`: int32 and bool `[N // (T + 1), T + 1]`.
+    """
+    if not isinstance(sequence_length, int) or sequence_length < 2:
+        raise ValueError(f"The sequence length must be an integer >= 2. Received: sequence_length={sequence_length!r}")
+    count = len(ids) // (sequence_length + 1)
+    if count == 0:
+        raise ValueError(f"The corpus is shorter than one window of {sequence_length + 1} tokens.")
+    cut = count * (sequence_length + 1)
+    return ids[:cut].reshape(count, -1), resets[:cut].reshape(count, -1)
 
 
 def stream_steps_per_epoch(length, batch_size, sequence_length):

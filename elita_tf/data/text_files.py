@@ -208,6 +208,12 @@ class TextCorpus:
         for document in self.split_documents(split):
             yield from document
 
+    def lines_with_starts(self, split):
+        """`(line, starts_document)` for every line of `split`: True on each document's first line."""
+        for document in self.split_documents(split):
+            for number, line in enumerate(document):
+                yield line, number == 0
+
     def check(self, required=SPLITS):
         """Reads every file once; returns `{"sha256", "documents": {split: count}}`.
 

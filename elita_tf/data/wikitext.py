@@ -1,6 +1,7 @@
 """WikiText (Merity et al. 2016) as a tensorflow-datasets builder, online or from a local directory.
 
-    import tensorflow_datasets as tfds
+    import tensorflow as tf
+import tensorflow_datasets as tfds
     import elita_tf.data.wikitext  # registers the builder "wikitext"
 
     # With internet: downloads from a source that serves WikiText today (`sources.py`).
@@ -20,6 +21,7 @@ edited files, is always prepared afresh and never served from an older cache.
 import hashlib
 import os
 
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from elita_tf.data.sources import SPLIT_FILES as SPLITS
@@ -95,6 +97,15 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self, path):
         for number, text in read_lines(path):
             yield number, {"text": text}
+
+
+# An article's title line, ` = Title = ` once stripped (sections are ` = = Section = = `).
+ARTICLE_TITLE = r"= [^=].* ="
+
+
+def is_article_title(line):
+    """Whether a stripped WikiText line (`tf.string`, any shape) starts an article."""
+    return tf.strings.regex_full_match(line, ARTICLE_TITLE)
 
 
 def load_wikitext(config_name="wikitext-2-v1", local_dir=None, tfds_dir=None, with_info=False):

@@ -186,7 +186,7 @@ class AdditiveAttention(CausalMixer):
         mean = tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, width])
         return tf.cast(mean, self.compute_dtype), state
 
-    supports_resets = True
+    resets_with_cache = True
 
     def mix(self, inputs, padding_mask, cache, training, resets=None):
         step = cache is not None and inputs.shape[1] == 1

@@ -227,7 +227,7 @@ class Attention2(CausalMixer):
 
         return sinusoids(self.a1, self.b1), sinusoids(self.a2, self.b2)
 
-    supports_resets = True
+    resets_with_cache = True
 
     def mix(self, inputs, padding_mask, cache, training, resets=None):
         if cache is not None and self.position_mode == "length":

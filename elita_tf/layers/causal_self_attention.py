@@ -4,6 +4,7 @@ import tensorflow as tf
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.softmax_attention import (
+    causal_visibility,
     empty_kv_cache,
     softmax_attention,
     update_kv_cache,
@@ -40,6 +41,8 @@ class CausalSelfAttention(CausalMixer):
             get no attention. Defaults to the Keras mask.
         cache: optional dict `{"key", "value", "valid", "position"}` from
             `get_initial_cache` or a previous call.
+        resets: optional bool `[B, T]`, True where a document starts (packed
+            documents, without a cache): the mask is block-diagonal.
         training: bool, for dropout.
 
     Returns:
@@ -80,10 +83,13 @@ class CausalSelfAttention(CausalMixer):
         self.attention.build(inputs_shape, inputs_shape)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def mix(self, inputs, padding_mask, state, training):
+    def mix(self, inputs, padding_mask, state, training, resets=None):
         attention = self.attention
         if state is None:
-            attention_mask = None if padding_mask is None else padding_mask[:, None, :]
+            if resets is not None:  # packed documents: block-diagonal (padding and causality in the same mask)
+                attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)[:, 0]
+            else:
+                attention_mask = None if padding_mask is None else padding_mask[:, None, :]
             return attention(inputs, inputs, attention_mask=attention_mask, use_causal_mask=True, training=training)
         # Decoding: the new positions are written into the cache, then attend over it.
         state, visible = update_kv_cache(

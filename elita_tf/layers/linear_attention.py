@@ -112,7 +112,7 @@ class LinearAttention(CausalMixer):
         self.output_dense = dense("output", "bthe,hed->btd", (None, width), "d")
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    supports_resets = True
+    resets_with_cache = True
 
     def mix(self, inputs, padding_mask, cache, training, resets=None):
         phi = FEATURE_MAPS[self.feature_map]

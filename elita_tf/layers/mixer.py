@@ -37,11 +37,12 @@ class CausalMixer(keras.layers.Layer):
             the Keras mask.
         cache: optional dict from `get_initial_cache` or a previous call.
         resets: optional bool `[B, T]`, True where a new document starts:
-            no position sees anything before the start of its own document,
-            the cache included (packed documents, or a stream carried from
-            call to call). Only mixers with `supports_resets` (a
-            constant-size state) take it; a single decoding step with a
-            reset starts again from `get_initial_cache`.
+            no position sees anything before the start of its own document
+            (packed documents). Every mixer takes it without a cache, and a
+            single decoding step with a reset starts again from
+            `get_initial_cache`. Over several positions with a cache (a
+            stream carried from call to call) only mixers with
+            `resets_with_cache` (a constant-size state) take it.
         training: bool.
 
     Returns:
@@ -63,15 +64,16 @@ class CausalMixer(keras.layers.Layer):
 
     #: The names of the decoding state's tensors, in the order of `initial_state` and `mix`.
     cache_names = ()
-    #: Whether `mix` takes `resets` (documents starting inside the sequence).
-    supports_resets = False
+    #: Whether `mix` takes `resets` together with a state over several positions. Without a state every
+    #: mixer takes them; a buffer of positions (a key/value cache) would have to forget its older documents.
+    resets_with_cache = False
 
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, resets=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
         state = None if cache is None else tuple(cache[name] for name in self.cache_names)
         extra = {}
         if resets is not None:
-            resets = self._check_resets(inputs, resets)
+            resets = self._check_resets(inputs, resets, state)
             extra["resets"] = resets
         if state is not None and inputs.shape[1] == 1:
             if resets is not None:  # a step that starts a document starts from the empty state
@@ -90,12 +92,13 @@ class CausalMixer(keras.layers.Layer):
         outputs, state = result
         return outputs, dict(zip(self.cache_names, state))
 
-    def _check_resets(self, inputs, resets):
-        if not self.supports_resets:
+    def _check_resets(self, inputs, resets, state):
+        if state is not None and inputs.shape[1] != 1 and not self.resets_with_cache:
             raise ValueError(
-                f"{type(self).__name__} '{self.name}' cannot take `resets`: only the mixers with a constant-size "
-                "state (Attention2, LinearAttention, AdditiveAttention) restart at document boundaries. "
-                f"Received: resets={resets!r}"
+                f"{type(self).__name__} '{self.name}' cannot take `resets` with a cache over several positions: "
+                "only the mixers with a constant-size state (Attention2, LinearAttention, AdditiveAttention) "
+                "restart inside a carried stream. Without a cache every mixer takes them (packed documents). "
+                f"Received: inputs with shape {inputs.shape}, resets={resets!r}"
             )
         resets = tf.convert_to_tensor(resets)
         if resets.dtype != tf.bool or resets.shape.rank != 2:
@@ -124,7 +127,7 @@ class CausalMixer(keras.layers.Layer):
     def initial_state(self, batch_size, dtype=None):
         raise NotImplementedError(f"{type(self).__name__} must implement `initial_state`.")
 
-    def mix(self, inputs, padding_mask, state, training):
+    def mix(self, inputs, padding_mask, state, training, resets=None):
         raise NotImplementedError(f"{type(self).__name__} must implement `mix`.")
 
     def compute_mask(self, inputs, mask=None):

@@ -3,6 +3,7 @@ import tensorflow as tf
 
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.ops.utils import document_positions
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -22,6 +23,8 @@ class PositionEmbedding(keras.layers.Layer):
         start_index: optional int or int `[B]`: the position of the first
             input (decoding). Defaults to 0. Negative positions (left padding
             before a prompt) get the embedding of position 0.
+        resets: optional bool `[B, T]`, True where a document starts: positions
+            restart at 0 there (packed documents).
 
     Example:
     >>> x = tf.zeros([2, 10, 16])
@@ -43,11 +46,11 @@ class PositionEmbedding(keras.layers.Layer):
             dtype=self.variable_dtype,
         )
 
-    def call(self, inputs, start_index=None):
+    def call(self, inputs, start_index=None, resets=None):
         length = tf.shape(inputs)[1]
-        positions = tf.range(length)[None, :]
         if start_index is not None:
-            positions = positions + tf.reshape(tf.cast(start_index, tf.int32), [-1, 1])
+            start_index = tf.broadcast_to(tf.cast(start_index, tf.int32), tf.shape(inputs)[:1])
+        positions = document_positions(length, start_index, resets)
         tf.debugging.assert_less(
             tf.reduce_max(tf.concat([[-1], tf.reshape(positions, [-1])], 0)),
             self.max_sequence_length,

@@ -50,6 +50,9 @@ class ShapedAttention(CausalMixer):
             are neither attended nor averaged. Defaults to the Keras mask.
         cache: optional dict `{"key", "value", "valid", "position"}` from `get_initial_cache`
             or a previous call.
+        resets: optional bool `[B, T]`, True where a document starts (packed
+            documents, without a cache): the softmax and the average `C`
+            both stay inside each document.
         training: ignored.
 
     Returns:
@@ -145,7 +148,7 @@ class ShapedAttention(CausalMixer):
     def value_kernel(self):
         return self.value_dense.kernel
 
-    def mix(self, inputs, padding_mask, cache, training):
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         width, heads = inputs.shape[-1], self.num_heads
         values = inputs
         if self.value_projection:
@@ -156,7 +159,7 @@ class ShapedAttention(CausalMixer):
         v = split(values)  # [B, T, H, e]
 
         if cache is None:
-            visible = causal_visibility(tf.shape(inputs)[1], padding_mask)
+            visible = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)
             keys, all_values = k, v
         else:
             cache, visible = update_kv_cache(cache, k, v, padding_mask, name=self.name)

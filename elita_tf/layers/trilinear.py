@@ -115,6 +115,9 @@ class TriLinearAttention(CausalMixer):
         cache: optional dict from `get_initial_cache` or a previous call
             (`query_values`, `values`, `valid`, `position`): the inputs
             continue the sequence the cache holds.
+        resets: optional bool `[B, T]`, True where a document starts (packed
+            documents, without a cache): each document has its own start
+            position and sees nothing of another.
         training: ignored.
 
     Returns:
@@ -238,7 +241,7 @@ class TriLinearAttention(CausalMixer):
             "scale": 1.0 / math.sqrt(self.query_dim),
         }
 
-    def mix(self, inputs, padding_mask, cache, training):
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         acc = accumulator_dtype(self.compute_dtype)
         x = _norm(tf.cast(inputs, acc))
         qk = _norm(self._project(x, self.query_key_dense))[:, None]  # [B, 1, T, qdim]
@@ -259,6 +262,7 @@ class TriLinearAttention(CausalMixer):
                 v,
                 mask=padding_mask,
                 initial_state=cache,
+                resets=resets,
                 chunk_size=self.chunk_size,
                 **self._attend_args(),
             )

@@ -184,7 +184,7 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
     start = None if cache is None else cache["position"]
     x = layers["token_embedding"](token_ids)
     if config["position_embedding"]:
-        x = x + layers["position_embedding"](x, start_index=start)
+        x = x + layers["position_embedding"](x, start_index=start, resets=resets)
     if config["embedding_norm"]:
         x = layers["embedding_norm"](x)
     if intercept is not None:
@@ -424,9 +424,10 @@ class ElitaBackbone(keras_hub.models.Backbone):
                 `b` continues at `cache["position"][b]`.
             resets: optional bool `[B, T]`, True where a new document starts:
                 no position sees anything of an earlier document, and
-                positions restart at 0 there (packed documents, or a stream
-                carried in `cache`). Needs a model whose every block keeps a
-                constant-size state, without learned positions.
+                positions restart at 0 there. Every model takes them without
+                a cache (packed documents); a stream carried in `cache` over
+                several positions needs blocks that keep a constant-size
+                state (elita, linear, additive).
             training: bool, for dropout.
             intercept: optional `f(x, i) -> x` applied to the embedded tokens
                 (`i = -1`) and to each block's output (`i = 0, 1, ...`).
@@ -434,13 +435,13 @@ class ElitaBackbone(keras_hub.models.Backbone):
         Returns:
             `hidden [B, T, d]`, or `(hidden, new_cache)` with a cache.
         """
-        if resets is not None and self.decode_limit is not None:
-            raise ValueError(
-                "Documents restarting inside a sequence (`resets`) need blocks that keep a constant-size state and no "
-                f"learned positions (elita, linear, additive). Received: blocks={sorted(set(self.blocks))}, "
-                f"position_embedding={self.position_embedding}"
-            )
         token_ids = check_integer_ids(token_ids, self.vocabulary_size)
+        if resets is not None and cache is not None and token_ids.shape[1] != 1 and self.decode_limit is not None:
+            raise ValueError(
+                "A stream carried in a cache restarts documents (`resets`) only in blocks that keep a constant-size "
+                "state and no learned positions (elita, linear, additive). "
+                f"Received: blocks={sorted(set(self.blocks))}, position_embedding={self.position_embedding}"
+            )
         return _run_layers(
             self._architecture, self._layers_by_name, token_ids, padding_mask, cache, resets, training, intercept
         )

@@ -105,10 +105,18 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
 
     def score(self, token_ids, padding_mask=None, scoring_mode="logits", layer_intercept_fn=None, target_ids=None):
-        """Scores token ids as keras-hub's causal LMs do: per-token logits, or per-token losses.
+        """Scores token ids as keras-hub's causal LMs do: per-token logits, or per-token losses; also text.
+
+        Text (a string or a list of strings) goes through the preprocessor as
+        training text does: each string a line, the end-of-line piece before
+        and after it, padded on the right to the longest. Position `t` then
+        scores the token at `t + 1`; with `"loss"` the losses at padding are
+        0, so a row's sum is the negative log-likelihood of its text and its
+        end-of-line piece.
 
         Args:
-            token_ids: int `[B, T]`, e.g. a prompt and its generated tokens.
+            token_ids: int `[B, T]`, e.g. a prompt and its generated tokens,
+                or text: a string or a list of strings.
             padding_mask: optional `[B, T]`, False (0) at padding; None: all real.
             scoring_mode: `"logits"` (`[B, T, V]`, compute dtype) or `"loss"`
                 (`[B, T]` float32 cross-entropy of `target_ids`, taken from the
@@ -122,9 +130,14 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         Example:
         >>> ids = tf.constant([[5, 9, 14, 3]])
         >>> losses = causal_lm.score(ids, scoring_mode="loss", target_ids=tf.roll(ids, -1, axis=1))  # doctest: +SKIP
+        >>> nll = tf.reduce_sum(causal_lm.score(["The cat sat ."], scoring_mode="loss"), axis=1)  # doctest: +SKIP
         """
         if scoring_mode not in ("logits", "loss"):
             raise ValueError(f"`scoring_mode` must be 'logits' or 'loss'. Received: scoring_mode={scoring_mode!r}")
+        if isinstance(token_ids, str) or (
+            isinstance(token_ids, (list, tuple)) and token_ids and all(isinstance(t, str) for t in token_ids)
+        ):
+            return self._score_text(token_ids, padding_mask, scoring_mode, layer_intercept_fn, target_ids)
         if scoring_mode == "loss" and target_ids is None:
             raise ValueError("scoring_mode='loss' needs `target_ids`, the token each position should predict.")
         if padding_mask is not None:
@@ -134,6 +147,30 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         if scoring_mode == "logits":
             return backbone.logits(hidden)
         return backbone.token_losses(hidden, target_ids)
+
+    def _score_text(self, texts, padding_mask, scoring_mode, layer_intercept_fn, target_ids):
+        if self.preprocessor is None:
+            raise ValueError("Scoring text needs a preprocessor: this model has none. Pass token ids instead.")
+        if padding_mask is not None or target_ids is not None:
+            raise ValueError(
+                "Text is scored against its own next tokens, padded by the preprocessor: leave `padding_mask` and "
+                f"`target_ids` out. Received: padding_mask={padding_mask!r}, target_ids={target_ids!r}"
+            )
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        ids = self.preprocessor.tokenizer(texts)
+        longest = max(len(row) for row in (ids.to_list() if hasattr(ids, "to_list") else ids))
+        length = longest + 1  # the start piece and the tokens; their targets add the end piece
+        limit = self.backbone.decode_limit
+        if limit is not None and length > limit:
+            raise ValueError(
+                f"The longest text holds {longest} tokens, and this model reads at most {limit} positions. "
+                f"Received: {len(texts)} texts"
+            )
+        x, labels, weights = self.preprocessor(texts, sequence_length=length)
+        if scoring_mode == "logits":
+            return self.score(x["token_ids"], x["padding_mask"], "logits", layer_intercept_fn)
+        losses = self.score(x["token_ids"], x["padding_mask"], "loss", layer_intercept_fn, labels)
+        return losses * ops.cast(weights, losses.dtype)
 
     def call_with_cache(self, token_ids, cache, padding_mask=None):
         """Continues the sequence `cache` summarises with `token_ids [B, T]`.
@@ -274,7 +311,7 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         return (
             loss_config["from_logits"]
             and loss_config.get("ignore_class") is None
-            and loss_config["reduction"] == "sum_over_batch_size"
+            and loss_config["reduction"] in ("sum_over_batch_size", "mean_with_sample_weight")
         )
 
     def _chunked_loss(self, x, labels, sample_weight, training, carry=False):
@@ -292,13 +329,18 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
                 token_ids, padding_mask, cache=cache, resets=x["resets"], training=training
             )
             tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
-        # Keras' "sum_over_batch_size": the weighted sum over every token, divided by their number. Training
-        # takes the sum from the head, which then forms its gradients in the forward pass.
+        # Keras' reductions: the weighted sum over every token, divided by their number ("sum_over_batch_size")
+        # or by the sum of the weights ("mean_with_sample_weight": packed documents weigh out the first token of
+        # each). Training takes the sum from the head, which then forms its gradients in the forward pass.
         if training:
             loss = backbone.token_losses(hidden, labels, sample_weight, reduction="sum")
-            loss = loss / tf.cast(tf.size(labels), loss.dtype)
         else:
-            loss = ops.mean(backbone.token_losses(hidden, labels, sample_weight))
+            loss = ops.sum(backbone.token_losses(hidden, labels, sample_weight))
+        if sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight":
+            divisor = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
+        else:
+            divisor = tf.cast(tf.size(labels), loss.dtype)
+        loss = tf.math.divide_no_nan(loss, divisor)
         for extra in self.losses:  # regularisers, as `compute_loss` adds them
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss / tf.distribute.get_strategy().num_replicas_in_sync

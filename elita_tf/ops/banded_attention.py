@@ -46,6 +46,7 @@ import tensorflow as tf
 from elita_tf.ops.utils import (
     NEG_INF,
     accumulator_dtype,
+    document_positions,
     pad_axis,
     real_extent,
     window_after,
@@ -130,16 +131,19 @@ def _null_softmax(scores, values_fn, extra=None):
     return numerator / denominator[..., None]
 
 
-def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale):
+def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale, documents=None):
     """Masked attention of `[B, H, T, Dk]` queries at `query_pos [B, T]` over `[B, H, S, *]` keys at `key_pos [B, S]`.
 
-    O(T * S): the form without a window, and one decoding step.
+    O(T * S): the form without a window, and one decoding step. `documents`,
+    optional `[B, T, S]` bool, keeps each query to the keys of its document.
     """
     dtype = queries.dtype
     delta = query_pos[:, :, None] - key_pos[:, None, :]  # [B, T, S]
     visible = delta >= 1
     if window is not None:
         visible &= (delta <= window - 1) | (key_pos == 0)[:, None, :]
+    if documents is not None:
+        visible &= documents
     visible = visible[:, None] & key_valid[:, None, None, :]  # [B, 1, T, S]
     bias = distance_bias(tf.cast(delta, dtype), slope, hyper)[:, None]
     scores = tf.einsum("bhtq,bhsq->bhts", queries, keys) * scale + bias
@@ -147,12 +151,17 @@ def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, 
     return _null_softmax(scores, lambda w: tf.einsum("bhts,bhsd->bhtd", w, values))
 
 
-def _banded(queries, keys, values, key_valid, start, index, window, slope, hyper, scale, chunk_size):
+def _banded(queries, keys, values, key_valid, start, position, window, slope, hyper, scale, chunk_size, documents=None):
     """The windowed form in chunks of `C` queries.
 
     `keys [B, H, W - 1 + T, Dk]` are the `W - 1` positions before the queries
     (from the state) and the queries' own; `key_valid [B, W - 1 + T]` already
-    excludes position 0, which is the separate `start = (key, value, valid)`.
+    excludes position 0, which is the separate `start = (key, value, valid)`:
+    `[B, H, Dk]`, `[B, H, Dv]`, `[B]`, or one start per query (`[B, H, T, Dk]`,
+    `[B, H, T, Dv]`, `[B, T]`) with packed documents. `position [B, T]` is
+    each query's distance from its start. `documents`, optional
+    `(query [B, T], key [B, W - 1 + T])` int ids, keeps each query to the keys
+    of its own document.
     The query at offset `i` of chunk `c` sits at key index `cC + i + W - 1`
     and sees key slots `m ∈ [i, i + W - 2]` of the chunk's frame of
     `C + W - 2` keys starting at `cC`:
@@ -179,17 +188,25 @@ def _banded(queries, keys, values, key_valid, start, index, window, slope, hyper
     bias = tf.constant(distance_bias(offset, slope, hyper), dtype)
     scores = tf.einsum("bhkiq,bhkmq->bhkim", q, k) * scale + bias
     visible = band[None, None, None] & ok[:, None, :, None, :]
+    if documents is not None:
+        query_document = tf.reshape(pad_axis(documents[0], 1, pad, -1), [batch, chunks, size])
+        key_document = tf.gather(pad_axis(documents[1], 1, pad, -2), frames, axis=1)  # [B, K, span]
+        visible &= tf.equal(query_document[..., :, None], key_document[..., None, :])[:, None]
     scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))  # [B, H, K, C, span]
 
-    # The start position: one more slot per row, at distance index + t.
+    # The start position: one more slot per row, at distance `position`.
     start_key, start_value, start_valid = start
-    position = index[:, None] + tf.range(length)[None, :]  # [B, T]
-    start_logit = tf.einsum("bhtq,bhq->bht", queries, start_key) * scale
+    if start_key.shape.rank == 3:  # one start for every query of a row
+        start_key, start_value, start_valid = start_key[:, :, None], start_value[:, :, None], start_valid[:, None]
+    start_logit = tf.reduce_sum(queries * start_key, axis=-1) * scale
     start_logit += distance_bias(tf.cast(position, dtype), slope, hyper)[:, None]
-    start_visible = start_valid[:, None, None] & (position >= 1)[:, None]
+    start_visible = start_valid[:, None] & (position >= 1)[:, None]
     start_logit = tf.where(start_visible, start_logit, tf.constant(NEG_INF, dtype))
     start_logit = tf.reshape(pad_axis(start_logit, 2, pad, NEG_INF), [batch, heads, chunks, size])
-    start_value = start_value[:, :, None, None, :]
+    if start_value.shape[2] == 1:
+        start_value = start_value[:, :, None]  # [B, H, 1, 1, Dv]
+    else:
+        start_value = tf.reshape(pad_axis(start_value, 2, pad), [batch, heads, chunks, size, value_dim])
 
     out = _null_softmax(
         scores,
@@ -225,6 +242,7 @@ def banded_attention(
     scale=None,
     mask=None,
     initial_state=None,
+    resets=None,
     chunk_size=DEFAULT_CHUNK_SIZE,
 ):
     """Causal banded attention without the diagonal, plus start and null slots, parallel over time.
@@ -247,18 +265,30 @@ def banded_attention(
             `empty_banded_state()` or a previous call (prefill, then continue).
             Needed to continue a sequence without a window (its size is the
             `max_sequence_length` it can hold).
+        resets: optional bool `[B, T]`, True where a document starts (packed
+            documents): each document is its own sequence, with its own start
+            position and distances counted from it, and sees nothing of
+            another. Not with `initial_state`.
         chunk_size: int `C`, queries per chunk of the windowed form.
 
     Returns:
         `(out, state)`: `out [B, H, T, Dv]` in the accumulator dtype (float32
-        unless the values are float64) and the state after the last position.
-        Without a window and without `initial_state`, the state's buffer holds
-        exactly these `T` positions.
+        unless the values are float64) and the state after the last position
+        (None with `resets`: a state holds one document). Without a window and
+        without `initial_state`, the state's buffer holds exactly these `T`
+        positions.
     """
     _check_window(window)
+    if resets is not None and initial_state is not None:
+        raise ValueError(
+            "`resets` (packed documents) start each document afresh; they do not continue an `initial_state`. "
+            f"Received: resets={resets!r} with an initial_state"
+        )
     queries, keys, values, valid, scale = _prepare(queries, keys, values, mask, scale)
     batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
     length = tf.shape(keys)[2]
+    if resets is not None:
+        return _packed(queries, keys, values, valid, resets, window, slope, hyper, scale, chunk_size), None
     # Each row's state ends after its last real position: right padding is overwritten by what follows.
     end = tf.broadcast_to(real_extent(mask, length), [batch])
 
@@ -318,7 +348,7 @@ def banded_attention(
         all_values,
         key_valid,
         (start_key, start_value, start_valid),
-        index,
+        index[:, None] + tf.range(length)[None, :],
         window,
         slope,
         hyper,
@@ -332,6 +362,53 @@ def banded_attention(
         index + end,
     )
     return out, state
+
+
+def _packed(queries, keys, values, valid, resets, window, slope, hyper, scale, chunk_size):
+    """`banded_attention`'s output on packed documents: every document as if it were run alone.
+
+    A document's first position plays the start position for its queries,
+    and every distance is the same as in the document alone:
+
+        resets 1 0 0 1 0 0, window 2 (s = the document's start, x = window)
+        row 3: . . . . . .      a new document: only the null slot
+        row 4: . . . s . .
+        row 5: . . . s x .
+    """
+    batch, length = tf.shape(keys)[0], tf.shape(keys)[2]
+    resets = tf.cast(resets, tf.bool)
+    position = document_positions(length, None, resets) * tf.ones([batch, 1], tf.int32)  # [B, T] from the start
+    document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+    if window is None:
+        at = tf.tile(tf.range(length)[None, :], [batch, 1])
+        same = tf.equal(document[:, :, None], document[:, None, :])
+        return _dense(queries, keys, values, valid, at, at, None, slope, hyper, scale, documents=same)
+
+    start_index = tf.range(length)[None, :] - position  # each query's document start
+    heads = tf.shape(keys)[1]
+    gather_start = lambda x: tf.gather(  # noqa: E731
+        x, tf.tile(start_index[:, None], [1, heads, 1]), axis=2, batch_dims=2
+    )
+    start = (gather_start(keys), gather_start(values), tf.gather(valid, start_index, batch_dims=1))
+    # The W - 1 slots before the first query hold nothing; a document's start is no key of the band.
+    before = window - 1
+    all_keys, all_values = (tf.pad(x, [[0, 0], [0, 0], [before, 0], [0, 0]]) for x in (keys, values))
+    key_valid = tf.concat([tf.zeros([batch, before], tf.bool), valid & (position >= 1)], axis=1)
+    key_document = tf.concat([tf.fill([batch, before], -1), document], axis=1)
+    return _banded(
+        queries,
+        all_keys,
+        all_values,
+        key_valid,
+        start,
+        position,
+        window,
+        slope,
+        hyper,
+        scale,
+        chunk_size,
+        documents=(document, key_document),
+    )
 
 
 def banded_attention_step(state, query, key, value, window=None, slope=0.0, hyper=0.0, scale=None, mask=None):
@@ -384,22 +461,31 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
     return out[:, :, 0], new_state
 
 
-def banded_attention_reference(queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None):
+def banded_attention_reference(
+    queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None, resets=None
+):
     """`out [B, H, T, Dv]` of `banded_attention` by its definition, for tests only.
 
     Builds the `[T, 1 + T]` logits of every row (the null slot first) and
     takes a softmax over them, in the dtype it is given (tests use float64).
+    With `resets`, row `i` sees only its document, whose first position is its start.
     """
     length = tf.shape(queries)[2]
     dtype = queries.dtype
     if scale is None:
         scale = 1.0 / math.sqrt(queries.shape[-1])
-    i = tf.range(length)[:, None]
-    j = tf.range(length)[None, :]
-    span = j < i
+    i = tf.range(length)[None, :, None]
+    j = tf.range(length)[None, None, :]
+    if resets is None:
+        start, same = tf.zeros_like(i), tf.ones([1, 1, 1], tf.bool)
+    else:
+        document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+        same = tf.equal(document[:, :, None], document[:, None, :])
+        start = tf.reduce_min(tf.where(same, j, length), axis=-1, keepdims=True)  # [B, T, 1]
+    span = (j < i) & same
     if window is not None:
-        span &= (j > i - window) | (j == 0)
-    span = span[None, None]
+        span &= (j > i - window) | (j == start)
+    span = span[:, None]
     if mask is not None:
         span &= tf.cast(mask, tf.bool)[:, None, None, :]
     distance = tf.cast(tf.maximum(i - j, 1), dtype)

@@ -58,13 +58,31 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
     return (key_cache, value_cache, valid, position + real_extent(mask, length)), visible
 
 
-def causal_visibility(length, mask=None):
-    """`[B or 1, 1, T, T]` bool: causal, and no padded key."""
+def causal_visibility(length, mask=None, resets=None):
+    """`[B or 1, 1, T, T]` bool: causal, no padded key, and (with `resets [B, T]`) no key of another document.
+
+    With packed documents the mask is block-diagonal: a document is the run
+    of positions from one reset to the next, numbered by the resets so far.
+
+        resets 1 0 1 0 0   row 0: x . . . .
+                           row 1: x x . . .
+                           row 2: . . x . .
+                           row 3: . . x x .
+                           row 4: . . x x x
+    """
     causal = tf.range(length)[None, :] <= tf.range(length)[:, None]
     visible = causal[None, None]
     if mask is not None:
         visible = visible & tf.cast(mask, tf.bool)[:, None, None, :]
+    if resets is not None:
+        visible = visible & same_document(resets)[:, None]
     return visible
+
+
+def same_document(resets):
+    """`[B, T, T]` bool: True where query `t` and key `s` are in one document (`resets [B, T]` starts them)."""
+    document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+    return tf.equal(document[:, :, None], document[:, None, :])
 
 
 def softmax_attention(query, key, value, visible):

@@ -333,7 +333,15 @@ def gated_scan(gates, items, combine, axis):
         # The first `steps` entries are complete prefixes: whatever their gate, nothing lies before them.
         return (steps * 2, gates & shift(gates, steps, False), *items)
 
-    _, _, *items = tf.while_loop(lambda steps, *_: steps < size, body, (tf.constant(1), gates, *items))
+    static_size = gates.shape[axis]
+    if static_size is None:
+        _, _, *items = tf.while_loop(lambda steps, *_: steps < size, body, (tf.constant(1), gates, *items))
+        return tuple(items)
+    # A known length unrolls its rounds: shifts by constants, which XLA needs (its pads take static sizes).
+    steps = 1
+    while steps < static_size:
+        _, gates, *items = body(steps, gates, *items)
+        steps *= 2
     return tuple(items)
 
 

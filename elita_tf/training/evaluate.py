@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.data import load_corpus, make_tokenizer, token_windows
+from elita_tf.data import load_corpus, make_tokenizer, packed_windows, token_stream, token_windows
 from elita_tf.data.text_files import data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
@@ -57,23 +57,33 @@ def _by_position(loss_sums, token_counts):
     ]
 
 
-def _windowed_losses(backbone, windows, batch_size, progress):
-    """Per-position sums of the next-token losses over `windows [N, T + 1]`, and token counts `[T]`."""
+def _windowed_losses(backbone, windows, batch_size, progress, document_starts=None):
+    """Per-position sums of the next-token losses over `windows [N, T + 1]`, and token counts `[T]`.
+
+    With `document_starts [N, T + 1]` (packed documents) no document sees
+    another, and a document's first token is not scored.
+    """
 
     @tf.function(reduce_retracing=True)
-    def losses(rows):
+    def losses(rows, starts):
         inputs, targets = rows[:, :-1], rows[:, 1:]
+        resets = tf.concat([tf.ones_like(starts[:, :1]), starts[:, 1:-1]], axis=1)
         # The head's float32 loss a chunk at a time: no [B, T, V] logits in the compute dtype.
-        per_token = backbone.token_losses(backbone.hidden_states(inputs, training=False), targets)
-        return tf.reduce_sum(tf.cast(per_token, tf.float64), axis=0)
+        hidden = backbone.hidden_states(inputs, resets=resets if document_starts is not None else None, training=False)
+        weights = tf.cast(tf.logical_not(starts[:, 1:]), tf.float64)
+        per_token = tf.cast(backbone.token_losses(hidden, targets), tf.float64) * weights
+        return tf.reduce_sum(per_token, axis=0), tf.reduce_sum(weights, axis=0)
 
+    if document_starts is None:
+        document_starts = np.zeros(windows.shape, bool)
     length = windows.shape[1] - 1
-    sums = np.zeros(length)
+    sums, counts = np.zeros(length), np.zeros(length)
     for start in range(0, len(windows), batch_size):
-        rows = windows[start : start + batch_size]
-        sums += losses(tf.constant(rows)).numpy()
-        progress(len(rows))
-    return sums, np.full(length, float(len(windows)))
+        rows = slice(start, start + batch_size)
+        batch_sums, batch_counts = losses(tf.constant(windows[rows]), tf.constant(document_starts[rows]))
+        sums, counts = sums + batch_sums.numpy(), counts + batch_counts.numpy()
+        progress(len(windows[rows]))
+    return sums, counts
 
 
 def _stream_losses(backbone, stream, segment_length, progress):
@@ -115,6 +125,7 @@ def evaluate(
     window_length=None,
     carry_state=False,
     position_mode=None,
+    pack_documents=None,
     verbose=0,
 ):
     """Mean next-token cross-entropy of the preset's model on a split, with its loss by position, as a dict.
@@ -145,11 +156,15 @@ def evaluate(
         position_mode: None (the run's), or `"fixed"` / `"clamped"`: read
             ELiTA's positions past its training length another way, with the
             same weights (the two modes agree up to the training length).
+        pack_documents: None (as the run trained, in windows), or bool: windows
+            of documents back to back that never see each other, each
+            document's first token unscored (`elita-train --pack-documents`).
         verbose: 1 for a progress bar (on stdout, as Keras').
 
     Returns:
         `{"split", "loss", "perplexity", "tokens", "loss_by_position", "window_length", "carry_state",
-        "position_mode", "quantize", "litert", "windows", "sequence_length", "data": {...}, "trained_on": {...}}`.
+        "pack_documents", "position_mode", "quantize", "litert", "windows", "sequence_length", "data": {...},
+        "trained_on": {...}}`.
         `loss_by_position` is a list of `{"start", "end", "loss", "tokens"}`
         over log-spaced buckets of positions (within a window, or in the
         stream); `data` is the split's source and SHA-256; `trained_on` the run's, to compare.
@@ -171,6 +186,11 @@ def evaluate(
         isinstance(window_length, bool) or not isinstance(window_length, int) or window_length < 2
     ):
         raise ValueError(f"`window_length` must be an integer >= 2. Received: window_length={window_length!r}")
+    if pack_documents and (litert is not None or carry_state):
+        raise ValueError(
+            "Packed documents are scored in windows by the model itself: leave `litert` and `carry_state` unset. "
+            f"Received: pack_documents=True, litert={litert!r}, carry_state={carry_state!r}"
+        )
     manifest_path = os.path.join(run_dir, "run.json")
     if not os.path.exists(manifest_path):
         raise FileNotFoundError(
@@ -181,6 +201,9 @@ def evaluate(
         manifest = json.load(f)
     sequence_length = manifest["training"]["sequence_length"]
     length = window_length or sequence_length
+    if pack_documents is None:
+        trained_packed = manifest["training"].get("pack_documents", False)
+        pack_documents = trained_packed and litert is None and not carry_state
     batch_size = batch_size or max(1, manifest["training"]["batch_size"] * sequence_length // length)
 
     causal_lm = ElitaCausalLM.from_preset(run_dir)
@@ -208,7 +231,11 @@ def evaluate(
         backbone.quantize(quantize)
     if data is None:  # the run's own data, split as it was for training
         splits, data = load_corpus(
-            manifest["data"]["dataset"], data_dir=data_dir, tfds_dir=tfds_dir, **manifest["data"].get("corpus", {})
+            manifest["data"]["dataset"],
+            data_dir=data_dir,
+            tfds_dir=tfds_dir,
+            document_starts=pack_documents,
+            **manifest["data"].get("corpus", {}),
         )
         if data["sha256"] != manifest["data"]["sha256"]:
             print(
@@ -218,15 +245,27 @@ def evaluate(
             )
     elif data_kind(data) in ("text", "jsonl"):  # all of it, one split
         splits, data = load_corpus(
-            data, documents=documents, text_field=text_field, holdout_fraction=0.0, required_splits=("train",)
+            data,
+            documents=documents,
+            text_field=text_field,
+            holdout_fraction=0.0,
+            required_splits=("train",),
+            document_starts=pack_documents,
         )
         split, splits = "all", {"all": splits["train"]}
     else:
-        splits, data = load_corpus(data, data_dir=data_dir, tfds_dir=tfds_dir, text_field=text_field)
+        splits, data = load_corpus(
+            data, data_dir=data_dir, tfds_dir=tfds_dir, text_field=text_field, document_starts=pack_documents
+        )
     tokenizer = make_tokenizer(causal_lm.preprocessor.tokenizer.proto)
-    # One stream: cut in the shortest windows, so that at most two tokens of the split are left out.
-    cut = 2 if carry_state else length
-    windows = token_windows(splits[split], tokenizer, cut, vocabulary_size=backbone.vocabulary_size)
+    starts = None
+    if pack_documents:
+        stream = token_stream(splits[split], tokenizer, vocabulary_size=backbone.vocabulary_size)
+        windows, starts = packed_windows(*stream, length)
+    else:
+        # One stream: cut in the shortest windows, so that at most two tokens of the split are left out.
+        cut = 2 if carry_state else length
+        windows = token_windows(splits[split], tokenizer, cut, vocabulary_size=backbone.vocabulary_size)
 
     by_position = None
     if carry_state:
@@ -248,7 +287,13 @@ def evaluate(
             )
         bar = keras.utils.Progbar(scored) if verbose else None
         if litert is None:
-            sums, counts = _windowed_losses(backbone, windows[:scored], batch_size, bar.add if bar else lambda n: None)
+            sums, counts = _windowed_losses(
+                backbone,
+                windows[:scored],
+                batch_size,
+                bar.add if bar else lambda n: None,
+                None if starts is None else starts[:scored],
+            )
         else:  # the interpreter scores window by window and gives the mean
             loss = LiteRTModel(litert).loss(windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
             tokens = scored * length
@@ -263,6 +308,7 @@ def evaluate(
         "loss_by_position": by_position,
         "window_length": length,
         "carry_state": carry_state,
+        "pack_documents": pack_documents,
         "position_mode": backbone.position_mode,
         "quantize": quantize,
         "litert": litert,

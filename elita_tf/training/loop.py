@@ -49,6 +49,7 @@ from elita_tf.data import (
     lm_dataset,
     load_corpus,
     make_tokenizer,
+    packed_windows,
     sample_text,
     steps_per_epoch,
     stream_dataset,
@@ -185,6 +186,36 @@ def init_from_settings(settings, given=None):
     return dataclasses.replace(settings, **values)
 
 
+def preset_tokenizer(preset):
+    """The serialized SentencePiece model of a finished run directory or keras-hub preset."""
+    return ElitaCausalLM.from_preset(preset, load_weights=False).preprocessor.tokenizer.proto
+
+
+def tokenizer_from_settings(settings, given=None):
+    """`settings` with the vocabulary size of the tokenizer `settings.tokenizer_from` names.
+
+    Args:
+        settings: a `TrainSettings`.
+        given: whether the user set `vocabulary_size`; None: whether it differs from the default.
+
+    Raises:
+        ValueError: when a given vocabulary size disagrees with the tokenizer's.
+    """
+    if settings.tokenizer_from is None:
+        return settings
+    tokenizer = ElitaCausalLM.from_preset(settings.tokenizer_from, load_weights=False).preprocessor.tokenizer
+    size = tokenizer.vocabulary_size()
+    if given is None:
+        default = {field.name: field.default for field in dataclasses.fields(settings)}["vocabulary_size"]
+        given = settings.vocabulary_size != default
+    if given and settings.vocabulary_size != size:
+        raise ValueError(
+            f"--tokenizer-from {settings.tokenizer_from} has {size} pieces: the model's vocabulary is the tokenizer's. "
+            f"Leave --vocabulary-size out. Received: vocabulary_size={settings.vocabulary_size}"
+        )
+    return dataclasses.replace(settings, vocabulary_size=size)
+
+
 def resolve_position_mode(settings, run_path):
     """`settings` with `position_mode` decided, when it was left to the run (None).
 
@@ -233,6 +264,8 @@ def requested_manifest(settings, config, data):
                 "weights_sha256": hashlib.file_digest(f, "sha256").hexdigest(),
                 "lora_rank": settings.lora_rank,
             }
+    if settings.tokenizer_from is not None:
+        fine_tuning["tokenizer_from"] = os.path.abspath(settings.tokenizer_from)
     return {
         **fine_tuning,
         "architecture": settings.architecture,
@@ -246,6 +279,7 @@ def requested_manifest(settings, config, data):
             "optimizer": settings.optimizer,
             "dtype_policy": settings.dtype_policy,
             "carry_state": settings.carry_state,
+            "pack_documents": settings.pack_documents,
         },
     }
 
@@ -262,6 +296,7 @@ def load_settings_corpus(settings):
         text_field=settings.text_field,
         holdout_fraction=settings.holdout_fraction,
         seed=settings.seed,
+        document_starts=settings.carry_state or settings.pack_documents,
     )
 
 
@@ -276,8 +311,12 @@ def prepare_run(settings, run_dir, splits, data):
     manifest = requested_manifest(settings, config, data)
     stored = run_dir.check_manifest(manifest)
     tokenizer_path = run_dir.file(TOKENIZER)
-    if stored is None and settings.init_from is not None:  # fine-tuning keeps the model's own tokenizer
-        proto = ElitaCausalLM.from_preset(settings.init_from, load_weights=False).preprocessor.tokenizer.proto
+    streams = settings.carry_state or settings.pack_documents  # the splits hold (line, starts_document) pairs
+    if streams:
+        starts, splits = splits, {split: pairs.map(lambda line, _: line) for split, pairs in splits.items()}
+    reused = settings.init_from or settings.tokenizer_from  # fine-tuning keeps the model's own tokenizer
+    if stored is None and reused is not None:
+        proto = preset_tokenizer(reused)
     elif stored is None:
         text = sample_text(splits["train"], settings.tokenizer_sample_bytes, seed=settings.seed)
         proto = train_sentencepiece(text, vocabulary_size=settings.vocabulary_size, seed=settings.seed)
@@ -292,14 +331,20 @@ def prepare_run(settings, run_dir, splits, data):
     windows = {}
     for split, lines in splits.items():
         try:
-            windows[split] = token_windows(
-                lines, tokenizer, settings.sequence_length, vocabulary_size=settings.vocabulary_size
-            )
+            # (windows, their document starts or None): `lm_dataset`'s arguments.
+            if settings.pack_documents:
+                stream = token_stream(starts[split], tokenizer, vocabulary_size=settings.vocabulary_size)
+                windows[split] = packed_windows(*stream, settings.sequence_length)
+            else:
+                cut = token_windows(
+                    lines, tokenizer, settings.sequence_length, vocabulary_size=settings.vocabulary_size
+                )
+                windows[split] = (cut, None)
         except ValueError as error:
             source = data.get("corpus", {}).get(f"{split}_data") or data["dataset"]  # the files given for it
             raise ValueError(f"The {split} split ({source}): {error}") from None
-    if settings.carry_state:  # the train split as one stream, with its article starts
-        windows["train_stream"] = token_stream(splits["train"], tokenizer, vocabulary_size=settings.vocabulary_size)
+    if settings.carry_state:  # the train split as one stream, with its document starts
+        windows["train_stream"] = token_stream(starts["train"], tokenizer, vocabulary_size=settings.vocabulary_size)
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
@@ -405,7 +450,7 @@ def train(settings, callbacks=(), strategy=None):
     """
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
-    settings = init_from_settings(settings)
+    settings = tokenizer_from_settings(init_from_settings(settings))
     if strategy.extended.should_checkpoint:
         check_writable(settings.output_dir)  # before the data: minutes of preparation for nothing, otherwise
     corpus = load_settings_corpus(settings)  # before the run directory: bad text leaves nothing behind
@@ -424,6 +469,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     keras.utils.set_random_seed(settings.seed)
     if settings.carry_state:
         check_carry_state(settings)
+
     splits, data = corpus
     config, windows = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
@@ -431,7 +477,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             len(windows["train_stream"][0]), settings.batch_size, settings.sequence_length
         )
     else:
-        per_epoch = steps_per_epoch(windows["train"], settings.batch_size)
+        per_epoch = steps_per_epoch(windows["train"][0], settings.batch_size)
     total = (
         settings.epochs * per_epoch
         if settings.max_steps is None
@@ -459,7 +505,8 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
                 model.enable_carried_state(settings.batch_size)
             model.compile(
                 optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                # Averaged over the weighted tokens: packed documents weigh each document's first token out.
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                 weighted_metrics=None,  # the loss alone: fit takes it a chunk of tokens at a time
             )
     adapt_to_multi_worker(model, strategy, [settings.batch_size // replicas, settings.sequence_length])
@@ -480,7 +527,10 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
 
     def evaluation(split):
         def shard(index, count):
-            data = lm_dataset(windows[split], settings.batch_size, shuffle=False, shard=index, num_shards=count)
+            cut, starts = windows[split]
+            data = lm_dataset(
+                cut, settings.batch_size, shuffle=False, shard=index, num_shards=count, document_starts=starts
+            )
             return data.take(settings.eval_batches) if settings.eval_batches else data
 
         return distributed_dataset(strategy, shard, settings.batch_size)
@@ -504,8 +554,15 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
                 ids, resets, settings.batch_size, settings.sequence_length, epochs=None, start_step=step
             )
         else:
+            cut, starts = windows["train"]
             stream = functools.partial(
-                lm_dataset, windows["train"], settings.batch_size, seed=settings.seed, epochs=None, start_step=step
+                lm_dataset,
+                cut,
+                settings.batch_size,
+                seed=settings.seed,
+                epochs=None,
+                start_step=step,
+                document_starts=starts,
             )
         model.fit(
             distributed_dataset(

@@ -37,6 +37,10 @@ class TrainSettings:
         tokenizer_sample_bytes: int. SentencePiece trains on a seeded sample of
             at most this much train text (all of WikiText-2 and -103 fit the
             default). Defaults to `10**9`.
+        tokenizer_from: str or None. Reuse the SentencePiece model of a
+            finished run directory or keras-hub preset instead of training
+            one; the vocabulary size is the tokenizer's
+            (`tokenizer_from_settings`).
         vocabulary_size: int. SentencePiece pieces, the model's vocabulary. Defaults to `5000`.
         sequence_length: int. Training length `T`. Defaults to `256`.
         batch_size: int. Global batch. Defaults to `128`.
@@ -76,6 +80,12 @@ class TrainSettings:
             boundaries; the state is checkpointed). Needs a model whose every
             block keeps a constant-size state, without learned positions
             (`elita`), and the default strategy. Defaults to `False`.
+        pack_documents: bool. Windows hold documents back to back, and no
+            position sees another document in any block: states and
+            buffers restart, softmax masks are block-diagonal, learned
+            positions restart. The loss (training and evaluation) leaves out
+            each document's first token, which has nothing before it to be
+            predicted from. Defaults to `False`.
         seed: int. Data order, tokenizer and weights. Defaults to `0`.
         checkpoint_every: int. Steps between checkpoints. Defaults to `20`.
         keep_checkpoints: int. Newest checkpoints kept. Defaults to `2`.
@@ -100,6 +110,7 @@ class TrainSettings:
     text_field: str = "text"
     holdout_fraction: float = 0.05
     tokenizer_sample_bytes: int = 10**9
+    tokenizer_from: str = None
     vocabulary_size: int = 5000
     sequence_length: int = 256
     batch_size: int = 128
@@ -117,6 +128,7 @@ class TrainSettings:
     lora_rank: int = None
     merge_lora: bool = False
     carry_state: bool = False
+    pack_documents: bool = False
     seed: int = 0
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
@@ -179,8 +191,19 @@ class TrainSettings:
             fail("verbose", "0, 1 or 2")
         if self.lora_rank is not None and self.init_from is None:
             fail("lora_rank", "None without init_from: LoRA adapts a trained model")
+        if self.tokenizer_from is not None and self.init_from is not None:
+            fail("tokenizer_from", "None with init_from: fine-tuning keeps the model's own tokenizer")
         if self.merge_lora and self.lora_rank is None:
             fail("merge_lora", "False without lora_rank: there are no adapters to merge")
+        if self.pack_documents and (self.position_mode or ARCHITECTURES[self.architecture].get("position_mode")) == (
+            "length"
+        ):
+            raise ValueError(
+                "`pack_documents` restarts positions at each document, and position_mode='length' moves them with "
+                f"the window's length. Received: architecture={self.architecture!r}, position_mode='length'"
+            )
+        if self.pack_documents and self.carry_state:
+            fail("pack_documents", "False with carry_state: carried streams restart at every document already")
         if self.carry_state and self.strategy != "default":
             raise ValueError(
                 "A carried state is one batch of streams in one process: `carry_state` needs strategy='default'. "

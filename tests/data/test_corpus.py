@@ -56,6 +56,16 @@ def test_blank_lines_separate_documents_and_given_splits_take_nothing_from_train
     )
     assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
     assert list(blank.split_documents("validation")) == [["v1", "v2"]] and list(blank.lines("test")) == ["t1"]
+    # With document starts: True on each document's first line, through tf.data.
+    splits, _ = load_corpus(
+        str(tmp_path / "a.txt"),
+        validation_data=str(tmp_path / "valid.txt"),
+        test_data=str(tmp_path / "test.txt"),
+        documents="blank-line",
+        document_starts=True,
+    )
+    pairs = [(line.decode(), bool(start)) for line, start in splits["train"].as_numpy_iterator()]
+    assert pairs == [("one", True), ("two", False), ("three", True), ("four", True)]
 
 
 def test_json_lines_read_the_text_field(tmp_path):
@@ -130,6 +140,10 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
     assert sorted(zip(test[::2], test[1::2])) == sorted(tuple(_document(i, 2)) for i in range(60, 70))
     train = _lines(splits["train"])
     assert len(train) + len(validation) == 120 and not set(train) & set(validation)
+    # With document starts, each example's first line starts a document.
+    splits, _ = load_corpus("tfds:tiny_text", tfds_dir=str(tmp_path), document_starts=True)
+    starts = [bool(start) for _, start in splits["test"].as_numpy_iterator()]
+    assert starts == [True, False] * 10
     with pytest.raises(ValueError, match=r"--validation-data and --test-data go with text files"):
         load_corpus("tfds:tiny_text", tfds_dir=str(tmp_path), validation_data="x.txt")
     with pytest.raises(ValueError, match=r"tfds:no_such_dataset_here"):

@@ -363,10 +363,48 @@ def test_a_padded_decoding_step_holding_nan_changes_nothing(name):
 
 def _takes_resets(name):
     layer = MIXERS[name]()
-    return getattr(layer, "mixer", layer).supports_resets
+    return getattr(layer, "mixer", layer).resets_with_cache
 
 
 RESETTING = [name for name in sorted(MIXERS) if _takes_resets(name)]
+
+
+def _packed_resets(length):
+    resets = np.zeros((2, length), bool)
+    resets[0, [0, 9, 10, 33]] = True  # a one-token document at 9
+    resets[1, [17, 40]] = True  # row 1's first document starts at 0 with no reset: the empty state all the same
+    return resets
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_packed_documents_equal_each_document_alone_in_outputs_and_gradients(name):
+    """Without a cache every mixer takes `resets`: no document sees another (block-diagonal softmax,
+    restarted states and buffers, a start position per document), to the gradients."""
+    layer = _mixer(name)
+    x = tf.constant(_inputs(60))
+    resets = _packed_resets(60)
+    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape), tf.float32)
+
+    def loss_and_gradients(run):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.cast(run(), tf.float32) * cotangent)
+        return [loss] + tape.gradient(loss, [x] + layer.trainable_weights)
+
+    def apart():
+        rows = []
+        for row in range(2):
+            bounds = sorted({0, *np.flatnonzero(resets[row])}) + [60]
+            rows.append(tf.concat([layer(x[row : row + 1, a:b]) for a, b in zip(bounds[:-1], bounds[1:])], axis=1))
+        return tf.concat(rows, axis=0)
+
+    packed = loss_and_gradients(lambda: layer(x, resets=resets))
+    alone = loss_and_gradients(apart)
+    for got, want in zip(packed, alone):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
+    # And compiled by XLA.
+    compiled = tf.function(lambda x: layer(x, resets=resets), jit_compile=True)(x)
+    np.testing.assert_allclose(compiled, apart(), rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("name", RESETTING)
@@ -413,7 +451,14 @@ def test_resets_equal_each_document_run_apart_in_parallel_chunks_and_steps(name)
 
 
 @pytest.mark.parametrize("name", [name for name in sorted(MIXERS) if name not in RESETTING])
-def test_resets_are_refused_by_a_layer_without_a_constant_state(name):
+def test_a_buffer_of_positions_refuses_resets_with_a_cache_but_a_step_restarts(name):
     layer = _mixer(name)
-    with pytest.raises(ValueError, match="cannot take `resets`"):
-        layer(_inputs(8), resets=np.zeros((2, 8), bool))
+    x = _inputs(9)
+    _, cache = layer(x[:, :4], cache=layer.get_initial_cache(2))
+    with pytest.raises(ValueError, match="cannot take `resets` with a cache over several positions"):
+        layer(x[:, 4:], cache=cache, resets=np.zeros((2, 5), bool))
+    # One step that starts a document starts from the empty cache.
+    step, _ = layer(x[:, 4:5], cache=cache, resets=np.array([[True], [False]]))
+    fresh, _ = layer(x[:1, 4:5], cache=layer.get_initial_cache(1))
+    continued, _ = layer(x[1:, 4:5], cache={k: v[1:] for k, v in cache.items()})
+    np.testing.assert_allclose(step, np.concatenate([fresh, continued]), rtol=1e-5, atol=1e-5)

@@ -113,6 +113,26 @@ def test_text_in_text_out_fit_and_preset_round_trip(proto, tmp_path):
     text = causal_lm.generate(["the cat", "a dog sees"], max_length=20)
     assert [t[: len(p)] for t, p in zip(text, ["the cat", "a dog sees"])] == ["the cat", "a dog sees"]
 
+    # Text scores as a line of training text: end-of-line, its pieces, end-of-line; padding scores 0.
+    texts = ["the cat number 7 sees a dog", "a house ."]
+    losses = causal_lm.score(texts, scoring_mode="loss").numpy()
+    for row, line in enumerate(texts):
+        pieces = [tokenizer.start_token_id] + np.asarray(tokenizer(line)).tolist() + [tokenizer.end_token_id]
+        ids = np.array([pieces[:-1]], "int32")
+        alone = causal_lm.score(ids, scoring_mode="loss", target_ids=np.array([pieces[1:]], "int32")).numpy()[0]
+        np.testing.assert_allclose(losses[row, : len(alone)], alone, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(losses[row, len(alone) :], 0.0)
+    one = causal_lm.score("a house .", scoring_mode="loss").numpy()[0]  # alone: no padding
+    np.testing.assert_allclose(one, losses[1, : len(one)], rtol=1e-5, atol=1e-6)
+    assert len(one) < losses.shape[1]
+    assert causal_lm.score(texts).shape == (2, losses.shape[1], 40)
+    with pytest.raises(ValueError, match="leave `padding_mask` and `target_ids` out"):
+        causal_lm.score(texts, target_ids=np.zeros((2, 3), "int32"))
+    with pytest.raises(ValueError, match="this model reads at most 32 positions"):
+        ElitaCausalLM(_backbone("transformer"), preprocessor).score(" ".join(LINES[:3]))
+    with pytest.raises(ValueError, match="Scoring text needs a preprocessor"):
+        ElitaCausalLM(backbone).score("the cat")
+
     causal_lm.save_to_preset(str(tmp_path))
     assert isinstance(keras_hub.models.Backbone.from_preset(str(tmp_path)), ElitaBackbone)
     loaded = ElitaCausalLM.from_preset(str(tmp_path))

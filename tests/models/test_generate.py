@@ -93,10 +93,12 @@ def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_
     np.testing.assert_array_equal(cache["position"], [20, 6])  # positions restart at each document
 
 
-def test_resets_are_refused_by_models_with_finite_buffers():
+def test_a_carried_stream_with_resets_is_refused_by_models_with_finite_buffers():
     backbone = _backbone("transformer")
-    with pytest.raises(ValueError, match="constant-size state"):
-        backbone.hidden_states(np.zeros((1, 4), "int32"), resets=np.zeros((1, 4), bool))
+    with pytest.raises(ValueError, match="A stream carried in a cache restarts documents"):
+        backbone.hidden_states(
+            np.zeros((1, 4), "int32"), cache=backbone.get_initial_cache(1), resets=np.zeros((1, 4), bool)
+        )
 
 
 @pytest.mark.parametrize("name", ["elita", "transformer"])

@@ -8,7 +8,7 @@ import pytest
 
 from elita_tf.cli.train import parse_args
 from elita_tf.data import (
-    load_wikitext,
+    load_corpus,
     make_tokenizer,
     stream_dataset,
     token_stream,
@@ -23,9 +23,11 @@ CARRY = ["--carry-state", "--batch-size", "128", "--max-steps", "16"]
 
 
 def test_the_stream_marks_article_starts_and_segments_continue_each_other(tiny_wikitext, tmp_path):
-    splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
-    proto = train_sentencepiece((line.decode() for line in splits["train"].as_numpy_iterator()), vocabulary_size=60)
-    tokenizer = make_tokenizer(proto)
+    splits, _ = load_corpus(
+        "wikitext-2-v1", data_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"), document_starts=True
+    )
+    lines = (line.decode() for line, _ in splits["train"].as_numpy_iterator())
+    tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
     ids, resets = token_stream(splits["train"], tokenizer, vocabulary_size=60)
     # The tiny corpus has a ` = Heading k = ` article title every 20 lines: 20 in its 400 lines.
     assert resets.sum() == 20

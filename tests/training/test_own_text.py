@@ -74,19 +74,39 @@ def test_fine_tuning_keeps_the_architecture_and_names_a_flag_that_disagrees(tmp_
         _train(tmp_path / "tuned", "--data", glob, "--lora-rank", "2")
     assert "LoRA adapts a trained model" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "tuned")
+    # A new model on new text can reuse a run's tokenizer, whose size is then the vocabulary's.
+    other = write_documents(tmp_path / "other", 20, seed=5)
+    with pytest.raises(SystemExit):
+        _train(
+            tmp_path / "reuse", "--data", other, "--tokenizer-from", str(tmp_path / "run"), "--vocabulary-size", "50"
+        )
+    assert "has 40 pieces: the model's vocabulary is the tokenizer's" in capsys.readouterr().err
+    reuse = ["--data", other, "--holdout-fraction", "0.2", "--max-steps", "1", "--architecture", "linear"]
+    assert _train(tmp_path / "reuse", *reuse, "--tokenizer-from", str(tmp_path / "run")) == 0
+    tokenizer = (tmp_path / "run" / "sentencepiece.model").read_bytes()
+    assert (tmp_path / "reuse" / "sentencepiece.model").read_bytes() == tokenizer
+    assert json.loads((tmp_path / "reuse" / "run.json").read_text())["tokenizer_from"] == str(tmp_path / "run")
 
 
-def test_json_lines_and_a_tfds_dataset_train(tmp_path):
+def test_json_lines_and_a_tfds_dataset_train(tmp_path, capsys):
     rng = np.random.default_rng(2)
     records = [{"id": i, "body": "\n".join(" ".join(rng.choice(WORDS, 7)) for _ in range(5))} for i in range(60)]
     (tmp_path / "c.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
-    assert (
-        _train(
-            tmp_path / "jsonl", "--data", str(tmp_path / "c.jsonl"), "--text-field", "body", "--holdout-fraction", "0.2"
-        )
-        == 0
-    )
-    assert json.loads((tmp_path / "jsonl" / "run.json").read_text())["data"]["corpus"]["text_field"] == "body"
+    jsonl = ["--data", str(tmp_path / "c.jsonl"), "--text-field", "body", "--holdout-fraction", "0.2"]
+    # Packed: each record is a document that no other one sees, its first token unscored.
+    assert _train(tmp_path / "jsonl", *jsonl, "--pack-documents", "--architecture", "transformer") == 0
+    manifest = json.loads((tmp_path / "jsonl" / "run.json").read_text())
+    assert manifest["data"]["corpus"]["text_field"] == "body" and manifest["training"]["pack_documents"]
+    results = json.loads((tmp_path / "jsonl" / "results.json").read_text())
+    capsys.readouterr()
+    # elita-evaluate scores a packed run as it trained, and plain windows on request: another figure.
+    assert evaluate_main(["--run-dir", str(tmp_path / "jsonl"), "--split", "validation"]) == 0
+    packed = json.loads(capsys.readouterr().out)
+    assert packed["pack_documents"] and packed["loss"] == pytest.approx(results["validation_loss"], rel=1e-5)
+    assert evaluate_main(["--run-dir", str(tmp_path / "jsonl"), "--split", "validation", "--no-pack-documents"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert not plain["pack_documents"] and plain["loss"] != pytest.approx(packed["loss"], rel=1e-4)
+    assert packed["tokens"] < plain["tokens"]  # the documents' first tokens are left out
     TinyText(data_dir=str(tmp_path / "tfds")).download_and_prepare()
     assert _train(tmp_path / "tfds-run", "--data", "tfds:tiny_text", "--tfds-dir", str(tmp_path / "tfds")) == 0
     assert json.loads((tmp_path / "tfds-run" / "results.json").read_text())["data"]["source"] == "tfds:tiny_text/1.0.0"
@@ -116,6 +136,22 @@ def test_bad_text_is_one_line_naming_it_and_nothing_is_written(tmp_path, capsys,
     error = capsys.readouterr().err.strip()
     assert error.startswith("elita-train: error: ") and len(error.splitlines()) == 1
     assert re.search(message, error), error
+    assert not os.path.exists(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--carry-state"], "carried streams restart at every document already"),
+        (["--architecture", "elita-reference"], "position_mode='length' moves them with the window's length"),
+    ],
+)
+def test_packing_refuses_what_cannot_restart_at_each_document(tmp_path, capsys, flags, message):
+    glob = write_documents(tmp_path / "texts", 30, seed=0)
+    with pytest.raises(SystemExit):
+        _train(tmp_path / "run", "--data", glob, "--pack-documents", *flags)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("elita-train: error: ") and message in error
     assert not os.path.exists(tmp_path / "run")
 
 
