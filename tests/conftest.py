@@ -10,6 +10,13 @@ PRESET_FILES = ["assets", "config.json", "metadata.json", "model.weights.h5", "p
 PRESET_FILES += ["tokenizer.json"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def token_cache(tmp_path_factory):
+    """The tests' own cache of tokenized splits (`ELITA_CACHE_DIR`), never the user's."""
+    os.environ["ELITA_CACHE_DIR"] = str(tmp_path_factory.mktemp("elita-cache"))
+    return os.environ["ELITA_CACHE_DIR"]
+
+
 @pytest.fixture
 def policy():
     """Sets a global dtype policy for one test and restores the default after it."""

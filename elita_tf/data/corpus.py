@@ -14,6 +14,7 @@ each document's (or TFDS example's) position.
 import hashlib
 import json
 
+import numpy as np
 import tensorflow as tf
 
 from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
@@ -32,6 +33,24 @@ def _lines_of(texts, document_starts=False):
         return (parts, tf.equal(tf.range(tf.size(parts)), 0)) if document_starts else parts
 
     return texts.map(lines).unbatch()
+
+
+def _in_blocks(items, pairs, size=1024):
+    """`items` (lines, or `(line, start)` pairs) as numpy blocks of up to `size`."""
+    block = []
+    for item in items:
+        block.append(item)
+        if len(block) == size:
+            yield _block(block, pairs)
+            block = []
+    if block:
+        yield _block(block, pairs)
+
+
+def _block(block, pairs):
+    if not pairs:
+        return np.array(block, dtype=object)
+    return np.array([line for line, _ in block], dtype=object), np.array([start for _, start in block], dtype=bool)
 
 
 def _held_out(index, seed, holdout_fraction):
@@ -146,12 +165,16 @@ def load_corpus(
     corpus = TextCorpus(data, validation_data, test_data, documents, text_field, holdout_fraction, seed)
     checked = corpus.check(required_splits)
     if document_starts:
-        signature = (tf.TensorSpec([], tf.string), tf.TensorSpec([], tf.bool))
+        signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool))
         read = corpus.lines_with_starts
     else:
-        signature, read = tf.TensorSpec([], tf.string), corpus.lines
+        signature, read = tf.TensorSpec([None], tf.string), corpus.lines
+    # The generator hands over lines a thousand at a time: one at a time, its per-call cost would cap
+    # reading at a few thousand lines a second.
     splits = {
-        split: tf.data.Dataset.from_generator(lambda split=split: read(split), output_signature=signature)
+        split: tf.data.Dataset.from_generator(
+            lambda split=split: _in_blocks(read(split), document_starts), output_signature=signature
+        ).unbatch()
         for split in SPLITS
     }
     info = {"dataset": data, "source": f"{data} ({len(corpus.paths['train'])} files)", "sha256": checked["sha256"]}

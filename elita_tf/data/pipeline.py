@@ -74,7 +74,9 @@ def lm_dataset(
     shards of a step together are the single-process batch of that step.
 
     Args:
-        windows: int array `[N, T + 1]` from `token_windows`.
+        windows: int array `[N, T + 1]` from `token_windows`, or a split on
+            disk (`token_files.FileWindows`), read a batch at a time: the
+            same windows give the same batches either way.
         batch_size: int.
         seed: int. Same seed, same batches.
         shuffle: bool.
@@ -83,10 +85,11 @@ def lm_dataset(
         shard: int in `[0, num_shards)`. Which part of each batch to produce.
         num_shards: int. Parts each global batch is cut into; must divide
             `batch_size`.
-        document_starts: optional bool `[N, T + 1]` from `packed_windows`:
-            packed documents. The inputs then carry `resets` (the window's
-            starts, and its first position), and a third element weighs each
-            target: 0 where the target starts a document, else 1.
+        document_starts: optional bool `[N, T + 1]` from `packed_windows`
+            (or True with windows on disk, which hold their own): packed
+            documents. The inputs then carry `resets` (the window's starts,
+            and its first position), and a third element weighs each target:
+            0 where the target starts a document, else 1.
 
     Returns:
         A `tf.data.Dataset`, prefetched.
@@ -99,28 +102,48 @@ def lm_dataset(
     rows_per_shard = batch_size // num_shards
     count = len(windows)
     per_epoch = steps_per_epoch(windows, batch_size)
-    table = tf.constant(windows)
-    starts = None if document_starts is None else tf.constant(document_starts, tf.bool)
-    end = None if epochs is None else epochs * per_epoch
+    if isinstance(windows, np.ndarray):
+        table = tf.constant(windows)
+        starts = None if document_starts is None else tf.constant(document_starts, tf.bool)
 
-    def batch(step):
-        epoch, position = step // per_epoch, step % per_epoch
+        def rows(indices):
+            return tf.gather(table, indices), None if starts is None else tf.gather(starts, indices)
+
+    else:  # read from disk, a batch at a time
+
+        def rows(indices):
+            ids, window_starts = tf.numpy_function(windows.rows, [indices], (tf.int32, tf.bool), stateful=False)
+            ids.set_shape([None, windows.length])
+            window_starts.set_shape([None, windows.length])
+            return ids, window_starts if document_starts else None
+
+    def batch(order, position):
+        first = position * batch_size + shard * rows_per_shard
+        ids, row_starts = rows(order[first : first + rows_per_shard])
+        token_ids = ids[:, :-1]
+        inputs = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}
+        if row_starts is None:
+            return inputs, ids[:, 1:]
+        # A window's first position starts what it holds, whatever came before it.
+        inputs["resets"] = tf.concat([tf.ones_like(row_starts[:, :1]), row_starts[:, 1:-1]], axis=1)
+        return inputs, ids[:, 1:], tf.cast(tf.logical_not(row_starts[:, 1:]), tf.float32)
+
+    def epoch_batches(epoch):
+        # The epoch's order once, then its batches: batch k of a run depends on (seed, k) alone.
         order = tf.range(count, dtype=tf.int64)
         if shuffle:
             order = tf.random.experimental.stateless_shuffle(order, seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
-        first = position * batch_size + shard * rows_per_shard
-        rows = tf.gather(table, order[first : first + rows_per_shard])
-        token_ids = rows[:, :-1]
-        inputs = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}
-        if starts is None:
-            return inputs, rows[:, 1:]
-        row_starts = tf.gather(starts, order[first : first + rows_per_shard])
-        # A window's first position starts what it holds, whatever came before it.
-        inputs["resets"] = tf.concat([tf.ones_like(row_starts[:, :1]), row_starts[:, 1:-1]], axis=1)
-        return inputs, rows[:, 1:], tf.cast(tf.logical_not(row_starts[:, 1:]), tf.float32)
+        first = tf.where(epoch == start_step // per_epoch, tf.constant(start_step % per_epoch, tf.int64), 0)
+        positions = tf.data.Dataset.range(first, per_epoch)
+        return positions.map(
+            lambda position: batch(order, position), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
 
-    steps = tf.data.Dataset.range(start_step, end) if end is not None else tf.data.Dataset.range(start_step, 2**62)
-    return steps.map(batch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+    last_epoch = None if epochs is None else epochs
+    if last_epoch is not None and start_step >= last_epoch * per_epoch:
+        last_epoch = start_step // per_epoch  # nothing left: an empty stream
+    epochs_left = tf.data.Dataset.range(start_step // per_epoch, last_epoch if last_epoch is not None else 2**62)
+    return epochs_left.flat_map(epoch_batches).prefetch(tf.data.AUTOTUNE)
 
 
 def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):

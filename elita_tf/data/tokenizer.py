@@ -75,8 +75,13 @@ def sample_text(lines, max_bytes, seed=0):
     Returns:
         list of `str`.
     """
+
+    def each(dataset):  # read a block at a time: a Python iteration per element costs ~0.3 ms
+        for block in dataset.batch(4096).as_numpy_iterator():
+            yield from block
+
     sample, size = [], 0
-    for line in lines.as_numpy_iterator():  # the whole corpus, while it fits
+    for line in each(lines):  # the whole corpus, while it fits
         if size + len(line) > max_bytes:
             break
         sample.append(line.decode("utf-8"))
@@ -87,7 +92,7 @@ def sample_text(lines, max_bytes, seed=0):
     keep = max_bytes / int(sizes.reduce(tf.constant(0, tf.int64), tf.add))
     rng = np.random.default_rng(seed)
     sample, size = [], 0
-    for line in lines.as_numpy_iterator():
+    for line in each(lines):
         if rng.random() >= keep:
             continue
         if size + len(line) > max_bytes:

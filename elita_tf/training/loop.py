@@ -49,15 +49,13 @@ from elita_tf.data import (
     lm_dataset,
     load_corpus,
     make_tokenizer,
-    packed_windows,
     sample_text,
     steps_per_epoch,
     stream_dataset,
     stream_steps_per_epoch,
-    token_stream,
-    token_windows,
     train_sentencepiece,
 )
+from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, write_token_file
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.architectures import ARCHITECTURES, architecture, decode_limit
 from elita_tf.models.elita_backbone import architecture_config, resolve_preset
@@ -296,7 +294,7 @@ def load_settings_corpus(settings):
         text_field=settings.text_field,
         holdout_fraction=settings.holdout_fraction,
         seed=settings.seed,
-        document_starts=settings.carry_state or settings.pack_documents,
+        document_starts=True,
     )
 
 
@@ -311,9 +309,8 @@ def prepare_run(settings, run_dir, splits, data):
     manifest = requested_manifest(settings, config, data)
     stored = run_dir.check_manifest(manifest)
     tokenizer_path = run_dir.file(TOKENIZER)
-    streams = settings.carry_state or settings.pack_documents  # the splits hold (line, starts_document) pairs
-    if streams:
-        starts, splits = splits, {split: pairs.map(lambda line, _: line) for split, pairs in splits.items()}
+    # The splits hold (line, starts_document) pairs; the tokenizer trains on the lines.
+    pairs, splits = splits, {split: pairs.map(lambda line, _: line) for split, pairs in splits.items()}
     reused = settings.init_from or settings.tokenizer_from  # fine-tuning keeps the model's own tokenizer
     if stored is None and reused is not None:
         proto = preset_tokenizer(reused)
@@ -329,22 +326,24 @@ def prepare_run(settings, run_dir, splits, data):
             )
     tokenizer = make_tokenizer(proto)
     windows = {}
-    for split, lines in splits.items():
+    for split in pairs:
+        # Each split tokenized once into files, reused by any later run on the same text and tokenizer.
+        directory = os.path.join(cache_root(), fingerprint(data["sha256"], _sha256(proto), split))
+        bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
         try:
-            # (windows, their document starts or None): `lm_dataset`'s arguments.
-            if settings.pack_documents:
-                stream = token_stream(starts[split], tokenizer, vocabulary_size=settings.vocabulary_size)
-                windows[split] = packed_windows(*stream, settings.sequence_length)
-            else:
-                cut = token_windows(
-                    lines, tokenizer, settings.sequence_length, vocabulary_size=settings.vocabulary_size
-                )
-                windows[split] = (cut, None)
+            tokens = write_token_file(
+                pairs[split], tokenizer, directory, settings.vocabulary_size, progress=bar.add if bar else None
+            )
+            cut = FileWindows(tokens, settings.sequence_length + 1)
+            if not len(cut):
+                raise ValueError(f"The corpus is shorter than one window of {settings.sequence_length + 1} tokens.")
         except ValueError as error:
             source = data.get("corpus", {}).get(f"{split}_data") or data["dataset"]  # the files given for it
             raise ValueError(f"The {split} split ({source}): {error}") from None
-    if settings.carry_state:  # the train split as one stream, with its document starts
-        windows["train_stream"] = token_stream(starts["train"], tokenizer, vocabulary_size=settings.vocabulary_size)
+        # (windows, document starts): `lm_dataset`'s arguments.
+        windows[split] = (cut, True if settings.pack_documents else None)
+        if split == "train" and settings.carry_state:  # the train split as one stream, with its document starts
+            windows["train_stream"] = tokens.read(0, len(tokens))
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})

@@ -1,0 +1,81 @@
+"""Splits tokenized once into files on disk: the same windows and batches as in memory, reused, never loaded whole."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elita_tf.data import lm_dataset, load_corpus, make_tokenizer, packed_windows, token_stream, token_windows
+from elita_tf.data import train_sentencepiece
+from elita_tf.data.token_files import FileWindows, TokenFile, fingerprint, write_token_file
+from tests.conftest import write_documents
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("texts")
+    splits, _ = load_corpus(write_documents(folder, 40, seed=0), holdout_fraction=0.1, document_starts=True)
+    lines = [line.decode() for line, _ in splits["train"].as_numpy_iterator()]
+    return splits, make_tokenizer(train_sentencepiece(lines, vocabulary_size=50))
+
+
+def _batches(dataset):
+    return [tuple(np.asarray(part) if not isinstance(part, dict) else part["token_ids"] for part in batch)
+            for batch in dataset.as_numpy_iterator()]  # fmt: skip
+
+
+def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_path):
+    splits, tokenizer = corpus
+    tokens = write_token_file(splits["train"], tokenizer, str(tmp_path / "train"), vocabulary_size=50,
+                              lines_per_batch=7)  # fmt: skip
+    ids, starts = token_stream(splits["train"], tokenizer)
+    documents = sum(int(start) for _, start in splits["train"].as_numpy_iterator())
+    assert len(tokens) == len(ids) and starts.sum() == documents > 30  # 40 documents, a few held out
+    got_ids, got_starts = tokens.read(0, len(tokens))
+    np.testing.assert_array_equal(got_ids, ids)
+    np.testing.assert_array_equal(got_starts, starts)
+    np.testing.assert_array_equal(tokens.read(100, 17)[0], ids[100:117])
+
+    lines = splits["train"].map(lambda line, _: line)
+    in_memory = token_windows(lines, tokenizer, 15)
+    on_disk = FileWindows(tokens, 16)
+    assert len(on_disk) == len(in_memory)
+    np.testing.assert_array_equal(on_disk.rows([3, 0, len(in_memory) - 1])[0], in_memory[[3, 0, -1]])
+    # Batches, a resumed stream and a worker's shard: the same either way.
+    for kwargs in [{"epochs": 2}, {"epochs": 2, "start_step": 7}, {"shard": 1, "num_shards": 2}]:
+        memory = _batches(lm_dataset(in_memory, 8, seed=5, **kwargs))
+        disk = _batches(lm_dataset(on_disk, 8, seed=5, **kwargs))
+        assert len(memory) == len(disk) > 0
+        for a, b in zip(memory, disk):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+    # Packed documents: the files' starts, as `packed_windows` cuts them in memory.
+    windows, window_starts = packed_windows(ids, starts, 15)
+    memory = list(lm_dataset(windows, 8, seed=5, document_starts=window_starts).as_numpy_iterator())
+    disk = list(lm_dataset(on_disk, 8, seed=5, document_starts=True).as_numpy_iterator())
+    for (x1, y1, w1), (x2, y2, w2) in zip(memory, disk):
+        np.testing.assert_array_equal(x1["resets"], x2["resets"])
+        np.testing.assert_array_equal(w1, w2)
+        np.testing.assert_array_equal(y1, y2)
+
+
+def test_written_files_are_reused_and_checked_against_the_vocabulary(corpus, tmp_path):
+    splits, tokenizer = corpus
+    directory = str(tmp_path / fingerprint("text-sha", "tokenizer-sha", "train"))
+    first = write_token_file(splits["train"], tokenizer, directory)
+
+    def refuse():
+        raise AssertionError("tokenized again")
+        yield
+
+    unread = tf.data.Dataset.from_generator(refuse, output_signature=(tf.TensorSpec([], tf.string),) * 1)
+    again = write_token_file(unread, tokenizer, directory)  # the files are there: nothing is read
+    assert len(again) == len(first) and again.index == first.index
+    with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 10\)"):
+        write_token_file(unread, tokenizer, directory, vocabulary_size=10)
+    with pytest.raises(ValueError, match="The corpus is empty"):
+        write_token_file(splits["train"].take(0), tokenizer, str(tmp_path / "empty"))
+    assert not (tmp_path / "empty").exists() and [p.name for p in tmp_path.iterdir()] == [
+        directory.rsplit("/", 1)[-1]
+    ]  # nothing half-written is left
+    with pytest.raises(ValueError, match="outside the file's"):
+        TokenFile(directory).read(len(first) - 3, 5)
