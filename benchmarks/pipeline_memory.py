@@ -14,9 +14,9 @@ for its tokens/s, the rate the pipeline must outrun.
 """
 
 import argparse
+import glob as glob_module
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -31,6 +31,10 @@ def write_corpus(folder, megabytes, seed=0):
     """Plain-text files of about 1 MB, documents of 20-80 lines of random words: `megabytes` MB in all."""
     import numpy as np
 
+    done = os.path.join(folder, "COMPLETE")
+    if os.path.exists(done):  # written by an earlier run: the same seed writes the same text
+        with open(done) as f:
+            return os.path.join(folder, "*.txt"), int(f.read())
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
@@ -47,7 +51,16 @@ def write_corpus(folder, megabytes, seed=0):
         with open(os.path.join(folder, f"part-{index:05d}.txt"), "w") as f:
             f.write(text)
         written, index = written + len(text), index + 1
+    with open(done, "w") as f:
+        f.write(str(written))
     return os.path.join(folder, "*.txt"), written
+
+
+def peak_rss_mib():
+    """This process's own peak resident memory (`VmHWM`). Not `ru_maxrss`: after a fork and exec, that
+    keeps the parent's peak at the fork (here over 1 GB, TensorFlow and the tokenizer's training)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
 
 
 def measure_pipeline(glob, proto_path, cache, batches):
@@ -71,9 +84,7 @@ def measure_pipeline(glob, proto_path, cache, batches):
         next(iterator)
     streamed = time.perf_counter()
     result = {
-        "corpus_bytes": sum(
-            os.path.getsize(os.path.join(os.path.dirname(glob), n)) for n in os.listdir(os.path.dirname(glob))
-        ),
+        "corpus_bytes": sum(os.path.getsize(path) for path in glob_module.glob(glob)),
         "train_tokens": len(tokens),
         "windows": len(FileWindows(tokens, SEQUENCE_LENGTH + 1)),
         "check_s": checked - start,
@@ -81,7 +92,7 @@ def measure_pipeline(glob, proto_path, cache, batches):
         "tokenize_tokens_per_s": len(tokens) / (tokenized - checked),
         "stream_batches": batches,
         "stream_tokens_per_s": batches * BATCH_SIZE * SEQUENCE_LENGTH / (streamed - read),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss_mib(),
     }
     print(json.dumps(result), flush=True)
 
