@@ -146,6 +146,21 @@ def lm_dataset(
     return epochs_left.flat_map(epoch_batches).prefetch(tf.data.AUTOTUNE)
 
 
+def tokenized_lines(lines, tokenizer, lines_per_batch=1024):
+    """`(ids, starts)` blocks of `(line, starts_document)` pairs, tokenized by parallel calls, in order.
+
+    `starts` is True at the first token of each line that starts a document.
+    """
+
+    def tokenize(text, starts):
+        pieces = tokenizer.tokenize(text)
+        lengths = pieces.row_lengths()
+        first = tf.sequence_mask(tf.minimum(lengths, 1), tf.reduce_max(lengths))
+        return pieces.flat_values, tf.RaggedTensor.from_tensor(first & starts[:, None], lengths=lengths).flat_values
+
+    return lines.batch(lines_per_batch).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
     """A split as one stream of token ids, with the positions where documents start.
 
@@ -159,14 +174,7 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
         `(ids, resets)`: int32 `[N]` and bool `[N]`, True at the first token
         of each document's first line.
     """
-
-    def tokenize(text, starts):
-        pieces = tokenizer.tokenize(text)
-        first = tf.sequence_mask(tf.minimum(pieces.row_lengths(), 1), tf.reduce_max(pieces.row_lengths()))
-        resets = tf.RaggedTensor.from_tensor(first & starts[:, None], lengths=pieces.row_lengths())
-        return pieces.flat_values, resets.flat_values
-
-    chunks = list(lines.batch(lines_per_batch).map(tokenize).as_numpy_iterator())
+    chunks = list(tokenized_lines(lines, tokenizer, lines_per_batch).as_numpy_iterator())
     if not chunks:
         raise ValueError("The corpus is empty: it has no line to read.")
     ids = np.concatenate([ids for ids, _ in chunks]).astype(np.int32)

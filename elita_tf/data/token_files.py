@@ -125,19 +125,14 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
     """
     import tensorflow as tf  # a reader of existing files needs no TensorFlow
 
+    from elita_tf.data.pipeline import tokenized_lines
+
     if os.path.exists(os.path.join(directory, "index.json")):
         tokens = TokenFile(directory)
         _check_ids(tokens.index["min_id"], tokens.index["max_id"], vocabulary_size)
         return tokens
 
-    def tokenize(text, starts):
-        pieces = tokenizer.tokenize(text)
-        lengths = pieces.row_lengths()
-        first = tf.sequence_mask(tf.minimum(lengths, 1), tf.reduce_max(lengths))
-        resets = tf.RaggedTensor.from_tensor(first & starts[:, None], lengths=lengths)
-        return pieces.flat_values, tf.cast(resets.flat_values, tf.uint8)
-
-    batches = lines.batch(lines_per_batch).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    batches = tokenized_lines(lines, tokenizer, lines_per_batch)
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".writing-", dir=parent)
@@ -154,7 +149,7 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
                 high = int(ids.max()) if high is None else max(high, int(ids.max()))
                 _check_ids(low, high, vocabulary_size)
                 ids_file.write(ids.astype("<i4").tobytes())
-                starts_file.write(starts.tobytes())
+                starts_file.write(starts.astype(np.uint8).tobytes())
                 count += len(ids)
                 if progress is not None:
                     progress(len(ids))

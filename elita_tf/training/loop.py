@@ -468,7 +468,6 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     keras.utils.set_random_seed(settings.seed)
     if settings.carry_state:
         check_carry_state(settings)
-
     splits, data = corpus
     config, windows = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
