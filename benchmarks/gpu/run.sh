@@ -25,6 +25,9 @@ cd "$root/benchmarks"
 deadline=$(( $(date +%s) + ${ELITA_GPU_BUDGET_S:-450} ))
 # XLA's GPU command buffers by default, plus conditionals and loops (flags are GPU-only; a CPU ignores them).
 command_buffers="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
+# Autotuning results kept per fusion and shared by every process: a setting measured again with other flags
+# (the command buffers) autotunes nothing twice. It changes no kernel XLA picks, only when it picks it.
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=${TMPDIR:-/tmp}/elita-xla-autotune"
 
 if [ $quick = 1 ]; then
   check=(--quick)

@@ -22,7 +22,7 @@ class CausalSelfAttention(CausalMixer):
         row 2: x x x .
 
     The parallel form is `keras.layers.MultiHeadAttention` with a causal
-    mask, so the baseline is Keras' own attention. Decoding keeps a
+    mask (built by comparing positions), so the baseline is Keras' own attention. Decoding keeps a
     key/value cache of fixed size `[B, max_sequence_length, H, D]` and each row's
     next position; a step costs O(max_sequence_length).
 
@@ -86,11 +86,10 @@ class CausalSelfAttention(CausalMixer):
     def mix(self, inputs, padding_mask, state, training, resets=None):
         attention = self.attention
         if state is None:
-            if resets is not None:  # packed documents: block-diagonal (padding and causality in the same mask)
-                attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)[:, 0]
-            else:
-                attention_mask = None if padding_mask is None else padding_mask[:, None, :]
-            return attention(inputs, inputs, attention_mask=attention_mask, use_causal_mask=True, training=training)
+            # Causality, padding and documents in one mask. Not `use_causal_mask=True`: Keras builds that mask
+            # from cumulative sums of ones, which XLA constant-folds position by position (minutes at T = 2048).
+            attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)[:, 0]
+            return attention(inputs, inputs, attention_mask=attention_mask, training=training)
         # Decoding: the new positions are written into the cache, then attend over it.
         state, visible = update_kv_cache(
             state, attention.key_dense(inputs), attention.value_dense(inputs), padding_mask, name=self.name

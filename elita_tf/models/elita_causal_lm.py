@@ -272,8 +272,19 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
     def compile_from_config(self, config):
         """Keras' own: a checkpoint loads compiled, with its optimizer (Keras skips a custom `compile`)."""
         self.compile(**keras.saving.deserialize_keras_object(config))
-        if self.built:
-            self.optimizer.build(self.trainable_variables)
+        self._build_optimizer()
+
+    def make_train_function(self, force=False):
+        if self.train_function is None or force:
+            # Keras otherwise builds the optimizer inside the first traced step, and TensorFlow traces a
+            # function that makes variables twice: building it here halves the first step's tracing.
+            self._build_optimizer()
+        return super().make_train_function(force)
+
+    def _build_optimizer(self):
+        if self.built and self.optimizer is not None and not self.optimizer.built:
+            with self.distribute_strategy.scope():
+                self.optimizer.build(self.trainable_variables)
 
     def enable_carried_state(self, batch_size):
         """Makes `fit` carry every block's decoding state from one batch to the next.

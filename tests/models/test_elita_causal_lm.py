@@ -357,6 +357,20 @@ def test_the_chunked_loss_trains_and_evaluates_as_keras_loss_on_the_logits(name)
     np.testing.assert_allclose(chunked.evaluate(x, y, verbose=0), plain.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
+def test_the_first_training_step_is_traced_once(monkeypatch):
+    # Keras builds the optimizer inside the first traced step when nothing built it before, and
+    # TensorFlow traces a function that makes variables twice: the first step's tracing, doubled.
+    traces = []
+    train_step = ElitaCausalLM.train_step
+    monkeypatch.setattr(ElitaCausalLM, "train_step", lambda self, data: traces.append(1) or train_step(self, data))
+    causal_lm = _trainable("elita")
+    x, y = _rule_batches(steps=1)[0]
+    causal_lm.train_on_batch(x, y)
+    causal_lm.train_on_batch(x, y)
+    assert len(traces) == 1
+    assert causal_lm.optimizer.iterations.numpy() == 2
+
+
 def test_a_checkpoint_keeps_the_chunked_loss_and_a_metric_takes_keras_step(tmp_path):
     causal_lm = _trainable("elita", optimizer=keras.optimizers.SGD(0.5))
     path = str(tmp_path / "model.keras")
