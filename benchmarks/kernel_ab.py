@@ -5,9 +5,10 @@ speed moves by up to 30%: more than most changes to the kernel. Here one process
 round: this checkout's kernel, the other checkout's (its `elita_tf/ops/causal_mean.py` loaded as a
 module of its own, run against this checkout's `elita_tf.ops.utils`), and one elementwise pass over
 the same values (`v * 2`, the memory-bound floor of the issue's goal). Each round takes the fastest
-of `--repeats` calls of each; the table gives the median and the fastest round. The ratio to the
-elementwise pass is taken within each round, so both sides of it ran in the same state of the
-machine. Forward and forward+backward are `layers.py`'s (`reduce_sum` of the mean, and its gradients).
+of `--repeats` calls of each, in an order reversed every round; the table gives the median and the
+fastest round. The ratios (to the elementwise pass, and to this checkout's kernel) are taken within
+each round, so both sides of each ran in the same state of the machine. Forward and forward+backward
+are `layers.py`'s (`reduce_sum` of the mean, and its gradients).
 
     python benchmarks/kernel_ab.py                                   # T = 16K, B = 4, H = 4, D = 64
     python benchmarks/kernel_ab.py --other ../base                   # against the checkout in ../base
@@ -77,26 +78,33 @@ def main():
     for fn in subjects.values():
         fastest(fn)  # trace and warm up
     rounds = {key: [] for key in subjects}
+    order = list(subjects)
     for _ in range(args.rounds):
-        for key, fn in subjects.items():
-            rounds[key].append(fastest(fn))
+        for key in order:
+            rounds[key].append(fastest(subjects[key]))
+        order.reverse()  # neither kernel always runs first
 
     print(
         f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {device_description()}, "
         f"python {platform.python_version()}, tensorflow {tf.__version__}"
     )
     print(f"# B={batch} H={heads} T={length} D={depth}, {args.rounds} rounds of {args.repeats} calls, one process")
-    print("| kernel | fwd ms, median (fastest) | fwd+bwd ms, median (fastest) | fwd / elementwise, median of rounds |")
-    print("|---|---|---|---|")
+    print(
+        "| kernel | fwd ms, median (fastest) | fwd+bwd ms, median (fastest) | fwd / elementwise, median of rounds "
+        "| fwd, fwd+bwd / this checkout's, median of rounds |"
+    )
+    print("|---|---|---|---|---|")
     element = rounds[("elementwise", "fwd")]
+    within = lambda a, b: statistics.median(x / y for x, y in zip(a, b))  # noqa: E731  (ratios round by round)
     for name in kernels:
         fwd, fwd_bwd = rounds[(name, "fwd")], rounds[(name, "fwd+bwd")]
-        ratio = statistics.median(f / e for f, e in zip(fwd, element))
+        mine = within(fwd, rounds[("this checkout", "fwd")]), within(fwd_bwd, rounds[("this checkout", "fwd+bwd")])
         print(
             f"| {name} | {statistics.median(fwd):.1f} ({min(fwd):.1f}) | "
-            f"{statistics.median(fwd_bwd):.1f} ({min(fwd_bwd):.1f}) | {ratio:.2f}x |"
+            f"{statistics.median(fwd_bwd):.1f} ({min(fwd_bwd):.1f}) | {within(fwd, element):.2f}x | "
+            f"{mine[0]:.3f}x, {mine[1]:.3f}x |"
         )
-    print(f"| elementwise pass | {statistics.median(element):.1f} ({min(element):.1f}) | | |")
+    print(f"| elementwise pass | {statistics.median(element):.1f} ({min(element):.1f}) | | | |")
 
 
 if __name__ == "__main__":
