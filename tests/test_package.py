@@ -61,17 +61,18 @@ def test_one_model_class():
 
 
 def test_import_and_the_commands_help_load_no_tensorflow():
-    # `elita-train --help` (and a bad flag) answers before TensorFlow is imported: the package loads lazily.
+    # Every command's `--help` (and a bad flag) answers before TensorFlow is imported: the package loads lazily.
     code = (
         "import sys, contextlib, io\n"
         "import elita_tf\n"
-        "from elita_tf.cli import compare, train\n"
-        "for main in (train.main, compare.main):\n"
-        "    with contextlib.redirect_stdout(io.StringIO()):\n"
-        "        try:\n"
-        "            main(['--help'])\n"
-        "        except SystemExit:\n"
-        "            pass\n"
+        "from elita_tf.cli import compare, evaluate, export, train\n"
+        "for main in (train.main, compare.main, evaluate.main, export.main):\n"
+        "    for argv in (['--help'], ['--no-such-flag']):\n"
+        "        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "            try:\n"
+        "                main(argv)\n"
+        "            except SystemExit:\n"
+        "                pass\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras', 'keras_hub', 'numpy'}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -6,10 +6,9 @@ The library function is `elita_tf.training.compare.compare`; every other flag is
 flag passed to each run.
 """
 
-import argparse
 import sys
 
-from elita_tf.cli.errors import DEBUG_HELP, run_command
+from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
 from elita_tf.cli.train import add_settings_flags
 from elita_tf.training.settings import TrainSettings
 
@@ -18,7 +17,7 @@ _PER_RUN = ("output_dir", "architecture", "seed", "init_from", "lora_rank", "mer
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="elita-compare", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="elita-compare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--architectures", nargs="+", default=["elita", "transformer"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="train every architecture with each seed")
     parser.add_argument("--output-dir", required=True)

@@ -16,16 +16,16 @@ import json
 import os
 import sys
 
-from elita_tf.cli.errors import DEBUG_HELP, run_command
+# Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
+from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
 from elita_tf.data.sources import DATA_DIR_ENV
-from elita_tf.data.text_files import DOCUMENTS, TextCorpus, data_kind
+from elita_tf.data.text_files import DOCUMENTS, SPLITS, TextCorpus, data_kind
+from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.models.architectures import POSITION_MODES
-from elita_tf.training.evaluate import QUANTIZATIONS, SPLITS, evaluate
-from elita_tf.training.run_directory import write_atomically
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="elita-evaluate", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="elita-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, help="a finished elita-train output directory")
     parser.add_argument("--split", default="test", choices=SPLITS)
     parser.add_argument(
@@ -71,7 +71,7 @@ def main(argv=None):
         parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
     if args.data is not None and data_kind(args.data) in ("text", "jsonl"):
         try:
-            TextCorpus(args.data, holdout_fraction=0.0)  # the files exist
+            TextCorpus(args.data, documents=args.documents, text_field=args.text_field, holdout_fraction=0.0)
         except ValueError as error:
             parser.error(str(error))
     if args.output:  # before any work: an evaluation is not lost to a path that cannot be written
@@ -80,6 +80,9 @@ def main(argv=None):
             parser.error(f"cannot write --output {args.output}: {folder} is not a writable directory")
 
     def body():
+        from elita_tf.training.evaluate import evaluate  # TensorFlow, once the arguments are parsed
+        from elita_tf.training.run_directory import write_atomically
+
         # Progress goes to stderr: stdout carries the JSON alone.
         with contextlib.redirect_stdout(sys.stderr):
             result = evaluate(

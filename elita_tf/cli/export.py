@@ -8,24 +8,63 @@ A preset holds the model and its tokenizer, nothing of the run (no checkpoints, 
 manifest): `keras_hub.upload_preset("kaggle://USER/MODEL/keras/VARIANT", "elita-preset")` or
 `keras_hub.upload_preset("hf://USER/MODEL", "elita-preset")` publishes it as it is. The library
 functions are `ElitaCausalLM.save_to_preset`, `elita_tf.export.export_saved_model` and
-`elita_tf.export.export_litert`; their formats are described there.
+`elita_tf.export.export_litert`; their formats are described there. An `--output` that exists is
+written over only when it is empty or an earlier export of the same format: nothing else is lost.
 """
 
-import argparse
+import json
 import os
 import sys
 
-from elita_tf.cli.errors import DEBUG_HELP, run_command
-from elita_tf.export import export_litert, export_saved_model
-from elita_tf.export.saved_model import DEFAULT_MAX_NEW_TOKENS
-from elita_tf.training.checkpoints import CorruptCheckpointError
-from elita_tf.training.run_directory import load_run_model
+# Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
+from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
+from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, QUANTIZATIONS
 
 FORMATS = ("saved_model", "litert", "preset")
+_NAMES = {"saved_model": "SavedModel", "litert": "LiteRT", "preset": "keras-hub preset"}
+
+
+def _is_export(path, format):
+    """Whether `path` is what an earlier `elita-export --format FORMAT` wrote."""
+    if format == "saved_model":
+        return os.path.isfile(os.path.join(path, "saved_model.pb"))
+    if format == "preset":
+        try:
+            with open(os.path.join(path, "config.json")) as f:
+                return json.load(f).get("class_name") == "ElitaBackbone"
+        except (OSError, ValueError, AttributeError):
+            return False
+    from elita_tf.export.litert import read_identity  # the flatbuffer reader: TensorFlow
+
+    try:
+        return read_identity(path) is not None
+    except Exception:  # a file the flatbuffer reader cannot parse, whatever it raises, is not ours
+        return False
+
+
+def check_output(path, format):
+    """Raises ValueError naming `path` unless exporting there overwrites only an earlier export of `format`.
+
+    A preset (`save_to_preset`) and a SavedModel (Keras' `ExportArchive`)
+    are written into an existing directory, over the files of the same
+    names; a LiteRT file replaces the file. A new path, an empty directory
+    or file, and an earlier export of the same format are fine.
+    """
+    if not os.path.lexists(path):
+        return
+    if format == "litert":
+        if os.path.isfile(path) and (os.path.getsize(path) == 0 or _is_export(path, format)):
+            return
+    elif os.path.isdir(path) and (not os.listdir(path) or _is_export(path, format)):
+        return
+    raise ValueError(
+        f"--output {path} exists and is not an earlier {_NAMES[format]} export: elita-export writes over its own "
+        f"exports only. Choose a new path, or move it away. Received: output={path}"
+    )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="elita-export", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="elita-export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
     parser.add_argument("--output", required=True, help="the directory (preset, SavedModel) or .tflite file to write")
     parser.add_argument(
@@ -34,7 +73,7 @@ def main(argv=None):
         choices=FORMATS,
         help="saved_model (serving), litert (on-device: prefill and decode signatures) or preset (keras-hub)",
     )
-    parser.add_argument("--quantize", choices=["int8"], help="litert only: int8 weights (dynamic-range)")
+    parser.add_argument("--quantize", choices=QUANTIZATIONS, help="litert only: int8 weights (dynamic-range)")
     parser.add_argument(
         "--max-new-tokens",
         type=int,
@@ -47,12 +86,21 @@ def main(argv=None):
         parser.error(f"--quantize applies to --format litert. Received: --format {args.format}")
     if args.max_new_tokens < 1:
         parser.error(f"`max_new_tokens` must be a positive integer. Received: max_new_tokens={args.max_new_tokens}")
+    try:  # before the model loads: seconds, and nothing to write over
+        check_output(args.output, args.format)
+    except ValueError as error:
+        parser.error(str(error))
+    from elita_tf.training.checkpoints import CorruptCheckpointError  # TensorFlow, once the arguments are checked
+    from elita_tf.training.run_directory import load_run_model
+
     try:
         causal_lm = load_run_model(args.run_dir)
     except (FileNotFoundError, CorruptCheckpointError) as error:
         parser.error(str(error))
 
     def body():
+        from elita_tf.export import export_litert, export_saved_model
+
         if args.format == "preset":
             causal_lm.save_to_preset(args.output)
             print(f"keras-hub preset written to {args.output}: ElitaCausalLM.from_preset({args.output!r})")

@@ -11,11 +11,12 @@ Every flag is a field of `elita_tf.training.TrainSettings`; the loop is `elita_t
 
 import argparse
 import dataclasses
+import glob
 import os
 import sys
 
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
-from elita_tf.cli.errors import DEBUG_HELP, run_command, split_debug
+from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command, split_debug
 from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, split_files
 from elita_tf.data.text_files import DOCUMENTS, TextCorpus, data_kind
 from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
@@ -90,7 +91,7 @@ def add_settings_flags(parser, exclude=(), defaults=True):
 
 def parse_args(argv=None):
     """`TrainSettings` from command-line arguments; a bad value exits with its message."""
-    parser = argparse.ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="elita-train", description=__doc__.split("\n\n")[0])
     add_settings_flags(parser)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     try:
@@ -126,16 +127,30 @@ def parse_args(argv=None):
             if settings.data_dir or os.environ.get(DATA_DIR_ENV):
                 split_files(settings.data_dir or os.environ[DATA_DIR_ENV], settings.data)
         elif data_kind(settings.data) != "tfds":
-            TextCorpus(settings.data, settings.validation_data, settings.test_data)
+            TextCorpus(
+                settings.data,
+                settings.validation_data,
+                settings.test_data,
+                documents=settings.documents,
+                text_field=settings.text_field,
+            )
     except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
     return settings
 
 
+def resume_hint(output_dir):
+    """What Ctrl-C leaves: the run's last checkpoint to resume from, or nothing saved yet (tokenizing, say)."""
+    # The names `elita_tf.training.checkpoints` gives, globbed: that module loads TensorFlow. Eight digits
+    # leave out a half-written `step-*.keras.tmp.keras`.
+    if glob.glob(os.path.join(glob.escape(output_dir), "checkpoints", "step-" + "[0-9]" * 8 + ".keras")):
+        return f"The run's last checkpoint is in {output_dir}: run the same command to resume."
+    return "Nothing was saved yet: run the same command to start again."
+
+
 def main(argv=None):
     argv, debug = split_debug(argv)
     settings = parse_args(argv)
-    resume = f"The run's last checkpoint is in {settings.output_dir}: run the same command to resume."
 
     def body():
         from elita_tf.training.loop import train
@@ -143,7 +158,7 @@ def main(argv=None):
         train(settings)
         return 0
 
-    return run_command("elita-train", body, debug, resume_hint=resume)
+    return run_command("elita-train", body, debug, resume_hint=lambda: resume_hint(settings.output_dir))
 
 
 if __name__ == "__main__":

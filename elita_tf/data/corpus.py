@@ -7,17 +7,19 @@
 
 Every form gives `{"train", "validation", "test"}` datasets of `tf.string` lines, and `info`:
 `{"dataset", "source", "sha256"}`, plus `"corpus"` (the settings that decide the splits) for all
-but WikiText. A split the data does not provide is held out of the train split by a seeded hash of
-each document's (or TFDS example's) position.
+but WikiText. A split the data does not provide is held out of the train split by the rank of a
+seeded hash of each document's (or TFDS example's) position, the same rule for both
+(`text_files.holdout_codes`).
 """
 
 import hashlib
 import json
+import os
 
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
+from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, TextCorpus, data_kind, holdout_codes
 from elita_tf.data.wikitext import is_article_title, load_wikitext
 
 # Other names TFDS datasets give their validation split.
@@ -53,11 +55,22 @@ def _block(block, pairs):
     return np.array([line for line, _ in block], dtype=object), np.array([start for _, start in block], dtype=bool)
 
 
-def _held_out(index, seed, holdout_fraction):
-    """`split_of` in the graph: 0 train, 1 validation, 2 test, by a hash of `(seed, index)`."""
-    bucket = tf.strings.to_hash_bucket_fast(tf.strings.format("{}:{}", (seed, index)), 2**31 - 1)
-    u = tf.cast(bucket, tf.float64) / (2**31 - 1)
-    return tf.where(u < holdout_fraction, 2, tf.where(u < 2 * holdout_fraction, 1, 0))
+def prepared_sha256(directory):
+    """One SHA-256 over the files of a prepared TFDS dataset (its shards, `dataset_info.json`, ...), by name (hex).
+
+    The dataset's description alone does not tell a dataset regenerated with other text of the same
+    count from the one before.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(tf.io.gfile.listdir(directory)):
+        path = os.path.join(directory, name)
+        if tf.io.gfile.isdir(path):
+            continue
+        digest.update(f"{name}\0".encode())
+        with tf.io.gfile.GFile(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_starts):
@@ -82,24 +95,28 @@ def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_star
     given = {"train": "train", "test": "test" if "test" in available else None}
     given["validation"] = next((s for s in _VALIDATION_NAMES if s in available), None)
     train = builder.as_dataset(split="train", shuffle_files=False).map(lambda example: example[field])
-    provided = tuple(code for code, split in enumerate(SPLITS) if split != "train" and given[split])
+    # The split of each train example by its position in TFDS' order, as `TextCorpus` splits documents;
+    # a split TFDS provides takes nothing from train.
+    codes = holdout_codes(builder.info.splits["train"].num_examples, seed, holdout_fraction)
+    for code, split in enumerate(SPLITS):
+        if split != "train" and given[split]:
+            codes[codes == code] = SPLITS.index("train")
+    codes = tf.constant(codes)
     splits = {}
     for code, split in enumerate(SPLITS):
         if split != "train" and given[split]:
             texts_ds = builder.as_dataset(split=given[split], shuffle_files=False).map(lambda example: example[field])
         else:
-            # Train keeps what is not held out, and what it holds out for a split TFDS provides.
-            keep = (0, *provided) if split == "train" else (code,)
-            texts_ds = train.enumerate().filter(
-                lambda index, _, keep=keep: tf.reduce_any(tf.equal(_held_out(index, seed, holdout_fraction), keep))
-            )
+            texts_ds = train.enumerate().filter(lambda index, _, code=code: tf.equal(tf.gather(codes, index), code))
             texts_ds = texts_ds.map(lambda _, text: text)
         splits[split] = _lines_of(texts_ds, document_starts)
     settings = {"text_field": field, "holdout_fraction": holdout_fraction, "seed": seed}
+    settings["holdout_method"] = HOLDOUT_METHOD
     described = {
         "name": builder.info.full_name,
         "splits": {split: given[split] for split in SPLITS},
         "examples": {split: builder.info.splits[split].num_examples for split in sorted(available)},
+        "prepared_sha256": prepared_sha256(builder.data_dir),
         **settings,
     }
     sha256 = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
@@ -119,19 +136,20 @@ def load_corpus(
     seed=0,
     required_splits=SPLITS,
     document_starts=False,
+    holdout_method=HOLDOUT_METHOD,
 ):
     """The three splits of `data` as `tf.data.Dataset`s of lines, and where they came from.
 
     Args:
         data: str. A WikiText config (`"wikitext-2-v1"`, ...), `"tfds:NAME[/CONFIG]"`, a `.jsonl`
-            file, or a glob of plain-text files. Defaults to `"wikitext-2-v1"`.
+            or `.ndjson` file, or a glob of plain-text (and JSON Lines) files. Defaults to `"wikitext-2-v1"`.
         data_dir: str or None. WikiText only: a local directory of its files (`load_wikitext`).
         tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
         validation_data, test_data: str or None. Text files or JSON Lines for a split, instead of
             holding it out of `data`.
         documents: str. Plain text: `"file"` or `"blank-line"` (`TextCorpus`).
-        text_field: str. JSON Lines and TFDS: the field of the text. Defaults to `"text"`; a TFDS
-            dataset with a single text feature uses it whatever its name.
+        text_field: str. JSON Lines and TFDS only: the field of the text. Defaults to `"text"`; a
+            TFDS dataset with a single text feature uses it whatever its name.
         holdout_fraction: float. Share of `data` held out for each split it does not provide.
             Defaults to `0.05`.
         seed: int. Which documents are held out. Defaults to `0`.
@@ -140,6 +158,8 @@ def load_corpus(
         document_starts: bool. Give `(line, starts_document)` pairs instead of lines: True on the
             first line of each file or blank-line document, JSON record, TFDS example or WikiText
             article (its title line, `= Title =`). Defaults to False.
+        holdout_method: str. How documents are held out; a run's recorded settings name it, and
+            `HOLDOUT_METHOD` is the only one. Defaults to `HOLDOUT_METHOD`.
 
     Returns:
         `(splits, info)`: `{"train", "validation", "test"}` datasets of `tf.string` lines, and
@@ -155,6 +175,16 @@ def load_corpus(
             f"--validation-data and --test-data go with text files or JSON Lines; {data!r} has its own splits. "
             f"Received: validation_data={validation_data!r}, test_data={test_data!r}"
         )
+    if holdout_method != HOLDOUT_METHOD:
+        raise ValueError(
+            f"This elita-tf holds documents out by {HOLDOUT_METHOD!r} only. "
+            f"Received: holdout_method={holdout_method!r}"
+        )
+    if kind == "wikitext" and text_field != "text":
+        raise ValueError(
+            f"--text-field applies to JSON Lines and TFDS only, and {data!r} is WikiText. "
+            f"Received: text_field={text_field!r}"
+        )
     if kind == "wikitext":
         splits, info = load_wikitext(data, local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
         if document_starts:
@@ -162,7 +192,7 @@ def load_corpus(
         return splits, info
     if kind == "tfds":
         return _load_tfds(data[len("tfds:") :], tfds_dir, text_field, holdout_fraction, seed, document_starts)
-    corpus = TextCorpus(data, validation_data, test_data, documents, text_field, holdout_fraction, seed)
+    corpus = TextCorpus(data, validation_data, test_data, documents, text_field, holdout_fraction, seed, holdout_method)
     checked = corpus.check(required_splits)
     if document_starts:
         signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool))

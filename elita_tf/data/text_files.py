@@ -7,10 +7,12 @@ This module needs no TensorFlow, so the command lines check a corpus before anyt
                                           documents separated by blank lines
     --data corpus.jsonl --text-field body one document a line, its text in field "body"
 
+A file is JSON Lines when its name ends `.jsonl` or `.ndjson` (in any case), plain text otherwise.
 A document is a list of non-empty, stripped lines; each line becomes one row of the
 language-modelling stream (and ends with the end-of-sentence id, as WikiText's lines do).
-Documents go to a split by a seeded hash of their position, so the split of a document
-depends only on `(seed, index, holdout_fraction)`, never on the memory at hand.
+Documents go to a split by the rank of a seeded hash of their position (`holdout_codes`), so the
+split of a document depends only on `(seed, index, count, holdout_fraction)`, never on the memory
+at hand.
 """
 
 import glob
@@ -20,21 +22,55 @@ import os
 
 DOCUMENTS = ("file", "blank-line")
 SPLITS = ("train", "validation", "test")
+JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
+# How documents are held out (`holdout_codes`); recorded with a corpus's settings, so a run split
+# another way is never resumed onto this split.
+HOLDOUT_METHOD = "splitmix64-rank"
+# The JSON type of each Python type `json.loads` gives.
+_JSON_TYPES = {bool: "boolean", int: "number", float: "number", type(None): "null", list: "array", dict: "object"}
+
+
+def _raw_lines(f, block_size=1 << 20):
+    r"""The lines of a binary file, without their ends: `\r\n`, `\r` and `\n` each end one."""
+    rest = b""
+    for block in iter(lambda: f.read(block_size), b""):
+        data = rest + block
+        lines = data.splitlines()  # bytes split at \r\n, \r and \n only
+        # The last line may go on in the next block, and a last \r may be the first half of \r\n.
+        if data.endswith(b"\n"):
+            rest = b""
+        else:
+            rest = lines.pop() + (b"\r" if data.endswith(b"\r") else b"")
+        yield from lines
+    yield from rest.splitlines()
 
 
 def read_lines(path):
-    """The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`; a byte-order mark is not text.
+    r"""The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`; a byte-order mark is not text.
+
+    `\r\n`, `\r` and `\n` each end a line.
 
     Raises:
-        ValueError: naming the file, the line and the byte, when a line is not UTF-8, or the file
-            cannot be read.
+        ValueError: naming the file, the line and the byte, when a line is not UTF-8 or holds a NUL
+            byte (UTF-16 or binary data), when the file starts with a UTF-16 byte-order mark, or when
+            it cannot be read.
     """
     try:
         f = open(path, "rb")
     except OSError as error:
         raise ValueError(f"{path}: cannot be read ({error.strerror}).") from None
     with f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(_raw_lines(f), start=1):
+            if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise ValueError(
+                    f"{path}: UTF-16 text (it starts with a UTF-16 byte-order mark). elita-tf reads UTF-8 text; "
+                    "convert the file to UTF-8."
+                )
+            if 0 in raw:  # a NUL byte; `0 in` is a memchr, several times faster than `b"\x00" in`
+                raise ValueError(
+                    f"{path}, line {number}: a NUL byte (at byte {raw.index(0)} of the line): the file looks like "
+                    "UTF-16 or binary, not text. elita-tf reads UTF-8 text; convert the file to UTF-8."
+                )
             try:
                 # "utf-8-sig" drops a byte-order mark at the start of the first line.
                 text = raw.decode("utf-8-sig" if number == 1 else "utf-8").strip()
@@ -48,11 +84,17 @@ def read_lines(path):
                 yield number, text
 
 
+def is_json_lines(path):
+    """Whether a file (or a pattern) is JSON Lines: its name ends `.jsonl` or `.ndjson`, in any case."""
+    return path.lower().endswith(JSON_LINES_SUFFIXES)
+
+
 def data_kind(data):
     """What `--data` names: `"wikitext"`, `"tfds"` (`tfds:NAME[/CONFIG]`), `"jsonl"` or `"text"` (a glob).
 
-    A WikiText config name (`wikitext-2-v1`, ...) is WikiText; a name ending `.jsonl` is JSON Lines;
-    anything else is a glob of plain-text files.
+    A WikiText config name (`wikitext-2-v1`, ...) is WikiText; a name ending `.jsonl` or `.ndjson`
+    (in any case) is JSON Lines; anything else is a glob of files, each read as JSON Lines or plain
+    text by its own suffix (`is_json_lines`).
     """
     from elita_tf.data.sources import CONFIG_NAMES
 
@@ -60,27 +102,33 @@ def data_kind(data):
         return "wikitext"
     if data.startswith("tfds:"):
         return "tfds"
-    return "jsonl" if data.endswith(".jsonl") else "text"
+    return "jsonl" if is_json_lines(data) else "text"
 
 
 def expand(pattern):
-    """The files a glob names, sorted; a name with no glob characters is the file itself.
+    """The files a pattern names, sorted: a file of that name is itself, anything else a glob.
+
+    A name such as `notes[1].txt` names that file, even though `[1]` would match `notes1.txt` as a glob.
 
     Raises:
         ValueError: when nothing matches, naming the pattern.
     """
-    paths = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
+    path = os.path.expanduser(pattern)
+    if os.path.isfile(path):
+        return [path]
+    paths = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
     if not paths:
         raise ValueError(f"--data {pattern!r} names no file: give a file, or a glob such as 'texts/*.txt'.")
     return paths
 
 
-def documents_of(paths, kind, documents="file", text_field="text"):
+def documents_of(paths, documents="file", text_field="text"):
     """Every document of the files, in order: a list of lines each.
+
+    Each file is JSON Lines or plain text by its suffix (`is_json_lines`).
 
     Args:
         paths: list of file paths.
-        kind: `"text"` or `"jsonl"`.
         documents: for plain text, `"file"` (a file is a document) or `"blank-line"`
             (blank lines separate documents). Defaults to `"file"`.
         text_field: for JSON Lines, the field holding each record's text. Defaults to `"text"`.
@@ -90,21 +138,28 @@ def documents_of(paths, kind, documents="file", text_field="text"):
 
     Raises:
         ValueError: naming the file (and line) of an unreadable or empty file, a line that is not
-            UTF-8, a JSON line that does not parse, or a record without a text field.
+            UTF-8 text, a JSON line that does not parse, or a record without a string text field.
     """
     for path in paths:
         empty = True
-        if kind == "jsonl":
+        if is_json_lines(path):
             for number, line in read_lines(path):
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as error:
                     raise ValueError(f"{path}, line {number}: not JSON ({error.msg}).") from None
-                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                if not isinstance(record, dict) or text_field not in record:
                     keys = sorted(record) if isinstance(record, dict) else type(record).__name__
                     raise ValueError(
                         f"{path}, line {number}: no text field {text_field!r} (the record has {keys}). "
                         "Name the field with --text-field."
+                    )
+                if not isinstance(record[text_field], str):
+                    kind = _JSON_TYPES.get(type(record[text_field]), type(record[text_field]).__name__)
+                    article = "an" if kind[0] in "aeiou" else "a"
+                    raise ValueError(
+                        f"{path}, line {number}: the field {text_field!r} holds {article} {kind}, not a string. "
+                        "Name the field of the text with --text-field."
                     )
                 lines = [text.strip() for text in record[text_field].splitlines() if text.strip()]
                 if lines:
@@ -125,26 +180,75 @@ def documents_of(paths, kind, documents="file", text_field="text"):
             raise ValueError(f"{path}: the file holds no text.")
 
 
-def split_of(index, seed, holdout_fraction):
-    """The split of document `index`: test and validation each take `holdout_fraction` of the documents."""
-    digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
-    if u < holdout_fraction:
-        return "test"
-    return "validation" if u < 2 * holdout_fraction else "train"
+def _splitmix64(x):
+    """SplitMix64's finalizer on a uint64 array: a bijection, the same on every numpy and platform."""
+    import numpy as np
+
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def holdout_codes(count, seed, holdout_fraction):
+    """The split of each of `count` documents: 0 train, 1 validation, 2 test (`SPLITS` order).
+
+    Each document's position is hashed with the seed (SplitMix64); the `k` smallest hashes go to
+    test and the next `k` to validation, with `k = floor(holdout_fraction * count + 0.5)`, at least
+    one when `count >= 3` and `holdout_fraction > 0`, and never so many that train is left empty.
+    The counts are exact whatever the seed, and a document's split depends only on
+    `(seed, index, count, holdout_fraction)`.
+
+    Args:
+        count: int. The number of documents.
+        seed: int. Which documents are held out.
+        holdout_fraction: float in `[0, 0.5)`. The share of documents for each of test and validation.
+
+    Returns:
+        `np.ndarray` of `int8`, shape `[count]`.
+
+    Example:
+    >>> holdout_codes(40, 0, 0.05).tolist().count(1)
+    2
+    """
+    import numpy as np  # here: the command lines import this module to check flags, and answer without it
+
+    codes = np.zeros(count, np.int8)
+    k = int(np.floor(holdout_fraction * count + 0.5))
+    if count >= 3 and holdout_fraction > 0:
+        k = max(k, 1)
+    k = min(k, (count - 1) // 2)
+    if k <= 0:
+        return codes
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, as the hash means it to
+        key = _splitmix64(np.array([seed % 2**64], np.uint64))
+        hashes = _splitmix64(np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + key)
+    # Distinct positions have distinct hashes (a bijection), so the 2k smallest are one set.
+    smallest = np.argpartition(hashes, 2 * k - 1)[: 2 * k]
+    ranked = smallest[np.argsort(hashes[smallest])]
+    codes[ranked[:k]] = SPLITS.index("test")
+    codes[ranked[k : 2 * k]] = SPLITS.index("validation")
+    return codes
+
+
+def split_of(index, seed, holdout_fraction, count):
+    """The split of document `index` of `count` (`holdout_codes`): `"train"`, `"validation"` or `"test"`."""
+    return SPLITS[holdout_codes(count, seed, holdout_fraction)[index]]
 
 
 class TextCorpus:
     """A corpus of text files or JSON Lines, cut into three splits of documents.
 
     Args:
-        data: str. A glob of plain-text files or a `.jsonl` file (`data_kind`).
+        data: str. A plain-text or JSON Lines file, or a glob of them (`expand`, `data_kind`).
         validation_data, test_data: str or None. The same, for a given split; a split not given is
             held out of `data`.
-        documents, text_field: how documents are read (`documents_of`).
+        documents, text_field: how documents are read (`documents_of`). A `text_field` other than
+            `"text"` needs a JSON Lines file.
         holdout_fraction: float in `[0, 0.5)`. The share of `data`'s documents held out for each
-            split not given. Defaults to `0.05`.
+            split not given (`holdout_codes`). Defaults to `0.05`.
         seed: int. Which documents are held out. Defaults to `0`.
+        holdout_method: str. How documents are held out: `HOLDOUT_METHOD`, the only one there is; a
+            run's recorded settings name it. Defaults to `HOLDOUT_METHOD`.
 
     Example:
     >>> corpus = TextCorpus("books/*.txt", holdout_fraction=0.1)  # doctest: +SKIP
@@ -161,11 +265,17 @@ class TextCorpus:
         text_field="text",
         holdout_fraction=0.05,
         seed=0,
+        holdout_method=HOLDOUT_METHOD,
     ):
         if documents not in DOCUMENTS:
             raise ValueError(f"`documents` must be one of {list(DOCUMENTS)}. Received: documents={documents!r}")
         if not 0.0 <= holdout_fraction < 0.5:
             raise ValueError(f"`holdout_fraction` must be in [0, 0.5). Received: holdout_fraction={holdout_fraction}")
+        if holdout_method != HOLDOUT_METHOD:
+            raise ValueError(
+                f"This elita-tf holds documents out by {HOLDOUT_METHOD!r} only. "
+                f"Received: holdout_method={holdout_method!r}"
+            )
         self.sources = {"train": data, "validation": validation_data, "test": test_data}
         for split, source in self.sources.items():
             if source is not None and data_kind(source) not in ("text", "jsonl"):
@@ -173,8 +283,14 @@ class TextCorpus:
                     f"The {split} text must be a glob of text files or a .jsonl file. Received: {source!r}"
                 )
         self.paths = {split: expand(source) for split, source in self.sources.items() if source is not None}
+        if text_field != "text" and not any(is_json_lines(p) for paths in self.paths.values() for p in paths):
+            raise ValueError(
+                f"--text-field applies to JSON Lines and TFDS only, and {data!r} holds no JSON Lines file "
+                f"({', '.join(JSON_LINES_SUFFIXES)}). Received: text_field={text_field!r}"
+            )
         self.documents, self.text_field = documents, text_field
         self.holdout_fraction, self.seed = holdout_fraction, seed
+        self._codes = None  # the split of each of `data`'s documents, once they are counted
 
     def settings(self):
         """What, besides the files' content, decides the splits: recorded with a run to read it again."""
@@ -185,22 +301,32 @@ class TextCorpus:
             "text_field": self.text_field,
             "holdout_fraction": self.holdout_fraction,
             "seed": self.seed,
+            "holdout_method": HOLDOUT_METHOD,
         }
 
     def _documents(self, source):
-        return documents_of(self.paths[source], data_kind(self.sources[source]), self.documents, self.text_field)
+        return documents_of(self.paths[source], self.documents, self.text_field)
 
-    def _split_of(self, index):
-        held = split_of(index, self.seed, self.holdout_fraction)
-        return "train" if held in self.paths else held  # a split given as files takes nothing from `data`
+    def _split_codes(self, count=None):
+        """`holdout_codes` of `data`'s documents, with a split given as files taking nothing (its ranks train)."""
+        if self._codes is None or (count is not None and count != len(self._codes)):
+            if count is None:
+                count = sum(1 for _ in self._documents("train"))
+            codes = holdout_codes(count, self.seed, self.holdout_fraction)
+            for split in self.paths.keys() - {"train"}:
+                codes[codes == SPLITS.index(split)] = SPLITS.index("train")
+            self._codes = codes
+        return self._codes
 
     def split_documents(self, split):
         """The documents of `split`, in order: given files, or those `data` holds out for it."""
         if split != "train" and split in self.paths:
             yield from self._documents(split)
             return
+        code = SPLITS.index(split)
+        codes = self._split_codes()
         for index, document in enumerate(self._documents("train")):
-            if self._split_of(index) == split:
+            if codes[index] == code:
                 yield document
 
     def lines(self, split):
@@ -228,9 +354,8 @@ class TextCorpus:
                 with open(path, "rb") as f:
                     for block in iter(lambda: f.read(1 << 20), b""):
                         digest.update(block)
-        counts = dict.fromkeys(SPLITS, 0)
-        for index, _ in enumerate(self._documents("train")):
-            counts[self._split_of(index)] += 1
+        codes = self._split_codes(sum(1 for _ in self._documents("train"))).tolist()
+        counts = {split: codes.count(code) for code, split in enumerate(SPLITS)}
         for split in self.paths.keys() - {"train"}:
             counts[split] = sum(1 for _ in self._documents(split))
         for split in required:

@@ -10,19 +10,25 @@ resumed step) is one read away. The windows are those `token_windows` cuts
 from the same stream, so a split read from its files trains exactly as it
 did in memory. Files are written once per (text, tokenizer) fingerprint under
 a cache directory (`$ELITA_CACHE_DIR`, else `~/.cache/elita-tf`) and reused by
-every later run: another seed, architecture or sequence length.
+every later run: another seed, architecture or sequence length. `index.json` records each
+file's size and CRC-32; a file that fails them is written again from the text (`write_token_file`).
 """
 
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import zlib
 
 import numpy as np
 
-FORMAT = 1
+FORMAT = 2  # 2: checksums in index.json
 CACHE_ENV = "ELITA_CACHE_DIR"
+_NAMES = ("ids.bin", "starts.bin")
+_BYTES_PER_TOKEN = {"ids.bin": 4, "starts.bin": 1}
+_BLOCK = 1 << 24
 
 
 def cache_root():
@@ -31,11 +37,33 @@ def cache_root():
     return os.path.join(root, "tokens")
 
 
+class CorruptTokenFileError(ValueError):
+    """A token file that is not the one `write_token_file` wrote: missing, cut short, or changed."""
+
+
+def _crc32(fd, size):
+    crc, offset = 0, 0
+    while offset < size:
+        block = os.pread(fd, min(_BLOCK, size - offset), offset)
+        if not block:
+            break
+        crc, offset = zlib.crc32(block, crc), offset + len(block)
+    return crc
+
+
 class TokenFile:
     """The token files of one split: `len()` tokens, read by positioned reads, never loaded whole.
 
+    Opening checks the files against the sizes and CRC-32 checksums `write_token_file` recorded
+    in `index.json` (about a second for 2 GB), and keeps them open: a damaged cache is named
+    before any token is read, and removing the cache while a run reads it changes nothing.
+
     Args:
         directory: a directory `write_token_file` wrote.
+
+    Raises:
+        CorruptTokenFileError: naming the directory, when a file is missing, damaged or of an
+            older format.
 
     Example:
     >>> tokens = TokenFile("~/.cache/elita-tf/tokens/3f2a.../train")  # doctest: +SKIP
@@ -43,10 +71,27 @@ class TokenFile:
     """
 
     def __init__(self, directory):
-        with open(os.path.join(directory, "index.json")) as f:
-            self.index = json.load(f)
         self.directory = directory
-        self._files = None
+        try:
+            with open(os.path.join(directory, "index.json")) as f:
+                self.index = json.load(f)
+            tokens, checksums = self.index["tokens"], self.index["crc32"]
+            if self.index["format"] != FORMAT or not isinstance(tokens, int) or tokens < 0:
+                raise ValueError("format")
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CorruptTokenFileError(f"The token cache {directory} has a missing or damaged index.json.") from None
+        self._files = self._open()
+        for name, fd in zip(_NAMES, self._files):
+            size = os.fstat(fd).st_size
+            if size != tokens * _BYTES_PER_TOKEN[name]:
+                self.close()
+                raise CorruptTokenFileError(
+                    f"The token cache {directory} is damaged: {name} holds {size} bytes, not the "
+                    f"{tokens * _BYTES_PER_TOKEN[name]} of its {tokens} tokens."
+                )
+            if _crc32(fd, size) != checksums.get(name):
+                self.close()
+                raise CorruptTokenFileError(f"The token cache {directory} is damaged: {name} fails its checksum.")
 
     def __len__(self):
         return self.index["tokens"]
@@ -54,19 +99,35 @@ class TokenFile:
     def __getstate__(self):  # open files stay with the process that opened them
         return {"index": self.index, "directory": self.directory, "_files": None}
 
+    def __del__(self):
+        self.close()
+
     def _open(self):
-        if self._files is None:
-            self._files = tuple(os.open(os.path.join(self.directory, name), os.O_RDONLY) for name in _NAMES)
-        return self._files
+        try:
+            return tuple(os.open(os.path.join(self.directory, name), os.O_RDONLY) for name in _NAMES)
+        except OSError as error:
+            raise CorruptTokenFileError(
+                f"The token cache {self.directory} cannot be read: {error.strerror} ({error.filename})."
+            ) from None
+
+    def close(self):
+        for fd in getattr(self, "_files", None) or ():
+            os.close(fd)
+        self._files = None
 
     def read(self, start, length):
         """Tokens `[start, start + length)`: `(ids int32 [length], starts bool [length])`."""
-        ids, starts = self._open()
+        if self._files is None:
+            self._files = self._open()
+        ids, starts = self._files
         if start < 0 or start + length > len(self):
             raise ValueError(f"Tokens [{start}, {start + length}) are outside the file's {len(self)}.")
+        id_bytes, start_bytes = os.pread(ids, 4 * length, 4 * start), os.pread(starts, length, start)
+        if len(id_bytes) != 4 * length or len(start_bytes) != length:
+            raise CorruptTokenFileError(f"The token cache {self.directory} was cut short while in use.")
         return (
-            np.frombuffer(os.pread(ids, 4 * length, 4 * start), "<i4").astype(np.int32),
-            np.frombuffer(os.pread(starts, length, start), np.uint8).astype(bool),
+            np.frombuffer(id_bytes, "<i4").astype(np.int32),
+            np.frombuffer(start_bytes, np.uint8).astype(bool),
         )
 
     def windows(self, indices, length):
@@ -80,9 +141,6 @@ class TokenFile:
     def window_count(self, length):
         """Whole windows of `length` tokens (the last partial one is dropped)."""
         return len(self) // length
-
-
-_NAMES = ("ids.bin", "starts.bin")
 
 
 class FileWindows:
@@ -115,7 +173,8 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
         lines: `tf.data.Dataset` of `(line, starts_document)` pairs
             (`load_corpus(..., document_starts=True)`).
         tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
-        directory: where the files go; an existing one is reused as it is.
+        directory: where the files go; an existing one is reused when it passes its checks,
+            else written again (with a line on stderr naming it).
         vocabulary_size: optional int: every id must be below it.
         lines_per_batch: lines tokenized together by one parallel call.
         progress: optional `f(tokens)` called after each batch.
@@ -127,10 +186,15 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
 
     from elita_tf.data.pipeline import tokenized_lines
 
-    if os.path.exists(os.path.join(directory, "index.json")):
-        tokens = TokenFile(directory)
-        _check_ids(tokens.index["min_id"], tokens.index["max_id"], vocabulary_size)
-        return tokens
+    if os.path.exists(directory):
+        try:
+            tokens = TokenFile(directory)
+        except CorruptTokenFileError as error:  # the cache is ours: written again from the text
+            print(f"{error} Writing it again.", file=sys.stderr, flush=True)
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            _check_ids(tokens.index["min_id"], tokens.index["max_id"], vocabulary_size)
+            return tokens
 
     batches = tokenized_lines(lines, tokenizer, lines_per_batch)
     parent = os.path.dirname(os.path.abspath(directory))
@@ -138,6 +202,7 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
     scratch = tempfile.mkdtemp(prefix=".writing-", dir=parent)
     try:
         count, low, high = 0, None, None
+        checksums = dict.fromkeys(_NAMES, 0)
         with (
             open(os.path.join(scratch, _NAMES[0]), "wb") as ids_file,
             open(os.path.join(scratch, _NAMES[1]), "wb") as starts_file,
@@ -148,15 +213,18 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
                 low = int(ids.min()) if low is None else min(low, int(ids.min()))
                 high = int(ids.max()) if high is None else max(high, int(ids.max()))
                 _check_ids(low, high, vocabulary_size)
-                ids_file.write(ids.astype("<i4").tobytes())
-                starts_file.write(starts.astype(np.uint8).tobytes())
+                for name, file, data in zip(_NAMES, (ids_file, starts_file), (ids.astype("<i4"), starts.astype(np.uint8))):
+                    data = data.tobytes()
+                    file.write(data)
+                    checksums[name] = zlib.crc32(data, checksums[name])
                 count += len(ids)
                 if progress is not None:
                     progress(len(ids))
         if count == 0:
             raise ValueError("The corpus is empty: it has no line to read.")
+        index = {"format": FORMAT, "tokens": count, "min_id": low, "max_id": high, "crc32": checksums}
         with open(os.path.join(scratch, "index.json"), "w") as f:
-            json.dump({"format": FORMAT, "tokens": count, "min_id": low, "max_id": high}, f)
+            json.dump(index, f)
         try:
             os.rename(scratch, directory)
         except OSError:  # written meanwhile by another process (a worker): theirs is the same

@@ -8,9 +8,46 @@ import sentencepiece
 import tensorflow as tf
 import tensorflow_text
 
+# SentencePiece's trainer skips a sentence longer than this many UTF-8 bytes (its own default,
+# `max_sentence_length`); longer lines are cut into pieces for it (`cut_long_line`).
+MAX_SENTENCE_BYTES = 4192
+
+
+def cut_long_line(line, max_bytes=MAX_SENTENCE_BYTES):
+    """A line as pieces of at most `max_bytes` UTF-8 bytes each, cut at whitespace where there is some.
+
+    A piece with no whitespace to cut at is cut at a character boundary, never inside a character.
+
+    Args:
+        line: str.
+        max_bytes: int. The largest piece, in UTF-8 bytes. Defaults to `MAX_SENTENCE_BYTES`.
+
+    Returns:
+        list of `str`: `[line]` itself when it fits.
+    """
+    if len(line) * 4 <= max_bytes:  # at most 4 bytes a character: fits, without encoding it
+        return [line]
+    data = line.encode("utf-8")
+    pieces = []
+    while len(data) > max_bytes:
+        cut = max(data.rfind(b" ", 1, max_bytes + 1), data.rfind(b"\t", 1, max_bytes + 1))
+        if cut > 0:
+            piece, data = data[:cut], data[cut + 1 :]
+        else:
+            cut = max_bytes
+            while data[cut] & 0xC0 == 0x80:  # a continuation byte: the character began before it
+                cut -= 1
+            piece, data = data[:cut], data[cut:]
+        pieces.append(piece.decode("utf-8"))
+    pieces.append(data.decode("utf-8"))
+    return [piece for piece in pieces if piece.strip()]
+
 
 def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=0):
     """Trains a SentencePiece model on an iterable of text lines.
+
+    A line longer than SentencePiece takes (`MAX_SENTENCE_BYTES`) is cut into pieces it takes
+    (`cut_long_line`) for training the tokenizer, which then tokenizes it whole like any other.
 
     Args:
         lines: iterable of `str` (or `bytes`), e.g. the train split.
@@ -28,7 +65,7 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
             `vocabulary_size` holds (with the smallest size it needs).
     """
     text = [line.decode("utf-8") if isinstance(line, bytes) else line for line in lines]
-    text = [line for line in text if line.strip()]
+    text = [piece for line in text if line.strip() for piece in cut_long_line(line)]
     if not text:
         raise ValueError("Cannot train a SentencePiece model: the corpus is empty.")
     model = io.BytesIO()
@@ -41,6 +78,7 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
             model_type=model_type,
             character_coverage=1.0,
             num_threads=1,
+            max_sentence_length=MAX_SENTENCE_BYTES,
             minloglevel=2,
         )
     except RuntimeError as error:
@@ -73,21 +111,26 @@ def sample_text(lines, max_bytes, seed=0):
         seed: int. Which lines are kept. Defaults to `0`.
 
     Returns:
-        list of `str`.
+        list of `str`: empty only for an empty corpus.
+
+    Raises:
+        ValueError: when the sample holds no line (the corpus's first line alone is larger than
+            `max_bytes` and no smaller one was drawn), with the size of that first line.
     """
 
     def each(dataset):  # read a block at a time: a Python iteration per element costs ~0.3 ms
         for block in dataset.batch(4096).as_numpy_iterator():
             yield from block
 
-    sample, size = [], 0
+    head, size = [], 0
     for line in each(lines):  # the whole corpus, while it fits
         if size + len(line) > max_bytes:
+            stopped = len(line)
             break
-        sample.append(line.decode("utf-8"))
+        head.append(line.decode("utf-8"))
         size += len(line)
     else:
-        return sample
+        return head
     sizes = lines.map(lambda line: tf.cast(tf.strings.length(line), tf.int64))
     keep = max_bytes / int(sizes.reduce(tf.constant(0, tf.int64), tf.add))
     rng = np.random.default_rng(seed)
@@ -99,7 +142,12 @@ def sample_text(lines, max_bytes, seed=0):
             break
         sample.append(line.decode("utf-8"))
         size += len(line)
-    return sample
+    if sample or head:  # a draw that kept no line that fits falls back on the corpus's first lines
+        return sample or head
+    raise ValueError(
+        f"The tokenizer's sample of at most {max_bytes} bytes holds no line of the corpus: its first line alone "
+        f"has {stopped} bytes. Raise tokenizer_sample_bytes (--tokenizer-sample-bytes). Received: max_bytes={max_bytes}"
+    )
 
 
 def make_tokenizer(model_proto, add_eos=True):

@@ -1,10 +1,10 @@
 """WikiText (Merity et al. 2016) as a tensorflow-datasets builder, online or from a local directory.
 
-    import tensorflow as tf
-import tensorflow_datasets as tfds
+    import tensorflow_datasets as tfds
     import elita_tf.data.wikitext  # registers the builder "wikitext"
 
-    # With internet: downloads from a source that serves WikiText today (`sources.py`).
+    # With internet: downloads from a source that serves WikiText today (`sources.py`), unless
+    # ELITA_WIKITEXT_DIR names a directory holding the variant's files.
     splits = tfds.load("wikitext/wikitext-2-v1")
     # Offline: a directory holding wiki.{train,valid,test}.tokens (or .raw), as an argument
     # or in the environment variable ELITA_WIKITEXT_DIR.
@@ -16,6 +16,8 @@ Provenance: the prepared dataset records the SHA-256 of its three split files
 (`DatasetInfo.metadata["sha256"]`). A local directory is prepared under a
 config name that holds that hash, so another directory, or the same one with
 edited files, is always prepared afresh and never served from an older cache.
+The builder under its own config names (`tfds:wikitext/wikitext-2-v1`) is prepared
+once, from ELITA_WIKITEXT_DIR or a download, and kept.
 """
 
 import hashlib
@@ -64,6 +66,18 @@ def _config(name):
     raise ValueError(f"Unknown WikiText config. Expected one of {CONFIG_NAMES}. Received: {name!r}")
 
 
+def _local_dir(variant):
+    """The directory `ELITA_WIKITEXT_DIR` names when it holds the files of `variant`, else None."""
+    directory = os.environ.get(DATA_DIR_ENV)
+    if not directory:
+        return None
+    try:
+        split_files(directory, variant)
+    except FileNotFoundError:
+        return None
+    return os.path.abspath(directory)
+
+
 class Wikitext(tfds.core.GeneratorBasedBuilder):
     """WikiText language modelling datasets: Wikipedia Good and Featured articles."""
 
@@ -87,8 +101,10 @@ class Wikitext(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         try:
             root = source = os.fspath(dl_manager.manual_dir)
-        except (AssertionError, ValueError):  # no manual directory given: download
-            root, source = fetch_wikitext(self.builder_config, os.fspath(dl_manager.download_dir))
+        except (AssertionError, ValueError):  # no manual directory given: the offline setting, or download
+            root = source = _local_dir(self.builder_config.variant)
+            if root is None:
+                root, source = fetch_wikitext(self.builder_config, os.fspath(dl_manager.download_dir))
         paths = split_files(root, self.builder_config.variant)
         self.info.metadata["sha256"] = files_sha256(paths)
         self.info.metadata["source"] = source

@@ -49,10 +49,9 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.lite.tools import flatbuffer_utils
 
+from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.models import ElitaBackbone
 
-
-QUANTIZATIONS = (None, "int8")
 IDENTITY_KEY = "elita_tf_identity"  # the flatbuffer metadata entry that holds `model_identity`
 _KERAS_FIELDS = ("name", "trainable", "dtype")  # get_config() fields that are not the architecture
 
@@ -228,8 +227,8 @@ def export_litert(causal_lm, path, quantize=None):
     Raises:
         ValueError: for another `quantize`.
     """
-    if quantize not in QUANTIZATIONS:
-        raise ValueError(f"`quantize` must be one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"`quantize` must be None or one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
     decoder = OnDeviceDecoder(_float32(causal_lm.backbone))
     functions = [decoder.prefill.get_concrete_function(), decoder.decode.get_concrete_function()]
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, decoder)

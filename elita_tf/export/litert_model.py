@@ -2,11 +2,13 @@
 
     model = LiteRTModel("elita.tflite")          # pip install "elita-tf[litert]"
     model.generate([5, 9, 14], max_new_tokens=20)  # greedy token ids
-    model.loss(windows)                           # mean next-token cross-entropy
+    model.loss(windows)                           # mean next-token cross-entropy, tokens scored
 
 It runs the file as a phone would: `prefill` on the prompt, then one `decode` call a token, each
 fed the state the call before returned.
 """
+
+import os
 
 import numpy as np
 
@@ -17,9 +19,14 @@ class LiteRTModel:
     Args:
         path: a `.tflite` file written by `elita_tf.export.export_litert`.
 
+    Attributes:
+        vocabulary_size: int. The size of the file's vocabulary: its `logits`' last dimension.
+
     Raises:
         ImportError: without the `ai-edge-litert` interpreter.
-        ValueError: for a file without the two signatures.
+        FileNotFoundError: for a path with no file.
+        ValueError: for a file the interpreter cannot read (truncated or
+            damaged), or one without the two signatures.
     """
 
     def __init__(self, path):
@@ -29,7 +36,13 @@ class LiteRTModel:
             raise ImportError(
                 'Running a LiteRT file needs the ai-edge-litert interpreter: pip install "elita-tf[litert]".'
             ) from None
-        interpreter = Interpreter(model_path=path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No LiteRT file at {path}. Received: path={path!r}")
+        try:
+            interpreter = Interpreter(model_path=path)
+        except (ValueError, RuntimeError) as error:  # the interpreter's own words, e.g. "not a valid Flatbuffer"
+            reason = " ".join(str(error).split())
+            raise ValueError(f"{path} is not a complete LiteRT file (truncated or damaged?): {reason}") from None
         signatures = interpreter.get_signature_list()
         if sorted(signatures) != ["decode", "prefill"]:
             raise ValueError(
@@ -39,6 +52,25 @@ class LiteRTModel:
         self.path = path
         self.prefill = interpreter.get_signature_runner("prefill")
         self.decode = interpreter.get_signature_runner("decode")
+        self.vocabulary_size = int(self.prefill.get_output_details()["logits"]["shape"][-1])
+
+    def _check_ids(self, token_ids, name):
+        """`token_ids` as int32, or ValueError naming the first id outside `[0, vocabulary_size)` and its index.
+
+        The interpreter would fail on it with a GATHER error, or (a negative
+        id) return NaN logits, far from the id.
+        """
+        token_ids = np.asarray(token_ids)
+        if token_ids.size and not np.issubdtype(token_ids.dtype, np.integer):
+            raise ValueError(f"Token ids must be integers. Received: {name} of dtype {token_ids.dtype}")
+        outside = np.argwhere((token_ids < 0) | (token_ids >= self.vocabulary_size))
+        if len(outside):
+            index = tuple(int(i) for i in outside[0])
+            raise ValueError(
+                f"Token ids must be in [0, vocabulary_size={self.vocabulary_size}). "
+                f"Received: {name}[{', '.join(map(str, index))}]={token_ids[index]}"
+            )
+        return token_ids.astype(np.int32)
 
     @staticmethod
     def _defined(logits, tokens_read):
@@ -54,13 +86,18 @@ class LiteRTModel:
         """Greedy continuation of one prompt (a list of token ids); a list of `max_new_tokens` ids.
 
         Raises:
-            ValueError: for an empty prompt, or when prompt and new tokens pass
-                the model's decoding limit (`ElitaBackbone.decode_limit`, None
-                for constant-size states).
+            ValueError: for an empty prompt, an id outside the vocabulary, a
+                negative or non-integer `max_new_tokens`, or when prompt and
+                new tokens pass the model's decoding limit
+                (`ElitaBackbone.decode_limit`, None for constant-size states).
         """
         if not len(prompt):
             raise ValueError("The prompt is empty: prefill needs at least one token. Received: prompt=[]")
-        state = self.prefill(token_ids=np.asarray([prompt], np.int32))
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
+            raise ValueError(
+                f"`max_new_tokens` must be a non-negative integer. Received: max_new_tokens={max_new_tokens!r}"
+            )
+        state = self.prefill(token_ids=self._check_ids(prompt, "prompt")[None])
         tokens = []
         for _ in range(max_new_tokens):
             tokens.append(int(np.argmax(self._defined(state.pop("logits")[0], len(prompt) + len(tokens)))))
@@ -68,23 +105,33 @@ class LiteRTModel:
                 state = self.decode(token_ids=np.asarray([tokens[-1:]], np.int32), **state)
         return tokens
 
-    def loss(self, windows, progress=None):
+    def loss(self, windows, progress=None, scored=None):
         """Mean next-token cross-entropy over windows `[N, T + 1]`, each from an empty state.
 
         The first token is prefilled and every later one decoded, so each
         position is scored exactly as the Keras model scores the window in
-        parallel. `progress`, if given, is called after each window.
+        parallel. `scored [N, T]`, if given, is False on a window's padded end,
+        which is neither read nor scored. `progress`, if given, is called after
+        each window.
+
+        Returns:
+            `(mean loss, tokens scored)`.
+
+        Raises:
+            ValueError: for an id outside the vocabulary.
         """
         total, count = 0.0, 0
-        for window in np.asarray(windows, np.int32):
+        windows = self._check_ids(windows, "windows")
+        for row, window in enumerate(windows):
+            end = len(window) if scored is None else 1 + int(np.sum(scored[row]))
             state = self.prefill(token_ids=window[None, :1])
-            for position in range(1, len(window)):
+            for position in range(1, end):
                 logits = self._defined(state.pop("logits")[0], position).astype(np.float64)
                 top = logits.max()
                 total += top + np.log(np.exp(logits - top).sum()) - logits[window[position]]
                 count += 1
-                if position < len(window) - 1:
+                if position < end - 1:
                     state = self.decode(token_ids=window[None, position : position + 1], **state)
             if progress is not None:
                 progress()
-        return total / count
+        return total / count, count

@@ -22,6 +22,7 @@ import sentencepiece
 import tensorflow as tf
 
 from elita_tf.data.tokenizer import make_tokenizer
+from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS
 from elita_tf.models import ElitaCausalLM
 
 
@@ -30,9 +31,6 @@ def _seed_empty(ragged, token_id):
     empty = tf.cast(tf.equal(ragged.row_lengths(), 0), tf.int64)
     seed = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], token_id), empty)
     return tf.concat([tf.cast(seed, ragged.dtype), ragged], axis=1)
-
-
-DEFAULT_MAX_NEW_TOKENS = 1024
 
 
 def _check_length(longest, max_new_tokens, limit, cap):
@@ -69,7 +67,7 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
 
     `generate` continues an empty prompt from the end-of-line id (every
     training line ends with it), returns empty texts for `max_new_tokens=0`,
-    and fails with the values named for a negative `max_new_tokens`, one
+    and fails with the values named for zero prompts, a negative `max_new_tokens`, one
     above the export's cap, or one that takes the prompt past
     `max_sequence_length` in a model with finite buffers. `serving_default`
     fails on token ids outside `[0, vocabulary_size)`, naming them. Load it
@@ -103,6 +101,11 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
     cap = max_new_tokens
 
     def generate(prompts, max_new_tokens):
+        # First of all: with no prompt, the longest prompt below is the int32 minimum and the error obscure.
+        # The count is 0 whenever this fails.
+        empty = tf.debugging.Assert(tf.size(prompts) > 0, ["generate needs at least one prompt. Received: 0 prompts"])
+        with tf.control_dependencies([empty]):
+            prompts = tf.identity(prompts)
         ragged = _seed_empty(tokenizer.tokenize(prompts), end_of_line)
         lengths = tf.cast(ragged.row_lengths(), tf.int32)
         longest = tf.reduce_max(lengths)

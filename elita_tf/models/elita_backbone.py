@@ -18,6 +18,7 @@ so training, evaluation, generation and the exports can never disagree on the ar
 """
 
 import inspect
+import json
 import os
 
 import h5py
@@ -26,7 +27,6 @@ import keras_hub
 import sentencepiece
 import tensorflow as tf
 from keras.src.backend.common.symbolic_scope import in_symbolic_scope
-from keras_hub.src.utils.preset_utils import get_preset_loader
 
 from elita_tf.layers import (
     AdditiveAttention,
@@ -43,6 +43,7 @@ from elita_tf.layers import (
 )
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.layers.trilinear import alibi_v1
+from elita_tf.models import lora
 from elita_tf.models.architectures import architecture, check_architecture, decode_limit
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils import document_positions, position_after, real_extent
@@ -482,7 +483,29 @@ class ElitaBackbone(keras_hub.models.Backbone):
         config.update(self._architecture)
         if self.lora_rank is not None:
             config["lora_rank"] = self.lora_rank
+        quantized = {
+            layer.path: layer.quantization_mode
+            for layer in self._flatten_layers(include_self=False)
+            if layer.quantization_mode is not None
+        }
+        if quantized:
+            # Also outside `dtype`: keras-hub's generic `Backbone.from_preset` and `CausalLM.from_preset` replace
+            # a saved `dtype` (the DTypePolicyMap of a quantized model) with None.
+            config["quantized_layers"] = quantized
         return config
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        quantized = config.pop("quantized_layers", None)
+        dtype = config.get("dtype")
+        if quantized and not isinstance(dtype, (dict, keras.dtype_policies.DTypePolicyMap)):
+            policy = keras.dtype_policies.get(dtype) if dtype is not None else keras.config.dtype_policy()
+            policies = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
+            for path, mode in quantized.items():
+                policies[path] = keras.dtype_policies.get(f"{mode}_from_{policy.name}")
+            config["dtype"] = policies
+        return super().from_config(config)
 
     def count_params_without_embeddings(self):
         """Weights of the blocks and norms: `count_params()` less the token and position tables and the head."""
@@ -491,16 +514,26 @@ class ElitaBackbone(keras_hub.models.Backbone):
 
     def enable_lora(self, rank, target_layer_names=None):
         """keras-hub's `enable_lora`, remembered in the config (with the default targets), so an adapted
-        model saves, loads and resumes training as one."""
+        model saves, loads and resumes training as one: its adapters are saved exactly (`lora.keep_exact`).
+
+        Raises:
+            ValueError: for other targets, or a rank past the narrower side of an adapted projection.
+        """
         if target_layer_names is not None:
             raise ValueError(
                 "ElitaBackbone adapts its default projections (`default_lora_layer_names`), so that a saved adapted "
                 f"model loads as one. Received: target_layer_names={target_layer_names!r}"
             )
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(f"The LoRA rank must be a positive integer. Received: rank={rank!r}")
+        self.check_lora_rank(rank)
         super().enable_lora(rank)
+        for layer in lora.adapted_layers(self, self.default_lora_layer_names()):
+            lora.keep_exact(layer)
         self.lora_rank = rank
+
+    def check_lora_rank(self, rank):
+        """Raises `ValueError` for a rank `enable_lora` refuses: not a positive integer, or past the
+        narrower side of every projection it adapts (adapter weights that add nothing)."""
+        lora.check_rank(lora.adapted_layers(self, self.default_lora_layer_names()), rank)
 
     def merge_lora(self):
         """A backbone without adapters whose projections hold `W + A B`: the same function, for serving.
@@ -514,15 +547,10 @@ class ElitaBackbone(keras_hub.models.Backbone):
         config = self.get_config()
         del config["lora_rank"]
         merged = type(self).from_config(config)
-        # An adapted layer's `kernel` is the merged one; its weights list the frozen `_kernel`.
-        merged_kernels = {
-            id(layer._kernel): layer.kernel
-            for layer in self._flatten_layers(include_self=False)
-            if getattr(layer, "lora_enabled", False)
-        }
-        sources = [w for w in self.weights if w.path.rsplit("/", 1)[-1] not in ("lora_kernel_a", "lora_kernel_b")]
+        kernels = lora.merged_kernels(self)
+        sources = [w for w in self.weights if not lora.is_adapter(w)]
         for target, source in zip(merged.weights, sources, strict=True):
-            target.assign(merged_kernels.get(id(source), source))
+            target.assign(kernels.get(id(source), source))
         return merged
 
     def default_lora_layer_names(self):
@@ -548,15 +576,9 @@ class ElitaBackbone(keras_hub.models.Backbone):
         """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
 
         A quantized preset (`quantize("int8")`, then `save_to_preset`) loads
-        quantized: its saved per-layer policies are kept unless `dtype` is given.
+        quantized, through this class or keras-hub's generic `Backbone.from_preset`.
         """
-        preset = resolve_preset(preset, load_weights)
-        if kwargs.get("dtype") is None:
-            # keras-hub's backbone loader drops a saved DTypePolicyMap (its task loader keeps it).
-            saved = get_preset_loader(preset).config["config"].get("dtype")
-            if isinstance(saved, dict) and saved.get("class_name") == "DTypePolicyMap":
-                kwargs["dtype"] = keras.dtype_policies.deserialize(saved)
-        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+        return super().from_preset(resolve_preset(preset, load_weights), load_weights=load_weights, **kwargs)
 
 
 def architecture_config(name, **overrides):
@@ -578,6 +600,9 @@ def architecture_config(name, **overrides):
 
 
 RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
+_REGISTERED_NAME = "elita_tf>ElitaBackbone"
+# What every ElitaBackbone config holds: without them a preset's weights cannot be placed.
+_REQUIRED_FIELDS = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "max_sequence_length", "blocks")
 
 
 def resolve_preset(preset, load_weights=True):
@@ -611,6 +636,33 @@ def resolve_preset(preset, load_weights=True):
     return preset
 
 
+def read_preset_config(preset):
+    """The `ElitaBackbone` arguments a local preset's `config.json` holds (its `"config"` entry).
+
+    Raises:
+        ValueError: naming the file, when it is not JSON, not an ELiTA backbone's config (a
+            keras-hub preset of another model, say), or lacks an architecture field.
+    """
+    path = os.path.join(preset, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not JSON ({error}): the preset is damaged.") from None
+    if not isinstance(saved, dict) or saved.get("registered_name") != _REGISTERED_NAME:
+        kind = saved.get("class_name") if isinstance(saved, dict) else None
+        raise ValueError(
+            f"{path} is not an ELiTA model's config: its backbone is {kind or 'not named'}, and elita-tf loads "
+            f"ElitaBackbone presets only (an elita-train run, or one `save_to_preset` or elita-export wrote). "
+            f"Received: class_name={kind!r}"
+        )
+    config = saved.get("config")
+    missing = [name for name in _REQUIRED_FIELDS if not isinstance(config, dict) or name not in config]
+    if missing:
+        raise ValueError(f"{path} lacks the architecture fields {missing}: the preset is damaged or incomplete.")
+    return config
+
+
 def _check_preset_files(preset, load_weights):
     """Names the file of a local preset that is missing or unreadable, which keras-hub, h5py and SentencePiece
     would report without its name (or, for the weights, as a sharded index `model.weights.json`)."""
@@ -619,6 +671,7 @@ def _check_preset_files(preset, load_weights):
     for name in ("config.json", *(("model.weights.h5",) if load_weights and not sharded else ())):
         if not os.path.isfile(os.path.join(preset, name)):
             raise FileNotFoundError(f"The preset directory {preset!r} has no {name}: it is incomplete.")
+    read_preset_config(preset)
     vocabulary = os.path.join(preset, "assets", "tokenizer", "vocabulary.spm")
     if load_weights and not sharded:
         try:

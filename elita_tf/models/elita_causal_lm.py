@@ -76,11 +76,16 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         return super().call(inputs, training=training, mask=mask)
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False):
-        """keras-hub's `generate`, with the prompts and `max_length` checked first.
+        """keras-hub's `generate`, with the prompts and `max_length` checked first: no prompt is ever cut.
+
+        `max_length` counts the prompt's tokens (with the start token) and the new ones. Left out,
+        it is the preprocessor's `sequence_length`, as in keras-hub; a prompt that already fills
+        that is continued whole, by `sequence_length` new tokens, where the model decodes past its
+        training length (`ElitaBackbone.decode_limit` is None).
 
         Raises:
-            ValueError: for no prompts, a `max_length` below 1, or (with a
-                preprocessor) a `max_length` that leaves no room after a prompt.
+            ValueError: for no prompts, a `max_length` below 1 or past the positions the model
+                holds, or (with a preprocessor) a prompt that leaves no room for a new token.
         """
         if isinstance(inputs, bytes):
             inputs = inputs.decode("utf-8")
@@ -88,20 +93,37 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             if not len(inputs):
                 raise ValueError("There are no prompts to continue. Received: inputs=[]")
             inputs = [x.decode("utf-8") if isinstance(x, bytes) else x for x in inputs]
-        if max_length is not None:
-            if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-                raise ValueError(f"`max_length` must be a positive integer. Received: max_length={max_length!r}")
-            prompts = [inputs] if isinstance(inputs, str) else inputs
-            if self.preprocessor is not None and isinstance(prompts, list) and all(isinstance(p, str) for p in prompts):
-                # The preprocessor would cut a longer prompt to `max_length` without a word.
-                ids = self.preprocessor.tokenizer(prompts)
-                ids = ids.to_list() if hasattr(ids, "to_list") else ids
-                longest = max(len(row) for row in ids) + 1  # with the start token
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"`max_length` must be a positive integer. Received: max_length={max_length!r}")
+        limit = self.backbone.decode_limit
+        prompts = [inputs] if isinstance(inputs, str) else inputs
+        if self.preprocessor is not None and isinstance(prompts, list) and all(isinstance(p, str) for p in prompts):
+            # keras-hub's preprocessor would cut a longer prompt to `max_length` without a word.
+            ids = self.preprocessor.tokenizer(prompts)
+            ids = ids.to_list() if hasattr(ids, "to_list") else ids
+            longest = max(len(row) for row in ids) + 1  # with the start token
+            if limit is not None and longest >= limit:
+                raise ValueError(
+                    f"The longest prompt holds {longest} tokens (with the start token), and this model reads at most "
+                    f"{limit} positions (its max_sequence_length), which leaves no room for a new token: shorten "
+                    f"the prompt. Received: {len(prompts)} prompts"
+                )
+            if max_length is None:
+                max_length = self.preprocessor.sequence_length
                 if longest >= max_length:
-                    raise ValueError(
-                        f"`max_length` counts the prompt's tokens too: the longest prompt holds {longest} (with the "
-                        f"start token), which leaves no room for a new token. Received: max_length={max_length}"
-                    )
+                    max_length = longest + max_length if limit is None else limit
+            elif longest >= max_length:
+                raise ValueError(
+                    f"`max_length` counts the prompt's tokens too: the longest prompt holds {longest} (with the "
+                    f"start token), which leaves no room for a new token. Received: max_length={max_length}"
+                )
+        if self.preprocessor is None and isinstance(inputs, dict) and "token_ids" in inputs:
+            max_length = ops.shape(inputs["token_ids"])[-1]  # padded prompts: their width is the length
+        if max_length is not None and limit is not None and max_length > limit:
+            raise ValueError(
+                f"`max_length` {max_length} exceeds the {limit} positions this model's position table or decoding "
+                f"buffers hold (its max_sequence_length): generate at most {limit}. Received: max_length={max_length}"
+            )
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
 
     def score(self, token_ids, padding_mask=None, scoring_mode="logits", layer_intercept_fn=None, target_ids=None):
@@ -134,6 +156,10 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         """
         if scoring_mode not in ("logits", "loss"):
             raise ValueError(f"`scoring_mode` must be 'logits' or 'loss'. Received: scoring_mode={scoring_mode!r}")
+        if isinstance(token_ids, (list, tuple)) and not len(token_ids):
+            raise ValueError(
+                "There is nothing to score: pass a string, a list of strings or token ids [B, T]. Received: token_ids=[]"
+            )
         if isinstance(token_ids, str) or (
             isinstance(token_ids, (list, tuple)) and token_ids and all(isinstance(t, str) for t in token_ids)
         ):
@@ -356,9 +382,15 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss / tf.distribute.get_strategy().num_replicas_in_sync
 
-    def _track_loss(self, loss, token_ids):
+    def _track_loss(self, loss, token_ids, sample_weight=None):
+        # Each batch's mean weighs in by its rows, or, given `sample_weight` with a loss averaged over the
+        # weights, by their sum: evaluation's figure is then the mean over every weighted token (packed
+        # documents). Training keeps rows: `StepLog` reads each batch's loss back from the running mean.
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        self._loss_tracker.update_state(loss * replicas, sample_weight=tf.shape(token_ids)[0])
+        weight = tf.cast(tf.shape(token_ids)[0], loss.dtype)
+        if sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight":
+            weight = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
+        self._loss_tracker.update_state(loss * replicas, sample_weight=weight)
 
     def train_step(self, data):
         x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -387,7 +419,8 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if not self._chunked_loss_applies():
             return super().test_step(data)
-        self._track_loss(self._chunked_loss(x, labels, sample_weight, training=False), x["token_ids"])
+        loss = self._chunked_loss(x, labels, sample_weight, training=False)
+        self._track_loss(loss, x["token_ids"], sample_weight)
         return self.get_metrics_result()
 
     def save_own_variables(self, store):

@@ -37,6 +37,30 @@ def train_command(output_dir, architecture, seed, settings):
     return command
 
 
+def _check_outputs(output_dir, default_plot):
+    """Raises `ValueError` when `output_dir` holds a table or plot that an earlier comparison did not write.
+
+    A comparison's `results.json` maps each architecture to its statistics and `"runs"`; the
+    table and the default plot beside it are written over only with it.
+    """
+    summary = os.path.join(output_dir, "results.json")
+    try:
+        with open(summary) as f:
+            ours = all(isinstance(entry, dict) and "runs" in entry for entry in json.load(f).values())
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if ours:
+        return
+    theirs = [path for path in (summary, os.path.join(output_dir, "results.md"), default_plot) if path]
+    theirs = [path for path in theirs if os.path.exists(path)]
+    if theirs:
+        raise ValueError(
+            f"{output_dir} holds {', '.join(theirs)}, which elita-compare did not write, and would write over "
+            "them: elita-compare never overwrites files it did not write. Choose another --output-dir, or move "
+            "them away."
+        )
+
+
 def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, **settings):
     """Trains every architecture with every seed (skipping finished runs), then writes the plot and the tables.
 
@@ -58,6 +82,8 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
     if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be distinct non-negative integers. Received: seeds={list(seeds)}")
     TrainSettings(output_dir=output_dir, **settings)  # refuse bad settings before the first run
+    plot_path = plot or os.path.join(output_dir, "ELiTA.png")
+    _check_outputs(output_dir, plot is None and plot_path)
     os.makedirs(output_dir, exist_ok=True)
     runs = {name: [] for name in architectures}
     for name in architectures:
@@ -71,7 +97,6 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
                 subprocess.run(train_command(output_dir, name, seed, settings), check=True)
             runs[name].append(directory)
 
-    plot_path = plot or os.path.join(output_dir, "ELiTA.png")
     plot_comparison(runs, plot_path)
     table = results_table(runs)
     with open(os.path.join(output_dir, "results.md"), "w") as f:

@@ -12,6 +12,8 @@ tokenizer, every line ending with the end-of-line id), so the float result equal
 `results.json` figure. `window_length` cuts windows of another length; `carry_state` reads the
 whole split as one sequence, `window_length` tokens at a time, each segment continuing from the
 decoding state the previous one left (models whose every block carries a constant-size state).
+Other text (`data`: text files or JSON Lines) is scored whole: windows that share one token
+(`covering_windows`) score every token after the first exactly once, the last window padded.
 Either way the result has the loss by position, in log-spaced buckets: does the model use
 context it has seen?
 """
@@ -26,13 +28,11 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.data import load_corpus, make_tokenizer, packed_windows, token_stream, token_windows
-from elita_tf.data.text_files import data_kind
+from elita_tf.data.text_files import SPLITS, data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
+from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
-
-SPLITS = ("train", "validation", "test")
-QUANTIZATIONS = ("int8",)
 
 
 def position_buckets(length, first=16, factor=4):
@@ -57,30 +57,56 @@ def _by_position(loss_sums, token_counts):
     ]
 
 
-def _windowed_losses(backbone, windows, batch_size, progress, document_starts=None):
+def covering_windows(ids, document_starts, length):
+    """Windows of `length + 1` tokens of a stream that score every token after the first exactly once.
+
+    Window `i` holds tokens `[i T, i T + T + 1)`: consecutive windows share one token, the
+    last target of one being the first input of the next, and the last window is padded.
+
+    Args:
+        ids, document_starts: int32 and bool `[N]` (`token_stream`).
+        length: int `T`.
+
+    Returns:
+        `(windows int32 [W, T + 1], starts bool [W, T + 1], scored bool [W, T])`, `scored` False
+        at the padding.
+    """
+    count = max(1, math.ceil((len(ids) - 1) / length))
+    index = np.arange(count)[:, None] * length + np.arange(length + 1)[None, :]
+    real = index < len(ids)
+    index = np.minimum(index, len(ids) - 1)
+    return np.where(real, ids[index], 0).astype(np.int32), document_starts[index] & real, real[:, 1:]
+
+
+def _windowed_losses(backbone, windows, batch_size, progress, document_starts=None, scored=None):
     """Per-position sums of the next-token losses over `windows [N, T + 1]`, and token counts `[T]`.
 
     With `document_starts [N, T + 1]` (packed documents) no document sees
-    another, and a document's first token is not scored.
+    another, and a document's first token is not scored. `scored [N, T]`, if
+    given, leaves out the targets where it is False (padding).
     """
 
     @tf.function(reduce_retracing=True)
-    def losses(rows, starts):
+    def losses(rows, starts, scored):
         inputs, targets = rows[:, :-1], rows[:, 1:]
         resets = tf.concat([tf.ones_like(starts[:, :1]), starts[:, 1:-1]], axis=1)
         # The head's float32 loss a chunk at a time: no [B, T, V] logits in the compute dtype.
         hidden = backbone.hidden_states(inputs, resets=resets if document_starts is not None else None, training=False)
-        weights = tf.cast(tf.logical_not(starts[:, 1:]), tf.float64)
+        weights = tf.cast(tf.logical_and(tf.logical_not(starts[:, 1:]), scored), tf.float64)
         per_token = tf.cast(backbone.token_losses(hidden, targets), tf.float64) * weights
         return tf.reduce_sum(per_token, axis=0), tf.reduce_sum(weights, axis=0)
 
+    if scored is None:
+        scored = np.ones((len(windows), windows.shape[1] - 1), bool)
     if document_starts is None:
         document_starts = np.zeros(windows.shape, bool)
     length = windows.shape[1] - 1
     sums, counts = np.zeros(length), np.zeros(length)
     for start in range(0, len(windows), batch_size):
         rows = slice(start, start + batch_size)
-        batch_sums, batch_counts = losses(tf.constant(windows[rows]), tf.constant(document_starts[rows]))
+        batch_sums, batch_counts = losses(
+            tf.constant(windows[rows]), tf.constant(document_starts[rows]), tf.constant(scored[rows])
+        )
         sums, counts = sums + batch_sums.numpy(), counts + batch_counts.numpy()
         progress(len(windows[rows]))
     return sums, counts
@@ -134,8 +160,9 @@ def evaluate(
         run_dir: a finished `elita-train` run directory.
         split: `"train"`, `"validation"` or `"test"`. Defaults to `"test"`.
         data: None (the run's own data, split as it was), or other text in any form
-            `load_corpus` reads. Text files and JSON Lines are scored whole (the
-            result's split is `"all"`); WikiText and TFDS data by `split`.
+            `load_corpus` reads. Text files and JSON Lines are scored whole, every
+            token after the first exactly once (the result's split is `"all"`);
+            WikiText and TFDS data by `split`.
         text_field, documents: how `data` is read (`load_corpus`).
         data_dir: a local WikiText directory; None reads `ELITA_WIKITEXT_DIR`, else downloads.
         tfds_dir: where tensorflow-datasets keeps prepared data (its default when None).
@@ -229,6 +256,8 @@ def evaluate(
         )
     if quantize:
         backbone.quantize(quantize)
+    # Other text is scored whole, each token after the first once (`covering_windows`).
+    whole = data is not None and data_kind(data) in ("text", "jsonl") and not carry_state
     if data is None:  # the run's own data, split as it was for training
         splits, data = load_corpus(
             manifest["data"]["dataset"],
@@ -250,7 +279,7 @@ def evaluate(
             text_field=text_field,
             holdout_fraction=0.0,
             required_splits=("train",),
-            document_starts=pack_documents,
+            document_starts=pack_documents or whole,
         )
         split, splits = "all", {"all": splits["train"]}
     else:
@@ -258,8 +287,12 @@ def evaluate(
             data, data_dir=data_dir, tfds_dir=tfds_dir, text_field=text_field, document_starts=pack_documents
         )
     tokenizer = make_tokenizer(causal_lm.preprocessor.tokenizer.proto)
-    starts = None
-    if pack_documents:
+    starts = scored_targets = None
+    if whole:  # every token after the first, each scored once
+        ids, resets = token_stream(splits[split], tokenizer, vocabulary_size=backbone.vocabulary_size)
+        windows, starts, scored_targets = covering_windows(ids, resets, length)
+        starts = starts if pack_documents else None
+    elif pack_documents:
         stream = token_stream(splits[split], tokenizer, vocabulary_size=backbone.vocabulary_size)
         windows, starts = packed_windows(*stream, length)
     else:
@@ -277,9 +310,9 @@ def evaluate(
         sums = _stream_losses(backbone, stream, length, bar.add if bar else lambda n: None)
         counts, scored = np.ones_like(sums), 1
     else:
-        # Whole batches, as in training, capped by eval_batches.
-        batches = len(windows) // batch_size
-        scored = batch_size * (min(batches, eval_batches) if eval_batches else batches)
+        # Whole batches, as in training (text scored whole: every window), capped by eval_batches.
+        batches = math.ceil(len(windows) / batch_size) if whole else len(windows) // batch_size
+        scored = min(len(windows), batch_size * (min(batches, eval_batches) if eval_batches else batches))
         if scored == 0:
             raise ValueError(
                 f"The {split} split makes {len(windows)} windows of {length + 1} tokens, no full batch of "
@@ -293,10 +326,14 @@ def evaluate(
                 batch_size,
                 bar.add if bar else lambda n: None,
                 None if starts is None else starts[:scored],
+                None if scored_targets is None else scored_targets[:scored],
             )
         else:  # the interpreter scores window by window and gives the mean
-            loss = LiteRTModel(litert).loss(windows[:scored], progress=(lambda: bar.add(1)) if bar else None)
-            tokens = scored * length
+            loss, tokens = LiteRTModel(litert).loss(
+                windows[:scored],
+                progress=(lambda: bar.add(1)) if bar else None,
+                scored=None if scored_targets is None else scored_targets[:scored],
+            )
     if litert is None:
         loss, tokens = float(sums.sum() / counts.sum()), int(counts.sum())
         by_position = _by_position(sums, counts)

@@ -58,7 +58,7 @@ from elita_tf.data import (
 from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, write_token_file
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.architectures import ARCHITECTURES, architecture, decode_limit
-from elita_tf.models.elita_backbone import architecture_config, resolve_preset
+from elita_tf.models.elita_backbone import architecture_config, read_preset_config, resolve_preset
 from elita_tf.schedules import elita_adam, three_lin_sgd
 from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoint
 from elita_tf.training.distributed import (
@@ -136,22 +136,24 @@ MODEL_FIELDS = (
 
 
 def preset_architecture(preset):
-    """`(recipe name, backbone config)` of the model in a run directory or keras-hub preset.
+    """`(recipe name, architecture)` of the model in a run directory or keras-hub preset.
+
+    The architecture is complete (`architecture_config`'s fields), whatever the preset's age.
 
     Raises:
-        ValueError: when the model is none of `ARCHITECTURES` at any size.
+        ValueError: when the preset is not an ELiTA model's, or its model is none of
+            `ARCHITECTURES` at any size.
     """
-    with open(os.path.join(resolve_preset(preset), "config.json")) as f:
-        config = json.load(f)["config"]
+    config = read_preset_config(resolve_preset(preset))
     size = ("vocabulary_size", "hidden_dim", "num_layers", "num_heads", "head_dim", "max_sequence_length")
-    overrides = {key: config[key] for key in (*size, "dropout", "position_mode")}
+    overrides = {key: config[key] for key in (*size, "dropout", "position_mode") if key in config}
     for name in ARCHITECTURES:
         try:
             candidate = architecture_config(name, **overrides)
         except ValueError:
             continue
-        if all(config.get(key) == value for key, value in candidate.items()):
-            return name, config
+        if all(config.get(key, value) == value for key, value in candidate.items()):
+            return name, candidate
     raise ValueError(f"The model in {preset!r} is none of the architectures {sorted(ARCHITECTURES)}.")
 
 
@@ -229,7 +231,8 @@ def resolve_position_mode(settings, run_path):
     """
     if settings.position_mode is not None or "elita" not in architecture(settings.architecture)["blocks"]:
         return settings
-    stored = None if settings.force_new else RunDirectory(run_path).read_manifest()
+    run = RunDirectory(run_path)
+    stored = None if settings.force_new or not run.has_progress() else run.read_manifest()
     if stored is not None:
         mode = stored["model"]["position_mode"]
     else:
@@ -337,13 +340,19 @@ def prepare_run(settings, run_dir, splits, data):
             cut = FileWindows(tokens, settings.sequence_length + 1)
             if not len(cut):
                 raise ValueError(f"The corpus is shorter than one window of {settings.sequence_length + 1} tokens.")
+            if split == "train" and settings.carry_state:  # the train split as one stream, with its document starts
+                windows["train_stream"] = tokens.read(0, len(tokens))
+                stream_steps_per_epoch(len(tokens), settings.batch_size, settings.sequence_length)
+            elif len(cut) < settings.batch_size:  # checked before the run writes anything
+                raise ValueError(
+                    f"{len(cut)} windows of {settings.sequence_length + 1} tokens make no full batch of "
+                    f"{settings.batch_size}: lower --batch-size or --sequence-length, or give it more text."
+                )
         except ValueError as error:
             source = data.get("corpus", {}).get(f"{split}_data") or data["dataset"]  # the files given for it
             raise ValueError(f"The {split} split ({source}): {error}") from None
         # (windows, document starts): `lm_dataset`'s arguments.
         windows[split] = (cut, True if settings.pack_documents else None)
-        if split == "train" and settings.carry_state:  # the train split as one stream, with its document starts
-            windows["train_stream"] = tokens.read(0, len(tokens))
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": _sha256(proto)})
@@ -450,6 +459,8 @@ def train(settings, callbacks=(), strategy=None):
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
     settings = tokenizer_from_settings(init_from_settings(settings))
+    if settings.lora_rank is not None:  # refused before anything is read or written
+        ElitaBackbone.from_preset(settings.init_from, load_weights=False).check_lora_rank(settings.lora_rank)
     if strategy.extended.should_checkpoint:
         check_writable(settings.output_dir)  # before the data: minutes of preparation for nothing, otherwise
     corpus = load_settings_corpus(settings)  # before the run directory: bad text leaves nothing behind
@@ -468,6 +479,12 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     keras.utils.set_random_seed(settings.seed)
     if settings.carry_state:
         check_carry_state(settings)
+    replicas = strategy.num_replicas_in_sync
+    if settings.batch_size % replicas:
+        raise ValueError(
+            f"The global batch must split evenly over the {replicas} replicas. Received: "
+            f"batch_size={settings.batch_size}"
+        )
     splits, data = corpus
     config, windows = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
@@ -481,12 +498,6 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         if settings.max_steps is None
         else min(settings.max_steps, settings.epochs * per_epoch)
     )
-    replicas = strategy.num_replicas_in_sync
-    if settings.batch_size % replicas:
-        raise ValueError(
-            f"The global batch must split evenly over the {replicas} replicas. Received: "
-            f"batch_size={settings.batch_size}"
-        )
 
     with strategy.scope():
         model, checkpoint = load_latest_checkpoint(checkpoints)

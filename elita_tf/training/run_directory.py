@@ -19,7 +19,7 @@ import time
 
 from elita_tf.models import ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.models.elita_backbone import RUN_PRESET
-from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, load_checkpoint
+from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, list_checkpoints, load_checkpoint
 
 MANIFEST = "run.json"
 TOKENIZER = "sentencepiece.model"
@@ -148,8 +148,24 @@ class RunDirectory:
         with open(self.file(MANIFEST)) as f:
             return json.load(f)
 
+    def has_progress(self):
+        """Whether the run has saved anything worth resuming: a checkpoint, its results or its preset."""
+        return bool(list_checkpoints(self.path)) or any(
+            os.path.exists(self.file(name)) for name in ("results.json", RUN_PRESET)
+        )
+
+    def _remove_run(self, names):
+        for name in names:
+            path = self.file(name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
     def check_manifest(self, requested):
         """Resumes, starts, or refuses, before anything is written.
+
+        Files are removed only where `run.json` says they are a run's, which
+        elita-train wrote: with `force_new`, or when a run that never saved a
+        checkpoint is asked for again with other arguments (it starts over,
+        with a notice).
 
         Args:
             requested: the manifest of the run asked for (without the
@@ -157,29 +173,34 @@ class RunDirectory:
 
         Returns:
             The stored manifest when resuming the same run, or None for a new
-            run (an earlier run's files removed with `force_new`).
+            run (an earlier run's files removed).
 
         Raises:
-            RunDirectoryError: naming every field that differs from the
-                stored run, or the files of a run that has no manifest.
+            RunDirectoryError: naming every field that differs from a stored
+                run that has progress, or the files of a directory without a
+                manifest, which are not elita-train's to remove.
         """
         stored = self.read_manifest()
-        leftovers = sorted(name for name in ARTEFACTS if os.path.exists(self.file(name)))
-        if self.force_new:
-            for name in leftovers:
-                path = self.file(name)
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-            return None
+        present = sorted(name for name in ARTEFACTS if os.path.exists(self.file(name)))
         if stored is None:
-            if leftovers:
+            if present:
                 raise RunDirectoryError(
-                    f"The run directory {self.path!r} holds {', '.join(leftovers)} but no {MANIFEST}: files of a "
-                    "run that failed before it started. Nothing was changed. Use "
-                    "--force-new to remove them, or choose another --output-dir."
+                    f"The run directory {self.path!r} holds {', '.join(present)} but no {MANIFEST}: it is not an "
+                    "elita-train run, and elita-train never deletes or overwrites files it did not write. Nothing "
+                    "was changed. Move those files away, or choose another --output-dir."
                 )
+            return None
+        if self.force_new:
+            self._remove_run(present)
             return None
         comparable = {key: value for key, value in stored.items() if key != "tokenizer_sha256"}
         differences = manifest_differences(comparable, requested)
+        if differences and not self.has_progress():
+            print(
+                f"The run in {self.path!r} saved no checkpoint: starting it again with these arguments.", flush=True
+            )
+            self._remove_run(present)
+            return None
         if differences:
             raise RunDirectoryError(
                 f"The run directory {self.path!r} holds another run; resuming it with these arguments would mix "

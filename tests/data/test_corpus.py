@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -6,8 +7,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from elita_tf.data import TextCorpus, load_corpus, sample_text
-from elita_tf.data.text_files import data_kind, split_of
-from tests.conftest import WORDS
+from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, data_kind, expand, holdout_codes, read_lines, split_of
+from tests.conftest import WORDS, write_documents
 
 
 def _document(seed, lines=3):
@@ -30,9 +31,9 @@ def test_text_files_are_documents_held_out_by_a_seeded_hash(tmp_path):
         (tmp_path / f"{i:02d}.txt").write_text("\n".join(doc) + "\n\n")
     corpus = TextCorpus(str(tmp_path / "*.txt"), holdout_fraction=0.2, seed=3)
     checked = corpus.check()
-    want = {split: [docs[i] for i in range(40) if split_of(i, 3, 0.2) == split] for split in checked["documents"]}
+    want = {split: [docs[i] for i in range(40) if split_of(i, 3, 0.2, 40) == split] for split in checked["documents"]}
     assert {split: len(d) for split, d in want.items()} == checked["documents"]
-    assert all(checked["documents"].values()) and sum(checked["documents"].values()) == 40
+    assert checked["documents"] == {"train": 24, "validation": 8, "test": 8}
     for split, documents in want.items():
         assert list(corpus.split_documents(split)) == documents
     # The held-out documents follow the seed; the hash names the text and the split.
@@ -134,7 +135,12 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
     # The single text feature is found whatever its name; the test split is TFDS', validation is held out.
     assert info["corpus"]["text_field"] == "story" and info["source"] == "tfds:tiny_text/1.0.0"
     validation = _lines(splits["validation"])
-    assert 0 < len(validation) < 60 and len(validation) % 2 == 0  # whole examples, about a fifth
+    # Held out by the rank of each example's hash, in TFDS' order: exactly a fifth, as for text files.
+    train_split = tfds.builder("tiny_text", data_dir=str(tmp_path)).as_dataset(split="train", shuffle_files=False)
+    stories = [example["story"].decode() for example in train_split.as_numpy_iterator()]
+    held = np.flatnonzero(holdout_codes(60, 0, 0.2) == SPLITS.index("validation"))
+    assert validation == [line for i in held for line in stories[i].split("\n")] and len(held) == 12
+    assert info["corpus"]["holdout_method"] == HOLDOUT_METHOD
     # TFDS keeps examples in its own (shuffled) order: the same lines, each example's two together.
     test = _lines(splits["test"])
     assert sorted(zip(test[::2], test[1::2])) == sorted(tuple(_document(i, 2)) for i in range(60, 70))
@@ -148,3 +154,137 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
         load_corpus("tfds:tiny_text", tfds_dir=str(tmp_path), validation_data="x.txt")
     with pytest.raises(ValueError, match=r"tfds:no_such_dataset_here"):
         load_corpus("tfds:no_such_dataset_here", tfds_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("the cat\nsees\n".encode("utf-16-le"), r"x.txt, line 1: .*looks like UTF-16 or binary"),
+        ("the cat\nsees\n".encode("utf-16-be"), r"x.txt, line 1: .*looks like UTF-16 or binary"),
+        (b"\x00" * 64, r"x.txt, line 1: .*looks like UTF-16 or binary"),
+        (b"fine\nthen \x00\x01\x02\n", r"x.txt, line 2: .*looks like UTF-16 or binary"),
+        ("the cat\nsees\n".encode("utf-16"), r"x.txt: .*UTF-16"),  # with its byte-order mark
+    ],
+    ids=["utf-16-le", "utf-16-be", "nul", "binary-line-2", "utf-16-bom"],
+)
+def test_utf16_and_binary_files_are_refused_naming_file_and_line(tmp_path, content, message):
+    (tmp_path / "x.txt").write_bytes(content)
+    with pytest.raises(ValueError, match=message) as error:
+        TextCorpus(str(tmp_path / "x.txt"), holdout_fraction=0.0).check(required=("train",))
+    assert len(str(error.value).splitlines()) == 1 and "UTF-8" in str(error.value)
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\n"], ids=["cr", "crlf", "lf"])
+def test_cr_crlf_and_lf_all_end_lines(tmp_path, end):
+    (tmp_path / "a.txt").write_bytes(end.join(["one", "two", "", "", "three", "", "four", ""]).encode())
+    assert list(read_lines(str(tmp_path / "a.txt"))) == [(1, "one"), (2, "two"), (5, "three"), (7, "four")]
+    blank = TextCorpus(str(tmp_path / "a.txt"), documents="blank-line", holdout_fraction=0.0)
+    assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
+
+
+def test_json_lines_are_told_by_suffix_whatever_its_case(tmp_path):
+    records = "".join(json.dumps({"id": i, "body": f"record {i}"}) + "\n" for i in range(3))
+    for name in ("FILE.JSONL", "more.ndjson"):
+        (tmp_path / name).write_text(records)
+        assert data_kind(str(tmp_path / name)) == "jsonl"
+        corpus = TextCorpus(str(tmp_path / name), text_field="body", holdout_fraction=0.0)
+        assert list(corpus.lines("train")) == ["record 0", "record 1", "record 2"]
+    # Each file of a glob by its own suffix.
+    (tmp_path / "plain.txt").write_text('{"body": "not a record"}\n')
+    corpus = TextCorpus(str(tmp_path / "*"), text_field="body", holdout_fraction=0.0)
+    assert list(corpus.lines("train")) == ["record 0", "record 1", "record 2"] * 2 + ['{"body": "not a record"}']
+    with pytest.raises(ValueError, match=r"--text-field applies to JSON Lines and TFDS only.*text_field='body'"):
+        TextCorpus(str(tmp_path / "*.txt"), text_field="body")
+    with pytest.raises(ValueError, match=r"--text-field applies to JSON Lines and TFDS only"):
+        load_corpus(str(tmp_path / "*.txt"), text_field="body")
+
+
+@pytest.mark.parametrize(
+    "value, kind",
+    [("5", "number"), ("null", "null"), ('["a"]', "array"), ('{"a": "b"}', "object"), ("true", "boolean")],
+)
+def test_a_text_field_that_is_not_a_string_says_what_it_holds(tmp_path, value, kind):
+    (tmp_path / "x.jsonl").write_text('{"text": "fine"}\n{"text": ' + value + "}\n")
+    with pytest.raises(ValueError, match=rf"x.jsonl, line 2: the field 'text' holds an? {kind}, not a string"):
+        TextCorpus(str(tmp_path / "x.jsonl"), holdout_fraction=0.0).check(required=("train",))
+
+
+def test_a_file_name_with_glob_characters_is_that_file(tmp_path):
+    (tmp_path / "notes[1].txt").write_text("the bracketed one\n")
+    (tmp_path / "notes1.txt").write_text("the plain one\n")
+    assert expand(str(tmp_path / "notes[1].txt")) == [str(tmp_path / "notes[1].txt")]
+    corpus = TextCorpus(str(tmp_path / "notes[1].txt"), holdout_fraction=0.0)
+    assert list(corpus.lines("train")) == ["the bracketed one"]
+    assert expand(str(tmp_path / "notes[0-9].txt")) == [str(tmp_path / "notes1.txt")]  # no such file: a glob
+
+
+def test_a_sample_budget_that_holds_no_line_says_so():
+    lines = tf.data.Dataset.from_tensor_slices(["the first line", "a second"])
+    with pytest.raises(ValueError, match=r"holds no line of the corpus: its first line alone has 14 bytes.*tokenizer_sample_bytes"):
+        sample_text(lines, 1)
+    assert sample_text(lines.take(0), 1) == []  # a corpus that is truly empty: train_sentencepiece says so
+
+
+@pytest.mark.parametrize(
+    "count, fraction, want",
+    [(40, 0.05, (36, 2, 2)), (3, 0.05, (1, 1, 1)), (100, 0.1, (80, 10, 10)), (4, 0.0, (4, 0, 0))],
+)
+def test_held_out_documents_are_chosen_by_rank(tmp_path, count, fraction, want):
+    for i in range(count):
+        (tmp_path / f"{i:03d}.txt").write_text("\n".join(_document(i)) + "\n")
+    corpus = TextCorpus(str(tmp_path / "*.txt"), holdout_fraction=fraction, seed=5)
+    counts = corpus.check(required=("train",))["documents"]
+    assert (counts["train"], counts["validation"], counts["test"]) == want
+    codes = holdout_codes(count, 5, fraction)  # what the TFDS loader looks up
+    for code, split in enumerate(SPLITS):
+        held = [i for i in range(count) if split_of(i, 5, fraction, count) == split]
+        assert held == list(np.flatnonzero(codes == code))
+        assert list(corpus.split_documents(split)) == [_document(i) for i in held]
+    # The k smallest hashes go to test, the next k to validation: the test documents stay when the fraction grows.
+    if fraction:
+        larger = holdout_codes(count, 5, fraction + 0.1)
+        assert set(np.flatnonzero(codes == 2)) <= set(np.flatnonzero(larger == 2))
+
+
+def test_the_holdout_method_is_part_of_the_settings_and_of_the_fingerprint(tmp_path):
+    glob = write_documents(tmp_path / "texts", 8)
+    corpus = TextCorpus(glob, holdout_fraction=0.2)
+    assert corpus.settings()["holdout_method"] == HOLDOUT_METHOD
+    # A run's recorded settings read the corpus again (elita-evaluate).
+    splits, info = load_corpus(glob, **corpus.settings())
+    assert info["sha256"] == corpus.check()["sha256"] and info["corpus"] == corpus.settings()
+    with pytest.raises(ValueError, match=r"Received: holdout_method='threshold'"):
+        TextCorpus(glob, holdout_method="threshold")
+
+
+class RetoldText(tfds.core.GeneratorBasedBuilder):
+    """A TFDS text dataset the test prepares twice: the same name, version and count, other text."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    telling = 0
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(12):
+            yield i, {"text": " ".join(_document(1000 * self.telling + i, 1))}
+
+
+def test_a_regenerated_tfds_dataset_has_another_fingerprint(tmp_path, monkeypatch):
+    builder = RetoldText(data_dir=str(tmp_path))
+    builder.download_and_prepare()
+    first, info = load_corpus("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1)
+    first = _lines(first["train"])
+    assert load_corpus("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1)[1]["sha256"] == info["sha256"]
+    # Regenerated in place with other text: the same description, other prepared files.
+    shutil.rmtree(builder.data_dir)
+    monkeypatch.setattr(RetoldText, "telling", 1)
+    RetoldText(data_dir=str(tmp_path)).download_and_prepare()
+    again, regenerated = load_corpus("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1)
+    assert _lines(again["train"]) != first
+    assert regenerated["sha256"] != info["sha256"]
+    assert info["corpus"]["holdout_method"] == HOLDOUT_METHOD

@@ -13,7 +13,8 @@ from elita_tf.data import (
     token_windows,
     train_sentencepiece,
 )
-from tests.conftest import write_tiny_wikitext
+from elita_tf.data.tokenizer import MAX_SENTENCE_BYTES, cut_long_line
+from tests.conftest import WORDS, write_tiny_wikitext
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +110,34 @@ def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
         np.testing.assert_array_equal(np.concatenate([part[step] for part in shards]), batch)
     with pytest.raises(ValueError, match="batch_size=6, shard=0, num_shards=4"):
         lm_dataset(windows, 6, num_shards=4)
+
+
+def test_lines_longer_than_sentencepiece_reads_are_cut_for_its_sample_only():
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(WORDS + ["café"], 1000)) for _ in range(20)]  # ~6,000 bytes each, one a document
+    tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
+    assert tokenizer.detokenize(tokenizer.tokenize(lines[0])).numpy().decode() == lines[0]  # the text stays whole
+    assert min(len(line.encode()) for line in lines) > MAX_SENTENCE_BYTES
+    # Pieces end at whitespace where there is some, and never inside a UTF-8 character where there is none.
+    pieces = cut_long_line(lines[0])
+    assert " ".join(pieces) == lines[0] and all(len(p.encode()) <= MAX_SENTENCE_BYTES for p in pieces)
+    solid = "é" * 5000 + "x"
+    pieces = cut_long_line(solid)
+    assert "".join(pieces) == solid and all(0 < len(p.encode()) <= MAX_SENTENCE_BYTES for p in pieces)
+    assert cut_long_line("short") == ["short"]
+
+
+def test_the_wikitext_tfds_builder_reads_elita_wikitext_dir(tmp_path, monkeypatch):
+    from elita_tf.data import corpus, wikitext
+
+    def no_network(*args):
+        raise AssertionError("the builder downloaded WikiText although ELITA_WIKITEXT_DIR holds it")
+
+    local = write_tiny_wikitext(str(tmp_path / "local"), lines_per_split=(40, 10, 10))
+    monkeypatch.setenv("ELITA_WIKITEXT_DIR", local)
+    monkeypatch.setattr(wikitext, "fetch_wikitext", no_network)
+    splits, info = corpus.load_corpus("tfds:wikitext/wikitext-2-v1", tfds_dir=str(tmp_path / "tfds"))
+    with open(os.path.join(local, "wiki.valid.tokens"), encoding="utf-8") as f:
+        want = [line.strip() for line in f if line.strip()]
+    assert [line.decode() for line in splits["validation"].as_numpy_iterator()] == want
+    assert info["source"] == "tfds:wikitext/wikitext-2-v1/1.0.0"

@@ -79,3 +79,43 @@ def test_written_files_are_reused_and_checked_against_the_vocabulary(corpus, tmp
     ]  # nothing half-written is left
     with pytest.raises(ValueError, match="outside the file's"):
         TokenFile(directory).read(len(first) - 3, 5)
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda d: (d / "ids.bin").write_bytes(bytes((d / "ids.bin").stat().st_size)), "ids.bin fails its checksum"),
+        (lambda d: (d / "ids.bin").write_bytes((d / "ids.bin").read_bytes()[:-6]), "ids.bin holds"),
+        (lambda d: (d / "starts.bin").unlink(), "cannot be read"),
+        (lambda d: (d / "index.json").write_text("{"), "damaged index.json"),
+        (lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"tokens": ', '"tokens": 9')),
+         "holds"),  # fmt: skip
+    ],
+    ids=["zero-filled", "truncated", "missing", "index-not-json", "index-count"],
+)
+def test_a_damaged_cache_is_named_and_written_again(corpus, tmp_path, capsys, damage, reason):
+    splits, tokenizer = corpus
+    directory = tmp_path / fingerprint("text-sha", "tokenizer-sha", "train")
+    first = write_token_file(splits["train"], tokenizer, str(directory))
+    want = first.read(0, len(first))
+    damage(directory)
+    with pytest.raises(ValueError, match=f"The token cache {directory}.*{reason}"):
+        TokenFile(str(directory))
+    capsys.readouterr()
+    again = write_token_file(splits["train"], tokenizer, str(directory))
+    assert f"The token cache {directory}" in capsys.readouterr().err
+    for got, expected in zip(again.read(0, len(again)), want):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_files_stay_readable_when_the_cache_is_removed_during_a_run(corpus, tmp_path):
+    splits, tokenizer = corpus
+    directory = tmp_path / "train"
+    tokens = write_token_file(splits["train"], tokenizer, str(directory))  # a run opens its splits first
+    for path in directory.iterdir():
+        path.unlink()
+    directory.rmdir()
+    ids, starts = token_stream(splits["train"], tokenizer)
+    got_ids, got_starts = tokens.read(5, 9)  # the files were opened, and checked, before
+    np.testing.assert_array_equal(got_ids, ids[5:14])
+    np.testing.assert_array_equal(got_starts, starts[5:14])

@@ -104,6 +104,13 @@ def test_signatures_refuse_or_define_every_edge_case(exported):
         serve(token_ids=tf.constant([[1, 2, -2]], tf.int32))
 
 
+def test_generate_refuses_zero_prompts_by_their_count(exported):
+    path, _, _ = exported
+    generate = tf.saved_model.load(path).signatures["generate"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="generate needs at least one prompt. Received: 0 prompts"):
+        generate(prompts=tf.constant([], tf.string), max_new_tokens=tf.constant(3))
+
+
 def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
     path, _, _ = exported
     np.save(tmp_path / "ids.npy", np.array([[1, 2, 3]], np.int32))
@@ -190,3 +197,46 @@ def test_a_mixed_precision_model_exports_and_generates_the_keras_tokens(policy_n
         pair = logits[[got_row[mismatch[0]], want_row[mismatch[0]]]]
         assert abs(pair[0] - pair[1]) <= 4 * epsilon * max(1.0, *abs(pair)), (mismatch[0], pair)
     assert differing < len(PROMPTS), (got, want)
+
+
+def _refused(argv, capsys):
+    """`elita-export`'s one error line for `argv`, whose --run-dir does not exist."""
+    with pytest.raises(SystemExit) as stop:
+        export_main(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_export_cli_writes_only_over_its_own_exports(tmp_path, capsys):
+    run = str(tmp_path / "no-run")  # refused before the model loads: the run need not exist
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    preset = tmp_path / "preset"
+    preset.mkdir()
+    (preset / "config.json").write_text(json.dumps({"class_name": "ElitaBackbone", "config": {}}))
+    other_preset = tmp_path / "gemma"
+    other_preset.mkdir()
+    (other_preset / "config.json").write_text(json.dumps({"class_name": "GemmaBackbone", "config": {}}))
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "saved_model.pb").write_bytes(b"graph")
+    (tmp_path / "file").write_text("a file")
+    for output, format in [
+        (mine, "saved_model"),
+        (mine, "preset"),
+        (other_preset, "preset"),
+        (preset, "saved_model"),  # an export, of another format
+        (saved, "preset"),
+        (tmp_path / "file", "saved_model"),
+    ]:
+        err = _refused(["--run-dir", run, "--output", str(output), "--format", format], capsys)
+        assert err.count("\n") == 1 and f"Received: output={output}" in err and "not an elita-train run" not in err
+    assert (mine / "notes.txt").read_text() == "keep me" and (tmp_path / "file").read_text() == "a file"
+    # An earlier export of the same format, an empty directory or a new path: on to loading the run.
+    (tmp_path / "empty").mkdir()
+    for output, format in [(saved, "saved_model"), (preset, "preset"), (tmp_path / "empty", "saved_model")]:
+        err = _refused(["--run-dir", run, "--output", str(output), "--format", format], capsys)
+        assert "is not an elita-train run directory" in err, err
+    err = _refused(["--run-dir", run, "--output", str(tmp_path / "new")], capsys)
+    assert "is not an elita-train run directory" in err, err

@@ -1,12 +1,14 @@
 """LiteRT export: prefill/decode signatures, built-in ops only, run by the `ai_edge_litert` interpreter."""
 
 import os
+import shutil
 import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
+import sentencepiece
 
 from elita_tf.cli.export import main as export_main
 from elita_tf.cli.train import parse_args
@@ -89,6 +91,15 @@ def test_float_file_decodes_the_keras_greedy_tokens_and_its_loss(trained, tiny_w
     scored = evaluate(str(run), litert=files[None], **data)
     assert scored["loss"] == pytest.approx(results["test_loss"], abs=1e-4)
     assert scored["windows"] == 2 * 16
+    # Other text is scored whole through the file too: the same tokens as the Keras model, the same loss.
+    text = os.path.join(tiny_wikitext, "wiki.valid.tokens")
+    keras_whole = evaluate(str(run), data=text)
+    litert_whole = evaluate(str(run), data=text, litert=files[None])
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(run / "sentencepiece.model"))
+    lines = [line.strip() for line in open(text, encoding="utf-8") if line.strip()]
+    assert litert_whole["tokens"] == sum(len(pieces.encode(line)) + 1 for line in lines) - 1  # every token but one
+    assert litert_whole["tokens"] == keras_whole["tokens"] and litert_whole["windows"] == keras_whole["windows"]
+    assert litert_whole["loss"] == pytest.approx(keras_whole["loss"], abs=1e-4)
 
 
 def test_int8_file_is_under_half_the_size_and_agrees_with_keras(trained, tiny_wikitext):
@@ -188,3 +199,63 @@ def test_elita_export_in_a_fresh_process_loads_the_run_s_checkpoint(trained, tmp
     done = subprocess.run([*command, "--output", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert ElitaCausalLM.from_preset(str(out)).backbone.num_layers == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    """A one-layer ELiTA of a 50-token vocabulary as a LiteRT file: the runner's checks need no trained model."""
+    keras.utils.set_random_seed(0)
+    size = {"hidden_dim": 16, "num_layers": 1, "num_heads": 2, "head_dim": 8, "max_sequence_length": 16}
+    backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=50, **size)
+    return export_litert(ElitaCausalLM(backbone), str(tmp_path_factory.mktemp("tiny") / "tiny.tflite"))
+
+
+def test_generate_refuses_a_negative_or_fractional_count(tiny_file):
+    model = LiteRTModel(tiny_file)
+    assert model.generate([1, 2], 0) == [] and len(model.generate([1, 2], np.int64(2))) == 2
+    for count in [-1, 2.5, True, "3"]:
+        with pytest.raises(ValueError, match=f"Received: max_new_tokens={count!r}"):
+            model.generate([1, 2], count)
+
+
+def test_ids_outside_the_vocabulary_are_named_before_the_interpreter_runs(tiny_file):
+    model = LiteRTModel(tiny_file)
+    assert model.vocabulary_size == 50
+    with pytest.raises(ValueError, match=r"vocabulary_size=50\)\. Received: prompt\[1\]=50$"):
+        model.generate([1, 50, 2], 3)
+    with pytest.raises(ValueError, match=r"Received: prompt\[0\]=-1$"):
+        model.generate([-1, 2], 3)
+    with pytest.raises(ValueError, match=r"Received: windows\[1, 2\]=70$"):
+        model.loss([[1, 2, 3], [4, 5, 70]])
+    assert np.isfinite(model.loss([[1, 2, 3], [4, 5, 49]])[0])
+
+
+def test_a_missing_or_damaged_file_is_named(tiny_file, tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "none.tflite")):
+        LiteRTModel(str(tmp_path / "none.tflite"))
+    content = open(tiny_file, "rb").read()
+    for name, cut in [("half", len(content) // 2), ("empty", 0)]:
+        path = tmp_path / f"{name}.tflite"
+        path.write_bytes(content[:cut])
+        with pytest.raises(ValueError, match="is not a complete LiteRT file \\(truncated or damaged\\?\\): ") as error:
+            LiteRTModel(str(path))
+        assert str(error.value).startswith(str(path)) and "\n" not in str(error.value)
+
+
+def test_elita_export_writes_only_over_its_own_litert_files(tiny_file, tmp_path, capsys):
+    run = str(tmp_path / "no-run")  # refused before the model loads: the run need not exist
+    notes = tmp_path / "notes.tflite"
+    notes.write_text("not a model")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "a.txt").write_text("keep me")
+    for output in [notes, folder]:
+        with pytest.raises(SystemExit):
+            export_main(["--run-dir", run, "--format", "litert", "--output", str(output)])
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"Received: output={output}" in err, err
+    assert notes.read_text() == "not a model" and (folder / "a.txt").read_text() == "keep me"
+    earlier = shutil.copy(tiny_file, tmp_path / "earlier.tflite")  # an earlier export: on to loading the run
+    with pytest.raises(SystemExit):
+        export_main(["--run-dir", run, "--format", "litert", "--output", str(earlier)])
+    assert "is not an elita-train run directory" in capsys.readouterr().err

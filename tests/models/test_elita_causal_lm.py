@@ -229,6 +229,55 @@ def test_generate_refuses_what_it_cannot_do_by_name(proto):
         causal_lm.compile(sampler="nonexistent")
 
 
+def test_a_prompt_is_never_cut(proto):
+    # Trained at T = 24 (the preprocessor's length): a prompt of many more tokens, with max_length left out.
+    preprocessor = ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=24)
+    prompt = " ".join(LINES[:6])
+    length = len(np.asarray(preprocessor.tokenizer(prompt))) + 1  # with the start token
+    assert length > 2 * 24
+    elita = ElitaCausalLM(_backbone("elita"), preprocessor)
+    elita.compile(sampler="greedy")
+    text = elita.generate(prompt)
+    assert text.startswith(prompt) and len(text) > len(prompt)  # the whole prompt, continued
+    token_ids = elita.generate(prompt, strip_prompt=True)
+    assert len(np.asarray(preprocessor.tokenizer(token_ids))) > 0
+    # A model with a finite buffer (32 positions) refuses it, naming both lengths.
+    transformer = ElitaCausalLM(_backbone("transformer"), preprocessor)
+    transformer.compile(sampler="greedy")
+    with pytest.raises(ValueError, match=rf"prompt holds {length} tokens.*reads at most 32 positions"):
+        transformer.generate(prompt)
+    # Past the buffer, refused before tracing: no "in user code" in the message.
+    with pytest.raises(ValueError, match=r"^`max_length` 40 exceeds the 32 positions") as error:
+        transformer.generate("the cat", max_length=40)
+    assert "in user code" not in str(error.value)
+
+
+def test_nothing_to_score_is_one_line():
+    with pytest.raises(ValueError, match=r"There is nothing to score.*Received: token_ids=\[\]"):
+        ElitaCausalLM(_backbone("elita")).score([])
+
+
+def test_an_int8_preset_loads_through_keras_hub_s_generic_entry_points(proto, tmp_path):
+    backbone = _backbone("elita")
+    backbone.quantize("int8")
+    x = _prompts([8], 8)
+    want = backbone(x)
+    backbone.save_to_preset(str(tmp_path / "backbone"))
+    ElitaCausalLM(backbone, ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24)).save_to_preset(
+        str(tmp_path / "task")
+    )
+    loads = [
+        keras_hub.models.Backbone.from_preset(str(tmp_path / "backbone")),
+        keras_hub.models.Backbone.from_preset(str(tmp_path / "task")),
+        keras_hub.models.CausalLM.from_preset(str(tmp_path / "backbone"), preprocessor=None).backbone,
+        keras_hub.models.CausalLM.from_preset(str(tmp_path / "task")).backbone,
+        ElitaBackbone.from_preset(str(tmp_path / "backbone")),
+    ]
+    for loaded in loads:
+        assert loaded.token_embedding.quantization_mode == "int8"
+        np.testing.assert_array_equal(loaded(x), want)
+
+
 def test_stop_tokens_end_each_row():
     causal_lm = ElitaCausalLM(_backbone("linear"))
     causal_lm.compile(sampler="greedy")

@@ -236,3 +236,12 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
         assert r["software"]["tensorflow"] and r["software"]["keras"] and r["software"]["elita_tf"]
         assert r["config"]["model"]["vocabulary_size"] == 60 and r["config"]["settings"]["seed"] == r["seed"]
         assert r["load_average"]["cpus"] >= 1 and r["load_average"]["max"] >= 0
+
+
+def test_compare_never_writes_over_a_table_it_did_not_write(tmp_path):
+    from elita_tf.training.compare import compare
+
+    (tmp_path / "results.json").write_text('{"mine": [1, 2]}')
+    with pytest.raises(ValueError, match=r"results.json, which elita-compare did not write"):
+        compare(str(tmp_path), ["elita"], [0], max_steps=1)
+    assert (tmp_path / "results.json").read_text() == '{"mine": [1, 2]}' and not (tmp_path / "elita").exists()

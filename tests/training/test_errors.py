@@ -1,9 +1,11 @@
 """Every command ends an error on one line (`elita-<cmd>: error: ...`, exit status 2), a traceback only with --debug."""
 
 import errno
+import importlib
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -59,3 +61,86 @@ def test_a_command_s_error_reaches_the_shell_as_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("elita-export: error: ") and "Traceback" not in done.stderr, (
         done.stderr
     )
+
+
+@pytest.mark.parametrize(
+    "command, argv",
+    [
+        ("train", ["--output-dir", "run", "--no-such-flag"]),
+        ("train", []),  # --output-dir is required
+        ("train", ["--output-dir", "run", "--strategy", "tpu"]),
+        ("train", ["--output-dir", "run", "--epochs", "two"]),
+        ("train", ["--output-dir", "run", "--batch-size", "0"]),
+        ("compare", ["--output-dir", "runs", "--no-such-flag"]),
+        ("compare", ["--seeds", "0"]),
+        ("compare", ["--output-dir", "runs", "--optimizer", "sgd"]),
+        ("compare", ["--output-dir", "runs", "--seeds", "a"]),
+        ("compare", ["--output-dir", "runs", "--batch-size", "0"]),
+        ("evaluate", ["--run-dir", "run", "--no-such-flag"]),
+        ("evaluate", ["--split", "test"]),
+        ("evaluate", ["--run-dir", "run", "--split", "dev"]),
+        ("evaluate", ["--run-dir", "run", "--batch-size", "many"]),
+        ("evaluate", ["--run-dir", "run", "--batch-size", "0"]),
+        ("export", ["--run-dir", "run", "--output", "out", "--no-such-flag"]),
+        ("export", ["--run-dir", "run"]),
+        ("export", ["--run-dir", "run", "--output", "out", "--format", "onnx"]),
+        ("export", ["--run-dir", "run", "--output", "out", "--max-new-tokens", "ten"]),
+        ("export", ["--run-dir", "run", "--output", "out", "--max-new-tokens", "0"]),
+    ],
+)
+def test_a_flag_error_is_one_line_without_the_usage(command, argv, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(f"elita_tf.cli.{command}").main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"elita-{command}: error: ") and "usage:" not in err, err
+    assert os.listdir(tmp_path) == []  # refused before anything is written
+
+
+@pytest.mark.parametrize("command", ["train", "compare", "evaluate", "export"])
+def test_help_still_prints_the_whole_usage(command, capsys):
+    with pytest.raises(SystemExit) as stop:
+        importlib.import_module(f"elita_tf.cli.{command}").main(["--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: elita-{command}") and "--debug" in out and out.count("\n") > 10
+
+
+def test_a_callable_hint_is_read_at_the_interrupt(capsys):
+    hints = iter(["first", "second"])
+    assert run_command("elita-x", _raise(KeyboardInterrupt()), resume_hint=lambda: next(hints)) == 130
+    assert capsys.readouterr().err == "elita-x: interrupted. first\n"
+
+
+def test_ctrl_c_says_resume_only_once_a_checkpoint_exists(tmp_path, monkeypatch, capsys):
+    from elita_tf.cli import train as train_cli
+    from elita_tf.data.sources import DATA_DIR_ENV
+
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)  # no WikiText files to check before the run
+    # The loop stands in without TensorFlow: Ctrl-C while tokenizing, before any checkpoint.
+    loop = types.ModuleType("elita_tf.training.loop")
+    monkeypatch.setitem(sys.modules, "elita_tf.training.loop", loop)
+    run = tmp_path / "run"
+
+    def interrupted(settings):
+        raise KeyboardInterrupt
+
+    loop.train = interrupted
+    assert train_cli.main(["--output-dir", str(run)]) == 130
+    err = capsys.readouterr().err
+    assert err == "elita-train: interrupted. Nothing was saved yet: run the same command to start again.\n"
+    # A half-written checkpoint is no checkpoint either.
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000005.keras.tmp.keras").write_bytes(b"")
+    assert train_cli.main(["--output-dir", str(run)]) == 130
+    assert "Nothing was saved yet" in capsys.readouterr().err
+
+    def after_a_checkpoint(settings):
+        (run / "checkpoints" / "step-00000005.keras").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    loop.train = after_a_checkpoint
+    assert train_cli.main(["--output-dir", str(run)]) == 130
+    err = capsys.readouterr().err
+    assert err == f"elita-train: interrupted. The run's last checkpoint is in {run}: run the same command to resume.\n"

@@ -1,11 +1,13 @@
 """A user's own text through the command lines: train, evaluate, generate; and bad input refused before any write."""
 
+import glob
 import json
 import os
 import re
 
 import numpy as np
 import pytest
+import sentencepiece
 
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import main as train_main
@@ -35,10 +37,20 @@ def test_text_files_train_evaluate_and_generate_through_the_commands(tmp_path, c
     assert evaluate_main(["--run-dir", str(run), "--split", "validation"]) == 0
     own = json.loads(capsys.readouterr().out)
     assert own["loss"] == pytest.approx(results["validation_loss"], rel=1e-5)
-    # Other text is scored whole.
+    # Other text is scored whole: every token after the first, once, whatever its line endings.
     assert evaluate_main(["--run-dir", str(run), "--data", other_glob]) == 0
     other = json.loads(capsys.readouterr().out)
     assert other["split"] == "all" and other["data"]["documents"]["train"] == 6 and np.isfinite(other["loss"])
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(run / "sentencepiece.model"))
+    lines = [line.strip() for path in sorted(glob.glob(other_glob)) for line in open(path) if line.strip()]
+    assert other["tokens"] == sum(len(pieces.encode(line)) + 1 for line in lines) - 1  # each line ends with </s>
+    crlf = tmp_path / "crlf"
+    crlf.mkdir()
+    for path in sorted(glob.glob(other_glob)):
+        (crlf / os.path.basename(path)).write_bytes(open(path, "rb").read().replace(b"\n", b"\r\n"))
+    assert evaluate_main(["--run-dir", str(run), "--data", str(crlf / "*.txt")]) == 0
+    windows_crlf = json.loads(capsys.readouterr().out)
+    assert windows_crlf["tokens"] == other["tokens"] and windows_crlf["loss"] == pytest.approx(other["loss"], rel=1e-6)
     causal_lm = ElitaCausalLM.from_preset(str(run))
     assert isinstance(causal_lm.generate("the cat", max_length=12), str)
 
@@ -102,7 +114,7 @@ def test_json_lines_and_a_tfds_dataset_train(tmp_path, capsys):
     # elita-evaluate scores a packed run as it trained, and plain windows on request: another figure.
     assert evaluate_main(["--run-dir", str(tmp_path / "jsonl"), "--split", "validation"]) == 0
     packed = json.loads(capsys.readouterr().out)
-    assert packed["pack_documents"] and packed["loss"] == pytest.approx(results["validation_loss"], rel=1e-5)
+    assert packed["pack_documents"] and packed["loss"] == pytest.approx(results["validation_loss"], rel=1e-6)
     assert evaluate_main(["--run-dir", str(tmp_path / "jsonl"), "--split", "validation", "--no-pack-documents"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert not plain["pack_documents"] and plain["loss"] != pytest.approx(packed["loss"], rel=1e-4)

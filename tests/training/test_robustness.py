@@ -93,13 +93,35 @@ def test_a_directory_holding_another_run_is_refused_untouched(tiny_wikitext, tmp
     assert json.loads((out / "run.json").read_text())["architecture"] == "transformer"
 
 
-def test_files_of_a_run_without_a_manifest_are_not_reused(tiny_wikitext, tmp_path):
+def test_files_elita_train_did_not_write_are_never_removed(tiny_wikitext, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "sentencepiece.model").write_bytes(b"left by a failed run")
-    with pytest.raises(RunDirectoryError, match=r"holds sentencepiece.model but no run.json.*--force-new"):
-        _run(tiny_wikitext, out)
-    assert (out / "sentencepiece.model").read_bytes() == b"left by a failed run"
+    (out / "sentencepiece.model").write_bytes(b"someone else's")
+    (out / "results.json").write_text('{"mine": 1}')
+    for force_new in ([], ["--force-new"]):
+        with pytest.raises(RunDirectoryError, match=r"holds results.json, sentencepiece.model but no run.json.*never"):
+            _run(tiny_wikitext, out, *force_new)
+        assert (out / "sentencepiece.model").read_bytes() == b"someone else's"
+        assert (out / "results.json").read_text() == '{"mine": 1}'
+
+
+def test_a_split_too_small_for_a_batch_stops_before_any_write_and_its_advice_works(tiny_wikitext, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"The validation split .* make no full batch of 640: lower --batch-size"):
+        _run(tiny_wikitext, out, "--batch-size", "640")
+    assert not out.exists() or not (out / "run.json").exists()
+    assert _run(tiny_wikitext, out, "--max-steps", "1")["steps"] == 1
+
+
+def test_a_run_that_saved_no_checkpoint_starts_again_with_other_arguments(tiny_wikitext, tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _run(tiny_wikitext, out, "--checkpoint-every", "50", callbacks=[Interrupt(2)])
+    assert (out / "run.json").exists() and not list_checkpoints(out)
+    capsys.readouterr()
+    results = _run(tiny_wikitext, out, "--architecture", "linear", "--max-steps", "2")
+    assert "saved no checkpoint: starting it again" in capsys.readouterr().out
+    assert results["architecture"] == "linear" and json.loads((out / "run.json").read_text())["architecture"] == "linear"
 
 
 def test_results_record_the_data_hash(tiny_wikitext, tmp_path):
