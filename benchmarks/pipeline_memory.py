@@ -1,6 +1,6 @@
 """The data pipeline's memory and speed as the corpus grows, beside elita-train's step.
 
-    python benchmarks/pipeline_memory.py --sizes-mb 20 2048 --out benchmarks/cpu/pipeline_memory.json
+    python benchmarks/pipeline_memory.py --sizes-mb 20 2048 --out benchmarks/results/MACHINE-DATE/pipeline_memory.json
 
 For each size it writes a synthetic corpus of plain-text files (documents of random words, Zipf-distributed), then,
 in a process of its own so that the peak memory is its own, runs the path `elita-train` runs:

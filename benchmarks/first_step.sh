@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The first training step (tracing, XLA's compilation and one step) of the 25M size at T = 2048, B = 1, XLA,
-# on the CPU, for two checkouts one process at a time (the GPU run's 60-90 s first steps and its stalled
-# Transformer, reproduced without a GPU):
+# on the CPU, for each checkout given, one process at a time (a GPU's first-step cost, measured without a GPU).
+# It prints each checkout's table; keep it under benchmarks/results/, for instance:
 #
-#   bash benchmarks/cpu/first_step.sh BEFORE_CHECKOUT AFTER_CHECKOUT
+#   bash benchmarks/first_step.sh BEFORE_CHECKOUT AFTER_CHECKOUT > benchmarks/results/MACHINE-DATE/first_step.txt
 set -euo pipefail
 for checkout in "$@"; do
   checkout="$(cd "$checkout" && pwd)"
