@@ -2,8 +2,8 @@
 
 `layers.py` runs each subject in a process of its own, and on a shared 2-core machine a process's
 speed moves by up to 30%: more than most changes to the kernel. Here one process times, round after
-round: this checkout's kernel, the other checkout's (its `elita_tf/ops/causal_mean.py` loaded as a
-module of its own, run against this checkout's `elita_tf.ops.utils`), and one elementwise pass over
+round: this checkout's kernel, the other checkout's (its `elita_tf/ops/causal_softmax_mean.py` loaded as a
+module of its own, run against this checkout's `elita_tf.ops.utils` modules), and one elementwise pass over
 the same values (`v * 2`, the memory-bound floor of the issue's goal). Each round takes the fastest
 of `--repeats` calls of each, in an order reversed every round; the table gives the median and the
 fastest round. The ratios (to the elementwise pass, and to this checkout's kernel) are taken within
@@ -50,7 +50,7 @@ def main():
     if min(args.shape) < 1:
         parser.error(f"--shape needs four positive sizes. Received: {args.shape}")
     if args.other and not os.path.isfile(kernel_file(args.other)):
-        parser.error(f"--other: no elita_tf/ops/causal_mean.py under {args.other!r}")
+        parser.error(f"--other: no elita_tf/ops/causal_softmax_mean.py under {args.other!r}")
 
     import tensorflow as tf
 

@@ -74,7 +74,7 @@ def choice_form(request, monkeypatch):
     """Both ways `branch_or_select` makes a data-dependent choice: a CPU without XLA branches, while XLA and
     GPUs compute the general form alone. Here the second is taken on the CPU, eagerly."""
     if request.param == "select":
-        from elita_tf.ops import utils
+        from elita_tf.ops.utils import xla
 
-        monkeypatch.setattr(utils, "_in_xla_or_on_gpu", lambda: True)
+        monkeypatch.setattr(xla, "_in_xla_or_on_gpu", lambda: True)
     return request.param

@@ -26,8 +26,8 @@ import os
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from elita_tf.data.sources import SPLIT_FILES as SPLITS
 from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, VARIANTS, fetch_wikitext, split_files
+from elita_tf.data.sources import SPLIT_FILES as SPLITS
 from elita_tf.data.text_files import read_lines
 
 

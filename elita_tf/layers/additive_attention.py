@@ -3,16 +3,16 @@ import math
 import keras
 import tensorflow as tf
 
+from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.layers.mixer import CausalMixer
-from elita_tf.ops.causal_mean import (
-    DEFAULT_CHUNK_SIZE,
+from elita_tf.ops.causal_softmax_mean import (
+    SOFTMAX_MEAN_CHUNK_SIZE,
     causal_softmax_mean,
     causal_softmax_mean_step,
-    empty_state,
+    empty_softmax_mean_state,
 )
-from elita_tf.ops.utils import accumulator_dtype
+from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -41,7 +41,7 @@ class AdditiveAttention(CausalMixer):
         row 2: x x x .  x x x . .
         row 3: x x x x  . x x x .
 
-    The means are computed by the stable kernel of `elita_tf.ops.causal_mean`
+    The means are computed by the stable kernel of `elita_tf.ops.causal_softmax_mean`
     (no `cumsum` differences, no overflow for any logit), in O(T) time for
     every window. `w_q` and `w_k` start at zero, so at initialisation every
     pooling is a causal (windowed) arithmetic mean.
@@ -99,7 +99,7 @@ class AdditiveAttention(CausalMixer):
         window=None,
         dropout=0.0,
         layer_norm_epsilon=1e-5,
-        chunk_size=DEFAULT_CHUNK_SIZE,
+        chunk_size=SOFTMAX_MEAN_CHUNK_SIZE,
         kernel_initializer=None,
         **kwargs,
     ):
@@ -229,8 +229,8 @@ class AdditiveAttention(CausalMixer):
             )
         dtype = accumulator_dtype(dtype or self.compute_dtype)
         head_dim = self.query_pooling.shape[0] // self.num_heads
-        query_state = empty_state(batch_size, self.num_heads, head_dim, self.window, dtype)
-        key_state = empty_state(batch_size, self.num_heads, head_dim, self.window, dtype)
+        query_state = empty_softmax_mean_state(batch_size, self.num_heads, head_dim, self.window, dtype)
+        key_state = empty_softmax_mean_state(batch_size, self.num_heads, head_dim, self.window, dtype)
         return (*query_state, *key_state)
 
     def get_config(self):

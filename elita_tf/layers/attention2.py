@@ -1,22 +1,19 @@
 import keras
 import tensorflow as tf
 
+from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.layers.mixer import CausalMixer
-from elita_tf.ops.causal_mean import (
-    DEFAULT_CHUNK_SIZE,
+from elita_tf.ops.causal_softmax_mean import (
+    SOFTMAX_MEAN_CHUNK_SIZE,
     causal_softmax_mean,
     causal_softmax_mean_step,
-    empty_state,
+    empty_softmax_mean_state,
 )
 from elita_tf.ops.gated_projection import gate_and_mix, gated_output_projection
-from elita_tf.ops.utils import (
-    accumulator_dtype,
-    document_positions,
-    position_after,
-    real_extent,
-)
+from elita_tf.ops.utils.documents import document_positions, position_after
+from elita_tf.ops.utils.dtypes import accumulator_dtype
+from elita_tf.ops.utils.positions import real_extent
 
 POSITION_MODES = ("fixed", "clamped", "length")
 
@@ -107,7 +104,7 @@ class Attention2(CausalMixer):
         position_mode="fixed",
         time_scale=1.0,
         logit_clip=None,
-        chunk_size=DEFAULT_CHUNK_SIZE,
+        chunk_size=SOFTMAX_MEAN_CHUNK_SIZE,
         logit_initializer="random_uniform",
         position_initializer="random_uniform",
         kernel_initializer="glorot_uniform",
@@ -288,7 +285,7 @@ class Attention2(CausalMixer):
             float64 layer) and the index of the next position.
         """
         dtype = accumulator_dtype(dtype or self.compute_dtype)
-        log_z, mean = empty_state(batch_size, self.num_heads, self.head_dim, dtype=dtype)
+        log_z, mean = empty_softmax_mean_state(batch_size, self.num_heads, self.head_dim, dtype=dtype)
         return log_z, mean, tf.zeros([batch_size], tf.int32)
 
     def get_config(self):

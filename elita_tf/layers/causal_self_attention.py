@@ -1,8 +1,8 @@
 import keras
 import tensorflow as tf
 
+from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
-from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.softmax_attention import (
     causal_visibility,
     empty_kv_cache,

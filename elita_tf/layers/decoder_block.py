@@ -1,10 +1,10 @@
 import keras
-from keras.src.backend.common import global_state
 
+from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_choice, check_sequence_call
-from elita_tf.layers.mixer import CausalMixer
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
+from elita_tf.private_apis import global_state
 
 RESIDUALS = ("pre_norm", "parallel", "sequential")
 NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", "rms_norm_outer_epsilon", None)

@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.ops.utils import pairwise_product, pairwise_projection
+from elita_tf.ops.pairwise_projection import pairwise_product, pairwise_projection
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

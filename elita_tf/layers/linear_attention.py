@@ -1,11 +1,11 @@
 import keras
 import tensorflow as tf
 
+from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.linear_attention import (
-    DEFAULT_CHUNK_SIZE,
+    LINEAR_ATTENTION_CHUNK_SIZE,
     causal_linear_attention,
     causal_linear_attention_step,
     empty_linear_state,
@@ -69,7 +69,7 @@ class LinearAttention(CausalMixer):
         head_dim,
         feature_map="elu+1",
         epsilon=1e-6,
-        chunk_size=DEFAULT_CHUNK_SIZE,
+        chunk_size=LINEAR_ATTENTION_CHUNK_SIZE,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,

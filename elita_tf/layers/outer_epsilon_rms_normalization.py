@@ -2,7 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import input_width
-from elita_tf.ops.utils import accumulator_dtype
+from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

@@ -3,7 +3,7 @@ import tensorflow as tf
 
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.ops.utils import document_positions
+from elita_tf.ops.utils.documents import document_positions
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

@@ -26,7 +26,6 @@ import keras
 import keras_hub
 import sentencepiece
 import tensorflow as tf
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from elita_tf.layers import (
     AdditiveAttention,
@@ -42,11 +41,13 @@ from elita_tf.layers import (
     WideFeedForward,
 )
 from elita_tf.layers.checks import check_integer_ids
-from elita_tf.layers.trilinear import alibi_v1
+from elita_tf.layers.tri_linear_attention import alibi_v1
 from elita_tf.models import lora
 from elita_tf.models.architectures import architecture, check_architecture, decode_limit
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
-from elita_tf.ops.utils import document_positions, position_after, real_extent
+from elita_tf.ops.utils.documents import document_positions, position_after
+from elita_tf.ops.utils.positions import real_extent
+from elita_tf.private_apis import in_symbolic_scope
 
 
 def _additive_window(config, index):

@@ -4,11 +4,11 @@ import keras
 import keras_hub
 import tensorflow as tf
 from keras import ops
-from keras.src.backend.common.symbolic_scope import in_symbolic_scope
 
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models.elita_backbone import ElitaBackbone, resolve_preset
 from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
+from elita_tf.private_apis import in_symbolic_scope
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

@@ -29,7 +29,7 @@ Forms (every tensor `[B, H, T, ...]`; fold 3Lin's single head as `H = 1`):
   plain masked attention, O(T^2): bilinear logits `q_t·k_j` have no O(T)
   form.
 - `banded_attention_step`: one decoding step from the state.
-- `banded_attention_reference`: the naive O(T^2) definition, for tests.
+- `elita_tf.ops.reference.banded_attention_reference`: the naive O(T^2) definition, for tests.
 
 State (functional, fixed shape): `(keys [B, H, S, Dk], values [B, H, S, Dv],
 valid [B, S] bool, index [B] int32)`. With a window, `S = window`: slot 0 holds
@@ -43,17 +43,11 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.ops.utils import (
-    NEG_INF,
-    accumulator_dtype,
-    document_positions,
-    pad_axis,
-    real_extent,
-    window_after,
-    write_positions,
-)
+from elita_tf.ops.utils.documents import document_positions
+from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
+from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after, write_positions
 
-DEFAULT_CHUNK_SIZE = 32
+BANDED_CHUNK_SIZE = 32
 
 
 def _check_window(window):
@@ -243,7 +237,7 @@ def banded_attention(
     mask=None,
     initial_state=None,
     resets=None,
-    chunk_size=DEFAULT_CHUNK_SIZE,
+    chunk_size=BANDED_CHUNK_SIZE,
 ):
     """Causal banded attention without the diagonal, plus start and null slots, parallel over time.
 
@@ -459,38 +453,3 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
         index + 1,
     )
     return out[:, :, 0], new_state
-
-
-def banded_attention_reference(
-    queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None, resets=None
-):
-    """`out [B, H, T, Dv]` of `banded_attention` by its definition, for tests only.
-
-    Builds the `[T, 1 + T]` logits of every row (the null slot first) and
-    takes a softmax over them, in the dtype it is given (tests use float64).
-    With `resets`, row `i` sees only its document, whose first position is its start.
-    """
-    length = tf.shape(queries)[2]
-    dtype = queries.dtype
-    if scale is None:
-        scale = 1.0 / math.sqrt(queries.shape[-1])
-    i = tf.range(length)[None, :, None]
-    j = tf.range(length)[None, None, :]
-    if resets is None:
-        start, same = tf.zeros_like(i), tf.ones([1, 1, 1], tf.bool)
-    else:
-        document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
-        same = tf.equal(document[:, :, None], document[:, None, :])
-        start = tf.reduce_min(tf.where(same, j, length), axis=-1, keepdims=True)  # [B, T, 1]
-    span = (j < i) & same
-    if window is not None:
-        span &= (j > i - window) | (j == start)
-    span = span[:, None]
-    if mask is not None:
-        span &= tf.cast(mask, tf.bool)[:, None, None, :]
-    distance = tf.cast(tf.maximum(i - j, 1), dtype)
-    logits = scale * tf.einsum("bhiq,bhjq->bhij", queries, keys) - slope * distance + hyper / distance
-    logits = tf.where(span, logits, dtype.min)
-    null = tf.zeros_like(logits[..., :1])
-    weights = tf.nn.softmax(tf.concat([null, logits], axis=-1), axis=-1)[..., 1:]
-    return tf.einsum("bhij,bhjd->bhid", weights, values)

@@ -37,9 +37,10 @@ input dtype.
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.ops.utils import accumulator_dtype, branch_or_select
+from elita_tf.ops.utils.dtypes import accumulator_dtype
+from elita_tf.ops.utils.xla import branch_or_select
 
-DEFAULT_CROSS_ENTROPY_CHUNK = 512
+CROSS_ENTROPY_CHUNK_SIZE = 512
 
 
 def _token_loss(logits, probs, labels):
@@ -174,7 +175,7 @@ def chunked_cross_entropy(
     labels,
     bias=None,
     scale=1.0,
-    chunk_size=DEFAULT_CROSS_ENTROPY_CHUNK,
+    chunk_size=CROSS_ENTROPY_CHUNK_SIZE,
     sample_weight=None,
     reduction="none",
     parallel_iterations=1,

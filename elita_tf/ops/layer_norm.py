@@ -21,7 +21,7 @@ the gradient has once it is cast to bfloat16.
 
 import tensorflow as tf
 
-from elita_tf.ops.utils import accumulator_dtype
+from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 
 def unscaled_layer_norm(x, epsilon=1e-3):

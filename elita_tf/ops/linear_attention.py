@@ -22,9 +22,10 @@ All sums are float32 (float64 stays float64) whatever the input dtype:
 
 import tensorflow as tf
 
-from elita_tf.ops.utils import accumulator_dtype, gated_scan, segment_ids
+from elita_tf.ops.utils.documents import gated_scan, segment_ids
+from elita_tf.ops.utils.dtypes import accumulator_dtype
 
-DEFAULT_CHUNK_SIZE = 64
+LINEAR_ATTENTION_CHUNK_SIZE = 64
 
 
 def empty_linear_state(batch_size, num_heads, key_dim, value_dim, dtype=tf.float32):
@@ -52,7 +53,7 @@ def causal_linear_attention(
     mask=None,
     initial_state=None,
     epsilon=1e-6,
-    chunk_size=DEFAULT_CHUNK_SIZE,
+    chunk_size=LINEAR_ATTENTION_CHUNK_SIZE,
     resets=None,
 ):
     """Causal linear attention over feature-mapped queries and keys, parallel over time.

@@ -6,6 +6,8 @@ They are slow and obviously right; the fast forms are checked against them,
 outputs and gradients.
 """
 
+import math
+
 import tensorflow as tf
 
 
@@ -70,3 +72,38 @@ def cross_entropy_reference(hidden, kernel, labels, bias=None, scale=1.0):
     logits = tf.matmul(hidden, kernel) * scale if bias is None else (tf.matmul(hidden, kernel) + bias) * scale
     label_logit = tf.gather(logits, labels, axis=-1, batch_dims=labels.shape.rank)
     return tf.reduce_logsumexp(logits, axis=-1) - label_logit
+
+
+def banded_attention_reference(
+    queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None, resets=None
+):
+    """`out [B, H, T, Dv]` of `banded_attention` by its definition, for tests only.
+
+    Builds the `[T, 1 + T]` logits of every row (the null slot first) and
+    takes a softmax over them, in the dtype it is given (tests use float64).
+    With `resets`, row `i` sees only its document, whose first position is its start.
+    """
+    length = tf.shape(queries)[2]
+    dtype = queries.dtype
+    if scale is None:
+        scale = 1.0 / math.sqrt(queries.shape[-1])
+    i = tf.range(length)[None, :, None]
+    j = tf.range(length)[None, None, :]
+    if resets is None:
+        start, same = tf.zeros_like(i), tf.ones([1, 1, 1], tf.bool)
+    else:
+        document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+        same = tf.equal(document[:, :, None], document[:, None, :])
+        start = tf.reduce_min(tf.where(same, j, length), axis=-1, keepdims=True)  # [B, T, 1]
+    span = (j < i) & same
+    if window is not None:
+        span &= (j > i - window) | (j == start)
+    span = span[:, None]
+    if mask is not None:
+        span &= tf.cast(mask, tf.bool)[:, None, None, :]
+    distance = tf.cast(tf.maximum(i - j, 1), dtype)
+    logits = scale * tf.einsum("bhiq,bhjq->bhij", queries, keys) - slope * distance + hyper / distance
+    logits = tf.where(span, logits, dtype.min)
+    null = tf.zeros_like(logits[..., :1])
+    weights = tf.nn.softmax(tf.concat([null, logits], axis=-1), axis=-1)[..., 1:]
+    return tf.einsum("bhij,bhjd->bhid", weights, values)

@@ -12,7 +12,8 @@ decoding loop compiles once.
 
 import tensorflow as tf
 
-from elita_tf.ops.utils import accumulator_dtype, real_extent, write_positions
+from elita_tf.ops.utils.dtypes import accumulator_dtype
+from elita_tf.ops.utils.positions import real_extent, write_positions
 
 
 def empty_kv_cache(batch_size, max_sequence_length, num_heads, head_dim, dtype=tf.float32):

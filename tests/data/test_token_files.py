@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.data import lm_dataset, load_corpus, make_tokenizer, packed_windows, token_stream, token_windows
-from elita_tf.data import train_sentencepiece
+from elita_tf.data import (
+    lm_dataset,
+    load_corpus,
+    make_tokenizer,
+    packed_windows,
+    token_stream,
+    token_windows,
+    train_sentencepiece,
+)
 from elita_tf.data.token_files import FileWindows, TokenFile, fingerprint, write_token_file
 from tests.conftest import write_documents
 

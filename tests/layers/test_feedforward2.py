@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.layers import FeedForward2
-from elita_tf.ops.utils import pairwise_product
+from elita_tf.ops.pairwise_projection import pairwise_product
 from tests.layers.reference_check import assert_matches_reference
 
 

@@ -4,10 +4,10 @@ import tensorflow as tf
 
 from elita_tf.ops.banded_attention import (
     banded_attention,
-    banded_attention_reference,
     banded_attention_step,
     empty_banded_state,
 )
+from elita_tf.ops.reference import banded_attention_reference
 from tests.ops.low_precision import assert_low_precision_follows_float32
 
 LENGTHS = [1, 63, 100, 257]

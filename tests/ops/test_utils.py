@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.ops.utils import pairwise_product, pairwise_projection
+from elita_tf.ops.pairwise_projection import pairwise_product, pairwise_projection
 
 
 @pytest.mark.parametrize("rows", [1, 63, 100])

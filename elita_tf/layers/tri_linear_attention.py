@@ -4,16 +4,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.layers.mixer import CausalMixer
 from elita_tf.ops.banded_attention import (
-    DEFAULT_CHUNK_SIZE,
+    BANDED_CHUNK_SIZE,
     banded_attention,
     banded_attention_step,
     empty_banded_state,
 )
-from elita_tf.ops.utils import accumulator_dtype
+from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 # Products of the Combiner: kv[b * tt + k] = k_t[k xor b] * att_t[k], b < 16.
 COMBINER_REP = 16
@@ -144,7 +144,7 @@ class TriLinearAttention(CausalMixer):
         hyper=0.0,
         wide=False,
         max_sequence_length=1024,
-        chunk_size=DEFAULT_CHUNK_SIZE,
+        chunk_size=BANDED_CHUNK_SIZE,
         kernel_initializer=None,
         combiner_initializer="zeros",
         **kwargs,

@@ -2,7 +2,7 @@ import keras
 import tensorflow as tf
 
 from elita_tf.layers.checks import check_sequence_call
-from elita_tf.ops.utils import contain_nonfinite
+from elita_tf.ops.utils.nonfinite import contain_nonfinite
 
 
 class CausalMixer(keras.layers.Layer):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_state
+from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_softmax_mean_state
 from elita_tf.ops.reference import causal_softmax_mean_reference
 from tests.ops.documents import by_document, random_resets
 from tests.ops.low_precision import assert_low_precision_follows_float32
@@ -184,7 +184,7 @@ def test_prefill_then_steps_equal_parallel(window):
 def test_steps_from_empty_state(window):
     logits, values = _inputs(12, seed=7)
     full_mean, _, _ = causal_softmax_mean(logits, values, window=window)
-    state = empty_state(2, 3, 4, window=window)
+    state = empty_softmax_mean_state(2, 3, 4, window=window)
     for t in range(12):
         mean, _, state = causal_softmax_mean_step(state, logits[..., t], values[:, :, t], window=window)
         np.testing.assert_allclose(mean, full_mean[:, :, t], rtol=1e-5, atol=1e-6)
@@ -219,7 +219,7 @@ def test_masked_positions_contribute_nothing(window):
 
 def test_masked_step_leaves_global_state_unchanged():
     logits, values = _inputs(3, seed=9)
-    state = empty_state(2, 3, 4)
+    state = empty_softmax_mean_state(2, 3, 4)
     _, _, state = causal_softmax_mean_step(state, logits[..., 0], values[:, :, 0])
     _, _, after = causal_softmax_mean_step(state, logits[..., 1], values[:, :, 1], mask=tf.constant([False, True]))
     np.testing.assert_array_equal(after[0][0], state[0][0])
@@ -249,7 +249,7 @@ def test_empty_sequence(window):
     logits, values = _inputs(0)
     mean, log_z, state = causal_softmax_mean(logits, values, window=window)
     assert mean.shape == (2, 3, 0, 4) and log_z.shape == (2, 3, 0)
-    empty = empty_state(2, 3, 4, window=window)
+    empty = empty_softmax_mean_state(2, 3, 4, window=window)
     for s, e in zip(state, empty):
         np.testing.assert_array_equal(s, e)
 

@@ -1,0 +1,304 @@
+"""Stable causal softmax-weighted means with key-only logits (docs/math.md §1).
+
+For logits `l [B, H, T]` and values `x [B, H, T, D]` row `i` is
+
+    mean_i = Σ_{j∈W(i)} exp(l_j) x_j / Σ_{j∈W(i)} exp(l_j)
+    logZ_i = log Σ_{j∈W(i)} exp(l_j)
+
+with `W(i) = {j <= i}` (global) or the last `window` positions (windowed):
+
+    global          window = 3
+    row 0: x . . .  x . . . .
+    row 1: x x . .  x x . . .
+    row 2: x x x .  x x x . .
+    row 3: x x x x  . x x x .
+
+This is the shared primitive of ELiTA `Attention2` and additive attention.
+
+Every exponent taken here is `l_j - L_i <= 0` with `L_i` a log-sum-exp
+over a set that holds `l_j`: nothing overflows for any logit range, and there
+is no cumulative sum difference that can cancel. All arithmetic is float32
+(float64 stays float64) whatever the input dtype.
+
+Forms:
+- `causal_softmax_mean`: the parallel training form. Chunks of `C` positions
+  are combined with `C x C` matrix products; chunks are linked by the same
+  scheme one level up (chunks of chunks), and the few top-level blocks by
+  one more product. Inside a chunk, `L` and the weights are factored around
+  the chunk's first normaliser (`_chunk_factors`), exact while no logit
+  rises more than a span above it; rows past one take the exponential
+  forms. Time and memory are O(T * C * D) for the global
+  case and for every window size (windowed: banded chunks for
+  `window <= C`; beyond, a prefix and a suffix inside chunks with a
+  windowed mean over the whole chunks between, the same cost).
+- `causal_softmax_mean_step`: the one-step recurrent form for decoding, from a
+  constant-size state (global) or a ring buffer of `window` entries.
+"""
+
+import tensorflow as tf
+
+from elita_tf.ops.decayed_prefix import (
+    UNSEEN_LOGIT,
+    chunk_factors,
+    decayed_prefix,
+    leading,
+    logaddexp,
+    static_size,
+)
+from elita_tf.ops.utils.documents import gated_scan, segment_ids
+from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
+from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after
+from elita_tf.ops.utils.xla import branch_or_select
+from elita_tf.ops.windowed_softmax_mean import banded_mean, merge_means, pad_time, windowed_mean
+
+SOFTMAX_MEAN_CHUNK_SIZE = 32
+
+
+def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype=tf.float32):
+    """The state before any position, for `causal_softmax_mean(_step)`.
+
+    Returns:
+        Global (`window=None`): `(log_z [B, H], mean [B, H, D])`, the running
+        normaliser and mean. Windowed: `(logits [B, H, window],
+        values [B, H, window, D])`, a ring buffer of the last `window` inputs
+        (oldest first).
+    """
+    dtype = accumulator_dtype(dtype)
+    if window is None:
+        log_z = tf.fill([batch_size, num_heads], tf.constant(NEG_INF, dtype))
+        return log_z, tf.zeros([batch_size, num_heads, head_dim], dtype)
+    logits = tf.fill([batch_size, num_heads, window], tf.constant(NEG_INF, dtype))
+    return logits, tf.zeros([batch_size, num_heads, window, head_dim], dtype)
+
+
+def _check_window(window):
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"`window` must be None or a positive integer. Received: window={window}")
+
+
+def _prepare(logits, values, mask):
+    """Casts to the accumulator dtype; masked positions get no weight and zero value."""
+    dtype = accumulator_dtype(values.dtype)
+    logits = tf.cast(logits, dtype)
+    values = tf.cast(values, dtype)
+    if mask is not None:
+        mask = tf.cast(mask, tf.bool)[:, None, :]  # [B, 1, T]
+        logits = tf.where(mask, logits, tf.constant(NEG_INF, dtype))
+        values = tf.where(mask[..., None], values, tf.zeros([], dtype))
+    return logits, values
+
+
+def _global_chunked(logits, values, chunk_size):
+    """Global causal mean of `[N, T]` logits and `[N, T, D]` values.
+
+    With `L_i = logcumsumexp(l)_i`, the mean is `Σ_{j<=i} exp(l_j - L_i) x_j`:
+    a decayed prefix sum with weights <= 1, done in chunks at two levels
+    (tokens, then chunks). The values enter the chunks' matrix products as
+    they are, with no weighted copy of them first.
+    """
+    length = static_size(logits, 1)
+    # At least one chunk, so that T = 0 needs no special case below.
+    if isinstance(length, int):
+        pad = (-length) % chunk_size + (chunk_size if length == 0 else 0)
+    else:
+        pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
+    logits = pad_axis(logits, 1, pad, NEG_INF)
+    values = pad_axis(values, 1, pad)
+    factors = chunk_factors(tf.reshape(logits, [-1, (length + pad) // chunk_size, chunk_size]))
+    factored_log_z = tf.reshape(factors.log_z, tf.shape(logits))  # [N, T']
+    log_z = branch_or_select(
+        factors.within,
+        lambda: factored_log_z,
+        lambda: tf.where(
+            tf.reshape(factors.exact_rows(), tf.shape(logits)),
+            factored_log_z,
+            tf.math.cumulative_logsumexp(logits, axis=-1),
+        ),
+    )
+    mean = decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits, factors=factors)
+    return leading(mean, length), leading(log_z, length)
+
+
+def _global(logits, values, chunk_size):
+    """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values."""
+    shape = tf.shape(values)
+    length, depth = static_size(values, 2), static_size(values, 3)  # static where known, so pads and slices can be left out
+    mean, log_z = _global_chunked(tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth]), chunk_size)
+    return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
+
+
+def _global_with_resets(logits, values, resets, initial_state, chunk_size):
+    """Global mean where documents start at `resets [B, T]`; returns `(mean, log_z, state)`.
+
+    Inside a chunk, a `C x C` product over the keys of the row's own
+    document. Between chunks, each chunk's last-document statistics are
+    merged by a `gated_scan` that restarts at every chunk with a reset; a
+    row reads the state before its chunk only if its document was open
+    then. Every exponent is still `<= 0`.
+    """
+    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
+    lz0, mean0 = (tf.cast(t, values.dtype) for t in initial_state)
+    logits, values = pad_time(logits, values, chunk_size)
+    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
+    seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]
+    visible = causal & tf.equal(seg[..., :, None], seg[..., None, :])
+    scores = tf.where(visible, l[..., None, :], tf.constant(UNSEEN_LOGIT, l.dtype))  # [B, H, K, C, C]
+    log_z = tf.reduce_logsumexp(scores, axis=-1)
+    mean = tf.matmul(tf.exp(scores - log_z[..., None]), v)
+
+    last = seg[..., -1]  # each chunk's last document; before the first chunk, the initial state's (0)
+    before_last = tf.pad(last, [[0, 0], [0, 0], [1, 0]])[..., :-1]
+    gates = tf.concat([tf.zeros_like(last[..., :1], tf.bool), tf.equal(last, before_last)], axis=2)
+    gates = tf.broadcast_to(gates, tf.concat([[b, h], tf.shape(gates)[2:]], 0))
+    after_lz, after_mean = gated_scan(
+        gates,
+        (tf.concat([lz0[:, :, None], log_z[..., -1]], 2), tf.concat([mean0[:, :, None], mean[..., -1, :]], 2)),
+        lambda earlier, later: merge_means([earlier, later]),
+        axis=2,
+    )
+    carried = tf.equal(seg, before_last[..., None])  # [B, 1, K, C]
+    previous = (tf.where(carried, after_lz[:, :, :-1, None], NEG_INF), after_mean[:, :, :-1, None, :])
+    log_z, mean = merge_means([previous, (log_z, mean)])
+    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    log_z = tf.reshape(log_z, [b, h, -1])[:, :, :length]
+    return mean, log_z, (after_lz[:, :, -1], after_mean[:, :, -1])
+
+
+def causal_softmax_mean(
+    logits,
+    values,
+    window=None,
+    mask=None,
+    initial_state=None,
+    chunk_size=SOFTMAX_MEAN_CHUNK_SIZE,
+    resets=None,
+):
+    """Causal (windowed) softmax-weighted mean, parallel over time.
+
+    Args:
+        logits: float tensor `[B, H, T]`. Key-only logits, any range.
+        values: float tensor `[B, H, T, D]`.
+        window: `None` (every earlier position) or a positive int, the number
+            of most recent positions each row sees (itself included).
+        mask: optional bool `[B, T]`, False at padding: a padded position adds
+            nothing to any later row (its own row is left finite, not
+            meaningful). A window's state ends at the last real position:
+            right padding is not part of the sequence.
+        initial_state: optional state of the positions before these, as from
+            `empty_softmax_mean_state()` or a previous call (prefill then continue).
+        chunk_size: int `C`, positions per matrix-product chunk.
+        resets: optional bool `[B, T]`, True where a new document starts:
+            from there on nothing before it (the initial state included) is
+            seen, and the returned state holds the last document alone.
+            Windows longer than `C` then take banded chunks of the window's
+            length (cost growing with the window).
+
+    Returns:
+        `(mean, log_z, state)`: `mean [B, H, T, D]` in the accumulator dtype
+        (float32 unless the values are float64), `log_z [B, H, T]`, and the
+        state after the last position, to continue from.
+    """
+    _check_window(window)
+    end = real_extent(mask, tf.shape(logits)[-1])
+    logits, values = _prepare(logits, values, mask)
+    if resets is not None:
+        return _with_resets(logits, values, window, initial_state, chunk_size, resets, end)
+    if window is not None and initial_state is not None:
+        # The ring buffer holds the `window` positions before these.
+        buf_l, buf_v = initial_state
+        logits = tf.concat([tf.cast(buf_l, logits.dtype), logits], axis=-1)
+        values = tf.concat([tf.cast(buf_v, values.dtype), values], axis=-2)
+    if window is None:
+        mean, log_z = _global(logits, values, chunk_size)
+    else:
+        mean, log_z = windowed_mean(logits, values, window, chunk_size)
+
+    if window is not None:
+        if initial_state is None:
+            b, h, _, d = (tf.shape(values)[k] for k in range(4))
+            empty_l, empty_v = empty_softmax_mean_state(b, h, d, window, values.dtype)
+            logits = tf.concat([empty_l, logits], axis=-1)
+            values = tf.concat([empty_v, values], axis=-2)
+        else:
+            mean, log_z = mean[:, :, window:], log_z[:, :, window:]
+        return mean, log_z, (window_after(logits, end, window, axis=2), window_after(values, end, window, axis=2))
+
+    if initial_state is None:
+        b, h, _, d = (tf.shape(values)[k] for k in range(4))
+        initial_state = empty_softmax_mean_state(b, h, d, None, values.dtype)
+    else:
+        # Merge the running state of earlier positions into every row.
+        lz0 = tf.cast(initial_state[0], log_z.dtype)[..., None]
+        mean0 = tf.cast(initial_state[1], mean.dtype)[:, :, None, :]
+        merged = logaddexp(lz0, log_z)
+        mean = tf.exp(lz0 - merged)[..., None] * mean0 + tf.exp(log_z - merged)[..., None] * mean
+        log_z = merged
+        initial_state = (lz0[..., 0], mean0[:, :, 0])
+    # The last row's statistics, or the initial state when T = 0 (only the last row is copied).
+    state = (
+        tf.concat([initial_state[0][..., None], log_z[..., -1:]], axis=-1)[..., -1],
+        tf.concat([initial_state[1][:, :, None], mean[:, :, -1:]], axis=2)[:, :, -1],
+    )
+    return mean, log_z, state
+
+
+def _with_resets(logits, values, window, initial_state, chunk_size, resets, end):
+    """`causal_softmax_mean` on prepared inputs where documents start at `resets`."""
+    b, h, d = tf.shape(values)[0], tf.shape(values)[1], tf.shape(values)[3]
+    if initial_state is None:
+        initial_state = empty_softmax_mean_state(b, h, d, window, values.dtype)
+    if window is None:
+        return _global_with_resets(logits, values, resets, initial_state, chunk_size)
+    # The ring buffer first, as the initial state's document (no reset in it).
+    logits = tf.concat([tf.cast(initial_state[0], logits.dtype), logits], axis=-1)
+    values = tf.concat([tf.cast(initial_state[1], values.dtype), values], axis=-2)
+    resets = tf.concat([tf.zeros([b, window], tf.bool), tf.cast(resets, tf.bool)], axis=1)
+    mean, log_z = banded_mean(logits, values, window, max(window, chunk_size), resets)
+    # The state keeps the last document's positions alone.
+    seg = segment_ids(resets)
+    end = tf.broadcast_to(end, [b])
+    last = tf.gather(seg, end + window - 1, batch_dims=1)
+    own = tf.equal(seg, last[:, None])[:, None]  # [B, 1, window + T]
+    logits = tf.where(own, logits, NEG_INF)
+    values = tf.where(own[..., None], values, tf.zeros([], values.dtype))
+    state = (window_after(logits, end, window, axis=2), window_after(values, end, window, axis=2))
+    return mean[:, :, window:], log_z[:, :, window:], state
+
+
+def causal_softmax_mean_step(state, logit, value, window=None, mask=None):
+    """One decoding step of `causal_softmax_mean`.
+
+    Args:
+        state: the state from `empty_softmax_mean_state()`, `causal_softmax_mean` or a
+            previous step.
+        logit: float `[B, H]`, the new position's logit.
+        value: float `[B, H, D]`, its value.
+        window: as in `causal_softmax_mean`; must match the state.
+        mask: optional bool `[B]`; False leaves a global state unchanged and
+            pushes an empty slot into a window.
+
+    Returns:
+        `(mean [B, H, D], log_z [B, H], new_state)`, equal to the last row of
+        `causal_softmax_mean` over all positions so far.
+    """
+    _check_window(window)
+    logit, value = _prepare(logit[..., None], value[:, :, None, :], None if mask is None else mask[:, None])
+    logit, value = logit[..., 0], value[:, :, 0]
+    if window is None:
+        log_z, mean = state
+        new_log_z = logaddexp(log_z, logit)
+        # Online mean: the weight exp(l - L) is in [0, 1], so it never overflows.
+        new_mean = mean + tf.exp(logit - new_log_z)[..., None] * (value - mean)
+        if mask is not None:
+            keep = tf.cast(mask, tf.bool)[:, None]
+            new_log_z = tf.where(keep, new_log_z, log_z)
+            new_mean = tf.where(keep[..., None], new_mean, mean)
+        return new_mean, new_log_z, (new_log_z, new_mean)
+    buf_l, buf_v = state
+    buf_l = tf.concat([buf_l[:, :, 1:], logit[..., None]], axis=-1)
+    buf_v = tf.concat([buf_v[:, :, 1:], value[:, :, None]], axis=2)
+    log_z = tf.reduce_logsumexp(buf_l, axis=-1)
+    mean = tf.einsum("bhw,bhwd->bhd", tf.exp(buf_l - log_z[..., None]), buf_v)
+    return mean, log_z, (buf_l, buf_v)

@@ -1,0 +1,207 @@
+"""Exact decayed prefix sums in chunks: the machinery under `causal_softmax_mean` (docs/math.md §1).
+
+For nondecreasing normalisers `L` and logits `a_j <= L_k`, `E_k = Σ_{j<=k} exp(a_j - L_k) x_j` is
+taken in chunks of `C` positions: inside a chunk one `C x C` matrix product (`chunk_products`),
+whose weights are factored around the chunk's first normaliser where that is exact
+(`chunk_factors`); between chunks the same sum one level up (`decayed_prefix`). Every exponent is
+`<= 0`: nothing overflows, and no cumulative sum is ever subtracted from another.
+"""
+
+from typing import Callable, NamedTuple
+
+import tensorflow as tf
+
+from elita_tf.ops.pairwise_projection import outer_product
+from elita_tf.ops.utils.dtypes import NEG_INF
+from elita_tf.ops.utils.positions import pad_axis
+from elita_tf.ops.utils.xla import branch_or_select
+
+# Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
+_TINY = 1e-30
+
+
+# The logit of a key a row must not see: far below a masked key's NEG_INF, so that a row that sees
+# only masked keys (normaliser NEG_INF, so `l_j - L_i` about -NEG_INF) still gives it no weight.
+# Finite in float32.
+UNSEEN_LOGIT = 1e8 * NEG_INF
+
+
+
+def logaddexp(a, b):
+    """`log(exp(a) + exp(b))`, broadcasting, with the right gradient at ties."""
+    a, b = a + tf.zeros_like(b), b + tf.zeros_like(a)
+    return tf.reduce_logsumexp(tf.stack([a, b], axis=-1), axis=-1)
+
+
+
+def static_size(x, axis):
+    """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
+    return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
+
+
+
+def leading(x, length):
+    """`x[:, :length]`, or `x` itself when that is all of it at tracing: no slice, whose gradient is a full copy."""
+    if isinstance(length, int) and x.shape[1] == length:
+        return x
+    return x[:, :length]
+
+
+
+def shift_right(x, axis, fill=0.0, steps=1):
+    """`x` moved `steps` along `axis`, `fill` entering at the start (safe for any size).
+
+    A pad and a slice: their gradients are a slice and a pad, not a scatter.
+    """
+    pad = [[0, 0]] * x.shape.rank
+    pad[axis] = [steps, 0]
+    padded = tf.pad(x, pad, constant_values=fill)
+    return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
+
+
+# How far a logit may rise above its chunk's reference for the factored weights: `exp(span)`, and
+# `1 / (1 + C exp(span))`, stay normal numbers (float32's range ends near e^±87, float64's near e^±708).
+_SPAN = {tf.float32: 80.0, tf.float64: 700.0}
+
+
+
+class _Factors(NamedTuple):
+    """A chunked sequence's `L = logcumsumexp(l)` and the factors of its chunk weights (`chunk_factors`)."""
+
+    log_z: tf.Tensor  # [N, K, C]
+    rows: tf.Tensor  # [N, K, C], exp(r - L_i)
+    keys: tf.Tensor  # [N, K, C], exp(l_j - r)
+    within: tf.Tensor  # scalar bool: every row's factors are exact
+    exact_rows: Callable  # () -> bool [N, K, C], the rows whose factors are exact
+
+
+
+def chunk_factors(logits):
+    """`L = logcumsumexp(l)` of `logits [N, K, C]` (chunks in order), and factors of `exp(l_j - L_i)`.
+
+    Chunk `k` takes the reference `r = logaddexp(L_before, l_first)`, its
+    first row's `L`: the normaliser of everything before the chunk
+    (`L_before`, a `cumulative_logsumexp` over the chunks' own totals) and
+    of the chunk's first position. Then for row `i` of the chunk
+
+        Z_i = exp(L_before - r) + Σ_{j<=i} exp(l_j - r)     L_i = r + log Z_i
+        exp(l_j - L_i) = (1 / Z_i) exp(l_j - r)
+
+    The prefix sums are one product with a triangle of ones, `Z_i >= 1`
+    (its first two terms sum to 1), and every factor is a normal number as
+    long as no logit of the chunk up to row `i` rises more than the span
+    (`_SPAN`) above `r`. Rows past such a logit are not `exact_rows()`:
+    their `L` and weights are taken from the exponential forms instead. A
+    row's reference and factors depend on positions `<= i` only, so which
+    form a row takes, and every bit of it, is causal.
+    """
+    span = _SPAN[logits.dtype]
+    peak = tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))
+    totals = peak[..., 0] + tf.math.log(tf.reduce_sum(tf.exp(logits - peak), axis=-1))  # [N, K]
+    before = shift_right(tf.math.cumulative_logsumexp(totals, axis=1), axis=1, fill=NEG_INF)
+    ref = tf.stop_gradient(logaddexp(before, logits[..., 0]))[..., None]  # cancels from L and its gradient
+    rise = logits - ref
+    # Clamped: a row past a too-high logit takes the exponential forms, but its factors stay finite.
+    keys = tf.exp(tf.minimum(rise, span))
+    size = logits.shape[-1]
+    upper = tf.cast(tf.range(size)[:, None] <= tf.range(size)[None, :], logits.dtype)  # [C, C], j <= i
+    z = tf.exp(before[..., None] - ref) + tf.matmul(keys, upper)  # [N, K, C], >= 1
+
+    too_high = rise > span  # a bool, not `rise`, is what the rows' check keeps until the backward pass
+
+    def exact_rows():  # built where it is needed: on a CPU without XLA, only in the branch that needs it
+        return tf.equal(tf.matmul(tf.cast(too_high, logits.dtype), upper), 0.0)
+
+    within = tf.logical_not(tf.reduce_any(too_high))
+    return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, within, exact_rows)
+
+
+
+def chunk_products(log_w, log_norm, items, block_size, factors=None):
+    """`Σ_{j<=i} exp(a_j - L_i) x_j` in each chunk: `[N, K, C]` logits `a` and norms `L`, items `[N, K, C, D]`.
+
+    The `C x C` weights are the largest tensor of the forward pass, so the
+    backward pass recomputes them (a subtraction and an exponential) rather
+    than keep them: `C x C` values a chunk less memory held until then. Their
+    gradient needs no mask either: it is `(dE xᵀ) * weights`, zero wherever
+    the weights are.
+
+    With `factors` (`chunk_factors` of `a`, whose `log_z` is `L`), a weight is the product
+    `rows_i keys_j`: an outer product and the causal mask, two passes over `[N, K, C, C]`
+    instead of a subtraction, a bias and an exponential. Rows whose factors are not exact take
+    the exponential form.
+    """
+    causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
+    # Added, not selected: a select broadcast to `[N, K, C, C]` is the slowest pass here.
+    mask_bias = tf.where(causal, tf.constant(0.0, log_w.dtype), tf.constant(UNSEEN_LOGIT, log_w.dtype))
+
+    def weights(log_w, log_norm):
+        def exponential():
+            return tf.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
+
+        if factors is None:
+            return exponential()
+
+        def factored():
+            # band_part keeps the lower triangle in one pass: 1.8 against 3.0 ms for multiplying
+            # by the mask at T = 16K on a CPU. The factors are finite and >= 0: the same values.
+            return tf.linalg.band_part(outer_product(factors.rows, factors.keys), -1, 0)
+
+        return branch_or_select(
+            factors.within, factored, lambda: tf.where(factors.exact_rows()[..., None], factored(), exponential())
+        )
+
+    @tf.custom_gradient
+    def products(log_w, log_norm, items):
+        def grad(upstream):
+            with tf.name_scope("causal_mean_gradient"):
+                with tf.control_dependencies([upstream]):  # else every block recomputes its weights at once, early
+                    w = weights(log_w, log_norm)
+                d_scores = tf.matmul(upstream, items, transpose_b=True) * w  # [N, K, C, C]
+                d_items = tf.matmul(w, upstream, transpose_a=True)
+                return tf.reduce_sum(d_scores, -2), -tf.reduce_sum(d_scores, -1), d_items
+
+        return tf.matmul(weights(log_w, log_norm), items), grad
+
+    return products(log_w, log_norm, items)
+
+
+
+def decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factors=None):
+    """`E_k = Σ_{j<=k} exp(a_j - log_norm_k) items_j` for nondecreasing `log_norm`.
+
+    `log_norm [N, K]`, `items [N, K, D]`; `a = item_logits [N, K]`, by
+    default `log_norm`. Each `a_j <= log_norm_k` for `j <= k`, so every weight
+    is `<= 1`. Blocks of `block_size` are combined with matrix products; the
+    carry between blocks is the same sum one level up (the blocks' last rows,
+    whose weights are their own `log_norm`). A sequence known at tracing to
+    fit in one block is one product; the top level of a longer or unknown
+    one is a sign-split `cumulative_logsumexp`, cheap on so few entries.
+    `factors` (`chunk_factors`) are this level's, already in blocks.
+    """
+    log_w = log_norm if item_logits is None else item_logits
+    length, depth = static_size(items, 1), static_size(items, 2)
+    if isinstance(length, int) and length <= block_size:
+        return chunk_products(log_w[:, None], log_norm[:, None], items[:, None], length, factors)[:, 0]
+    if levels == 0:
+        log_pos = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
+        log_neg = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
+        return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
+    pad = (-length) % block_size
+    if not (isinstance(pad, int) and pad == 0):
+        # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
+        log_norm = tf.gather(log_norm, tf.minimum(tf.range(length + pad), length - 1), axis=1)
+    lz = tf.reshape(log_norm, [-1, (length + pad) // block_size, block_size])  # [N, K, C]
+    x = tf.reshape(pad_axis(items, 1, pad), [-1, (length + pad) // block_size, block_size, depth])  # [N, K, C, D]
+    # Padded items are zero and get no weight.
+    log_w = tf.reshape(pad_axis(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
+
+    inner = chunk_products(log_w, lz, x, block_size, factors)  # [N, K, C, D]
+    # Carry: everything before each block, decayed to the block's rows.
+    carry = decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
+    prev_lz = shift_right(lz[..., -1], axis=1, fill=NEG_INF)
+    prev = shift_right(carry, axis=1)
+    # An outer product per chunk (`outer_product`): its gradients are matrix-vector products rather
+    # than `[N, K, C, D]` products to be summed.
+    out = inner + outer_product(tf.exp(prev_lz[..., None] - lz), prev)
+    return leading(tf.reshape(out, [-1, length + pad, depth]), length)

@@ -1,0 +1,13 @@
+"""Dtypes: where accumulations happen, and the finite stand-in for log(0)."""
+
+import tensorflow as tf
+
+# A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
+# never makes `-inf - -inf = nan` in a forward or backward pass.
+NEG_INF = -1e30
+
+
+def accumulator_dtype(dtype):
+    """float64 stays float64, anything else is accumulated in float32."""
+    dtype = tf.as_dtype(dtype)
+    return tf.float64 if dtype == tf.float64 else tf.float32

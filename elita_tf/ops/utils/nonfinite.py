@@ -1,0 +1,71 @@
+"""NaN and Inf inputs kept from travelling back in time through a causal token mixer."""
+
+import tensorflow as tf
+
+from elita_tf.ops.utils.xla import branch_or_select
+
+
+def contain_nonfinite(compute, inputs, padding_mask=None):
+    """Runs a causal token mixer so that a NaN or Inf input cannot travel back in time.
+
+    Chunked kernels contract whole chunks with matrix products, where a
+    weight of exactly zero still meets every value of the chunk: `0 * NaN`
+    is NaN, so one bad position would spoil the earlier rows of its chunk
+    (and a padded position holding NaN would spoil every row). Here the
+    mixer never sees a bad value:
+
+    - a position holding NaN or Inf is replaced by zeros for the
+      computation (a select, not a product). At padding (False in
+      `padding_mask`) that is all: the mixer already keeps a padded
+      position out of every other row, so it reaches no output;
+    - at a real position `t`, every output row `>= t` is then set to NaN, and so is
+      every float tensor of the returned cache: the state after a
+      non-finite input is non-finite, so decoding from it agrees with the
+      parallel form. Rows before `t` are exactly as without the bad value.
+
+        bad input at t = 2:   row 0 1 2 3 4
+        outputs:                  ok ok NaN NaN NaN
+
+    The rule is the same for every layer, windowed or not (all rows from
+    `t` on): conservative past a window, and never a plausible number where
+    a bad value was in reach.
+
+    Args:
+        compute: `compute(clean_inputs)` -> `outputs [B, T, ...]` or
+            `(outputs, cache)`.
+        inputs: float tensor `[B, T, d]`.
+        padding_mask: optional bool `[B, T]`, False at padding.
+
+    Returns:
+        What `compute` returns, with the rules above applied.
+    """
+    finite = tf.reduce_all(tf.math.is_finite(inputs), axis=-1)  # [B, T]
+    # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
+    # would keep for the backward pass beside the norm's output that it equals.
+    clean = branch_or_select(
+        tf.reduce_all(finite),
+        lambda: tf.identity(inputs),
+        lambda: tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype)),
+    )
+    result = compute(clean)
+    bad = tf.logical_not(finite)
+    if padding_mask is not None:
+        bad &= tf.cast(padding_mask, tf.bool)  # real positions that hold NaN or Inf
+    poisoned = tf.cumsum(tf.cast(bad, tf.int32), axis=1) > 0  # [B, T]: rows at or after one
+
+    def poison_rows(x):
+        mask = tf.reshape(poisoned, tf.concat([tf.shape(poisoned), tf.ones([x.shape.rank - 2], tf.int32)], 0))
+        return tf.where(mask, tf.constant(float("nan"), x.dtype), x)
+
+    if not isinstance(result, tuple):
+        return poison_rows(result)
+    outputs, cache = result
+    any_bad = tf.reduce_any(bad, axis=1)  # [B]
+
+    def poison_state(x):
+        if not x.dtype.is_floating or x.shape.rank == 0:
+            return x
+        mask = tf.reshape(any_bad, tf.concat([tf.shape(any_bad), tf.ones([x.shape.rank - 1], tf.int32)], 0))
+        return tf.where(mask, tf.constant(float("nan"), x.dtype), x)
+
+    return poison_rows(outputs), tf.nest.map_structure(poison_state, cache)
