@@ -190,8 +190,8 @@ class AdditiveAttention(CausalMixer):
 
     def mix(self, inputs, padding_mask, cache, training, resets=None):
         step = cache is not None and inputs.shape[1] == 1
-        query_state = None if cache is None else tuple(cache[:2])
-        key_state = None if cache is None else tuple(cache[2:])
+        query_state = None if cache is None else tuple(cache[name] for name in self.cache_names[:2])
+        key_state = None if cache is None else tuple(cache[name] for name in self.cache_names[2:])
 
         query = self.query_dense(inputs)
         keys = self.key_dense(inputs)
@@ -205,7 +205,7 @@ class AdditiveAttention(CausalMixer):
         outputs = mixed + pooled_key * values
         if cache is None:
             return outputs
-        return outputs, (*query_state, *key_state)
+        return outputs, dict(zip(self.cache_names, (*query_state, *key_state)))
 
     @property
     def cache_names(self):

@@ -233,7 +233,7 @@ class Attention2(CausalMixer):
                 f"use position_mode='fixed' or 'clamped'. Received: position_mode={self.position_mode!r}"
             )
         length = tf.shape(inputs)[1]
-        start = None if cache is None else cache[2]
+        start = None if cache is None else cache["position"]
         index = self._position_index(length, start, resets)
         p1, p2 = self._position_terms(self._positions(index, length))
 
@@ -248,14 +248,15 @@ class Attention2(CausalMixer):
 
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
-            mean, log_z, state = causal_softmax_mean_step(cache[:2], kappa[..., 0], values[:, :, 0], mask=step_mask)
+            state = (cache["log_z"], cache["mean"])
+            mean, log_z, state = causal_softmax_mean_step(state, kappa[..., 0], values[:, :, 0], mask=step_mask)
             mean, log_z = mean[:, :, None], log_z[..., None]
         else:
             mean, log_z, state = causal_softmax_mean(
                 kappa,
                 values,
                 mask=padding_mask,
-                initial_state=None if cache is None else cache[:2],
+                initial_state=None if cache is None else (cache["log_z"], cache["mean"]),
                 chunk_size=self.chunk_size,
                 resets=resets,
             )
@@ -271,8 +272,9 @@ class Attention2(CausalMixer):
             return outputs
         # Right padding is not part of the sequence: the next position follows the last real one.
         end = real_extent(padding_mask, length)
-        position = cache[2] + end if resets is None else position_after(index, cache[2], end)
-        return outputs, (state[0], state[1], position)
+        start = cache["position"]
+        position = start + end if resets is None else position_after(index, start, end)
+        return outputs, {"log_z": state[0], "mean": state[1], "position": position}
 
     cache_names = ("log_z", "mean", "position")
 

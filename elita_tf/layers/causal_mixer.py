@@ -1,18 +1,19 @@
 import keras
 import tensorflow as tf
 
-from elita_tf.layers.checks import check_sequence_call
+from elita_tf.layers.checks import as_sequence, check_sequence_call, take_arguments_as_given
 from elita_tf.ops.utils.nonfinite import contain_nonfinite
 
 
 class CausalMixer(keras.layers.Layer):
     """Base of the causal sequence layers: one place for input checks, masks and non-finite inputs.
 
-    A subclass names its decoding state's tensors in `cache_names`, returns
+    A subclass names its decoding cache's tensors in `cache_names`, returns
     them in that order from `initial_state(batch_size, dtype)`, and
-    implements `mix(inputs, padding_mask, state, training)` on a checked
-    float `[B, T, d]` input in its compute dtype, `state` being that tuple
-    (the ops' form) or None. The base:
+    implements `mix(inputs, padding_mask, cache, training, resets)` on a
+    checked float `[B, T, d]` input in its compute dtype, `cache` being the
+    named dict or None, returning `outputs` or `(outputs, new_cache)`. The
+    base:
 
     - gives callers the cache as a named dict of fixed-shape tensors
       (`get_initial_cache`), returned anew by every call, never mutated;
@@ -51,16 +52,10 @@ class CausalMixer(keras.layers.Layer):
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.supports_masking = True
-        # Arguments are converted by `check_sequence_call`, so that a cache keeps its dtype.
-        self._convert_input_args = False
-        self._allow_non_tensor_positional_args = True
+        take_arguments_as_given(self)
 
     def __call__(self, inputs, *args, **kwargs):
-        # Keras builds from tensor shapes: arrays become tensors here, since arguments are not converted.
-        if not (tf.is_tensor(inputs) or isinstance(inputs, keras.KerasTensor)):
-            inputs = tf.convert_to_tensor(inputs)
-        return super().__call__(inputs, *args, **kwargs)
+        return super().__call__(as_sequence(inputs), *args, **kwargs)
 
     #: The names of the decoding state's tensors, in the order of `initial_state` and `mix`.
     cache_names = ()
@@ -70,30 +65,22 @@ class CausalMixer(keras.layers.Layer):
 
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, resets=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
-        state = None if cache is None else tuple(cache[name] for name in self.cache_names)
-        extra = {}
+        cache = None if cache is None else {name: cache[name] for name in self.cache_names}
         if resets is not None:
-            resets = self._check_resets(inputs, resets, state)
-            extra["resets"] = resets
-        if state is not None and inputs.shape[1] == 1:
-            if resets is not None:  # a step that starts a document starts from the empty state
-                empty = self.initial_state(tf.shape(inputs)[0], state[0].dtype)
-                state = tuple(_select_rows(resets[:, 0], e, s) for e, s in zip(empty, state))
-                extra = {}
+            resets = self._check_resets(inputs, resets, cache)
+        if cache is not None and inputs.shape[1] == 1:
+            if resets is not None:  # a step that starts a document starts from the empty cache
+                dtype = cache[self.cache_names[0]].dtype
+                empty = self.get_initial_cache(tf.shape(inputs)[0], dtype)
+                cache = {name: _select_rows(resets[:, 0], empty[name], cache[name]) for name in self.cache_names}
+                resets = None
             # One decoding step has no earlier row to protect, and a non-finite input makes the
-            # state non-finite by itself; padded steps are selected out by the step ops.
-            result = self.mix(inputs, padding_mask, state, training, **extra)
-        else:
-            result = contain_nonfinite(
-                lambda x: self.mix(x, padding_mask, state, training, **extra), inputs, padding_mask
-            )
-        if state is None:
-            return result
-        outputs, state = result
-        return outputs, dict(zip(self.cache_names, state))
+            # cache non-finite by itself; padded steps are selected out by the step ops.
+            return self.mix(inputs, padding_mask, cache, training, resets)
+        return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training, resets), inputs, padding_mask)
 
-    def _check_resets(self, inputs, resets, state):
-        if state is not None and inputs.shape[1] != 1 and not self.resets_with_cache:
+    def _check_resets(self, inputs, resets, cache):
+        if cache is not None and inputs.shape[1] != 1 and not self.resets_with_cache:
             raise ValueError(
                 f"{type(self).__name__} '{self.name}' cannot take `resets` with a cache over several positions: "
                 "only the mixers with a constant-size state (Attention2, LinearAttention, AdditiveAttention) "
@@ -127,7 +114,7 @@ class CausalMixer(keras.layers.Layer):
     def initial_state(self, batch_size, dtype=None):
         raise NotImplementedError(f"{type(self).__name__} must implement `initial_state`.")
 
-    def mix(self, inputs, padding_mask, state, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         raise NotImplementedError(f"{type(self).__name__} must implement `mix`.")
 
     def compute_mask(self, inputs, mask=None):

@@ -4,6 +4,7 @@ import tensorflow as tf
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.ops.softmax_attention import (
+    KV_CACHE_NAMES,
     causal_visibility,
     empty_kv_cache,
     softmax_attention,
@@ -57,7 +58,7 @@ class CausalSelfAttention(CausalMixer):
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
     """
 
-    cache_names = ("key", "value", "valid", "position")
+    cache_names = KV_CACHE_NAMES
 
     def __init__(self, num_heads, head_dim=None, dropout=0.0, max_sequence_length=1024, **kwargs):
         super().__init__(**kwargs)
@@ -83,19 +84,19 @@ class CausalSelfAttention(CausalMixer):
         self.attention.build(inputs_shape, inputs_shape)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def mix(self, inputs, padding_mask, state, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, resets=None):
         attention = self.attention
-        if state is None:
+        if cache is None:
             # Causality, padding and documents in one mask. Not `use_causal_mask=True`: Keras builds that mask
             # from cumulative sums of ones, which XLA constant-folds position by position (minutes at T = 2048).
             attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)[:, 0]
             return attention(inputs, inputs, attention_mask=attention_mask, training=training)
         # Decoding: the new positions are written into the cache, then attend over it.
-        state, visible = update_kv_cache(
-            state, attention.key_dense(inputs), attention.value_dense(inputs), padding_mask, name=self.name
+        cache, visible = update_kv_cache(
+            cache, attention.key_dense(inputs), attention.value_dense(inputs), padding_mask, name=self.name
         )
-        context = softmax_attention(attention.query_dense(inputs), state[0], state[1], visible)
-        return attention.output_dense(tf.cast(context, self.compute_dtype)), state
+        context = softmax_attention(attention.query_dense(inputs), cache["key"], cache["value"], visible)
+        return attention.output_dense(tf.cast(context, self.compute_dtype)), cache
 
     def initial_state(self, batch_size, dtype=None):
         """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`, `L = max_sequence_length`."""

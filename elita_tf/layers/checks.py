@@ -2,6 +2,7 @@
 
 import weakref
 
+import keras
 import tensorflow as tf
 
 
@@ -34,6 +35,25 @@ def input_width(inputs_shape):
     if width is None:
         raise ValueError(f"The last axis of the inputs must be known. Received: inputs_shape={inputs_shape}")
     return width
+
+
+def take_arguments_as_given(layer):
+    """Makes `layer` (a token mixer or a block) take its call's arguments unconverted, and pass the Keras mask on.
+
+    Keras would cast every float argument to the compute dtype: a float32
+    recurrent cache would silently become float16 under mixed precision.
+    `check_sequence_call` converts the inputs instead, and keeps a cache's dtype.
+    """
+    layer.supports_masking = True
+    layer._convert_input_args = False
+    layer._allow_non_tensor_positional_args = True
+
+
+def as_sequence(inputs):
+    """Arrays as tensors, so Keras builds from their shapes (the arguments are not converted)."""
+    if tf.is_tensor(inputs) or isinstance(inputs, keras.KerasTensor):
+        return inputs
+    return tf.convert_to_tensor(inputs)
 
 
 def check_sequence_call(layer, inputs, padding_mask=None, cache=None):

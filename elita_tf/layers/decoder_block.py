@@ -1,7 +1,7 @@
 import keras
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_choice, check_sequence_call
+from elita_tf.layers.checks import as_sequence, check_choice, check_sequence_call, take_arguments_as_given
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.private_apis import global_state
@@ -11,7 +11,7 @@ NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", "rms_norm_outer_epsilo
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class DecoderBlock(CausalMixer):
+class DecoderBlock(keras.layers.Layer):
     """One decoder block: a token mixer and an optional feed-forward network, with norms and residuals.
 
     Every block of every architecture here is one of these, with `n`, `n2`
@@ -83,6 +83,7 @@ class DecoderBlock(CausalMixer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        take_arguments_as_given(self)
         if not isinstance(mixer, CausalMixer):
             raise TypeError(
                 f"`mixer` must be a CausalMixer layer (Attention2, LinearAttention, ...). Received: mixer={mixer!r}"
@@ -102,9 +103,8 @@ class DecoderBlock(CausalMixer):
         self.mixer_gain = float(mixer_gain)
         self.ffn_gain = float(ffn_gain)
 
-    @property
-    def cache_names(self):
-        return self.mixer.cache_names
+    def __call__(self, inputs, *args, **kwargs):
+        return super().__call__(as_sequence(inputs), *args, **kwargs)
 
     def _make_norm(self, name):
         sub = {"epsilon": self.norm_epsilon, "name": name, "dtype": self.dtype_policy}
@@ -209,3 +209,9 @@ class DecoderBlock(CausalMixer):
         if config.get("ffn") is not None:
             config["ffn"] = keras.saving.deserialize_keras_object(config["ffn"])
         return cls(**config)
+
+    def compute_mask(self, inputs, mask=None):
+        return mask
+
+    def compute_output_shape(self, inputs_shape):
+        return inputs_shape

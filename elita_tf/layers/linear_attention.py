@@ -120,10 +120,11 @@ class LinearAttention(CausalMixer):
         q = to_heads(phi(self.query_dense(inputs)))
         k = to_heads(phi(self.key_dense(inputs)))
         v = to_heads(self.value_dense(inputs))
+        state = None if cache is None else (cache["S"], cache["z"])
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
             y, state = causal_linear_attention_step(
-                cache, q[:, :, 0], k[:, :, 0], v[:, :, 0], mask=step_mask, epsilon=self.epsilon
+                state, q[:, :, 0], k[:, :, 0], v[:, :, 0], mask=step_mask, epsilon=self.epsilon
             )
             y = y[:, :, None]
         else:
@@ -132,13 +133,13 @@ class LinearAttention(CausalMixer):
                 k,
                 v,
                 mask=padding_mask,
-                initial_state=cache,
+                initial_state=state,
                 epsilon=self.epsilon,
                 chunk_size=self.chunk_size,
                 resets=resets,
             )
         outputs = self.output_dense(tf.cast(to_heads(y), self.compute_dtype))
-        return outputs if cache is None else (outputs, state)
+        return outputs if cache is None else (outputs, dict(zip(self.cache_names, state)))
 
     cache_names = ("S", "z")
 

@@ -5,6 +5,7 @@ from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.softmax_attention import (
+    KV_CACHE_NAMES,
     causal_visibility,
     empty_kv_cache,
     softmax_attention,
@@ -163,7 +164,7 @@ class ShapedAttention(CausalMixer):
             keys, all_values = k, v
         else:
             cache, visible = update_kv_cache(cache, k, v, padding_mask, name=self.name)
-            keys, all_values = cache[0], cache[1]
+            keys, all_values = cache["key"], cache["value"]
         attended = softmax_attention(q, keys, all_values, visible)
         # C v: the uniform average of the visible values, never materialised as C.
         acc = attended.dtype
@@ -177,7 +178,7 @@ class ShapedAttention(CausalMixer):
         outputs = tf.reshape(tf.cast(y, self.compute_dtype), tf.shape(inputs))
         return outputs if cache is None else (outputs, cache)
 
-    cache_names = ("key", "value", "valid", "position")
+    cache_names = KV_CACHE_NAMES
 
     def initial_state(self, batch_size, dtype=None):
         """`(key [B, L, H, e], value [B, L, H, e], valid [B, L] bool, position [B])`, `L = max_sequence_length`."""

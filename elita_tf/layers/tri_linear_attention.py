@@ -249,10 +249,11 @@ class TriLinearAttention(CausalMixer):
         k = _norm(self._project(x, self.key_dense))  # [B, T, tt]
         v = _norm(self._project(x, self.value_dense))[:, None]
 
+        state = None if cache is None else tuple(cache[name] for name in self.cache_names)
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
             att, state = banded_attention_step(
-                cache, qk[:, :, 0], qv[:, :, 0], v[:, :, 0], mask=step_mask, **self._attend_args()
+                state, qk[:, :, 0], qv[:, :, 0], v[:, :, 0], mask=step_mask, **self._attend_args()
             )
             att = att[:, :, None]
         else:
@@ -261,7 +262,7 @@ class TriLinearAttention(CausalMixer):
                 qv,
                 v,
                 mask=padding_mask,
-                initial_state=cache,
+                initial_state=state,
                 resets=resets,
                 chunk_size=self.chunk_size,
                 **self._attend_args(),
@@ -274,7 +275,7 @@ class TriLinearAttention(CausalMixer):
         shape = tf.shape(kv)
         kv = tf.reshape(kv, [shape[0], shape[1], COMBINER_REP * self.lowrank_dim])
         outputs = self.combiner_dense(tf.cast(kv, self.compute_dtype))
-        return outputs if cache is None else (outputs, state)
+        return outputs if cache is None else (outputs, dict(zip(self.cache_names, state)))
 
     cache_names = ("query_values", "values", "valid", "position")
 

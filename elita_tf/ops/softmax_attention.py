@@ -4,7 +4,7 @@
     row 1: x x . .      every earlier position (and itself), softmax weights
     row 2: x x x .
 
-The cache is `(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`:
+The cache is `{"key": [B, L, H, D], "value": [B, L, H, D], "valid": [B, L] bool, "position": [B]}`:
 `L` positions allocated once, `valid` False where nothing (or padding) was
 written, `position` each row's next position. Shapes never grow, so a
 decoding loop compiles once.
@@ -15,8 +15,11 @@ import tensorflow as tf
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 from elita_tf.ops.utils.positions import real_extent, write_positions
 
+KV_CACHE_NAMES = ("key", "value", "valid", "position")
+
 
 def empty_kv_cache(batch_size, max_sequence_length, num_heads, head_dim, dtype=tf.float32):
+    """`(key, value, valid, position)` before any position: the cache's tensors, in `KV_CACHE_NAMES` order."""
     shape = [batch_size, max_sequence_length, num_heads, head_dim]
     valid = tf.zeros([batch_size, max_sequence_length], tf.bool)
     return tf.zeros(shape, dtype), tf.zeros(shape, dtype), valid, tf.zeros([batch_size], tf.int32)
@@ -26,7 +29,7 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
     """Writes `T` new positions into each row, at that row's position.
 
     Args:
-        cache: `(key, value, valid, position)`.
+        cache: `{"key", "value", "valid", "position"}` (`KV_CACHE_NAMES`).
         key, value: `[B, T, H, D]`.
         mask: optional bool `[B, T]`, False at padding. Each row's position
             moves past its last real position: what follows overwrites right
@@ -37,7 +40,7 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         `(new_cache, visible)`: `visible [B, 1, T, L]` bool, True where new
         row `t` may attend cache slot `s` (written, not padding, `s <= position + t`).
     """
-    key_cache, value_cache, valid, position = cache
+    key_cache, value_cache, valid, position = (cache[name] for name in KV_CACHE_NAMES)
     batch, length, max_sequence_length = tf.shape(key)[0], tf.shape(key)[1], tf.shape(key_cache)[1]
     tf.debugging.assert_less_equal(
         tf.reduce_max(position) + length,
@@ -56,7 +59,8 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
     query_position = position[:, None, None] + tf.range(length)[None, :, None]  # [B, T, 1]
     visible = (tf.range(max_sequence_length)[None, None, :] <= query_position)[:, None] & valid[:, None, None, :]
     # Right padding is not part of the sequence: the next positions overwrite it.
-    return (key_cache, value_cache, valid, position + real_extent(mask, length)), visible
+    new_cache = (key_cache, value_cache, valid, position + real_extent(mask, length))
+    return dict(zip(KV_CACHE_NAMES, new_cache)), visible
 
 
 def causal_visibility(length, mask=None, resets=None):

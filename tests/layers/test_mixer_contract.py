@@ -146,7 +146,7 @@ def test_prefill_chunks_and_steps_from_the_named_cache_equal_the_parallel_form(n
     layer = _mixer(name)
     x = _inputs(60)
     initial = layer.get_initial_cache(2)
-    assert isinstance(initial, dict) and tuple(initial) == tuple(layer.cache_names)
+    assert isinstance(initial, dict) and tuple(initial) == tuple(getattr(layer, "mixer", layer).cache_names)
     decoded, cache = _decode(layer, x, [(0, 30), (30, 41)] + [(t, t + 1) for t in range(41, 60)])
     np.testing.assert_allclose(decoded, layer(x).numpy(), rtol=1e-4, atol=1e-4)
     # A new dict of the same fixed shapes and dtypes, whatever the length decoded.
