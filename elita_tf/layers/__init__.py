@@ -14,3 +14,20 @@ from elita_tf.layers.token_embedding import TokenEmbedding
 from elita_tf.layers.tri_linear_attention import TriLinearAttention
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.layers.wide_feedforward import WideFeedForward
+
+__all__ = [
+    "AdditiveAttention",
+    "Attention2",
+    "CausalMixer",
+    "CausalSelfAttention",
+    "DecoderBlock",
+    "FeedForward2",
+    "LinearAttention",
+    "OuterEpsilonRMSNormalization",
+    "PositionEmbedding",
+    "ShapedAttention",
+    "TokenEmbedding",
+    "TriLinearAttention",
+    "UnscaledLayerNormalization",
+    "WideFeedForward",
+]

@@ -27,7 +27,7 @@ class DecoderBlock(keras.layers.Layer):
     Without `ffn` the second half is left out. Dropout, when set, is applied
     to both branches before they are added.
 
-    Recipes (`elita_tf.models.make_layers` builds them):
+    Recipes (`elita_tf.models.decoder_layers.make_layers` builds them):
 
         ELiTA        DecoderBlock(Attention2, FeedForward2, "unscaled_layer_norm")
         Transformer  DecoderBlock(CausalSelfAttention, MLP gelu 4d, "layer_norm")

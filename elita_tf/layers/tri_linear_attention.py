@@ -22,26 +22,6 @@ _NORM_FLOOR = 1e-30
 _LN2 = math.log(2.0)
 
 
-def alibi_v1(layer_index):
-    """3Lin's "Alibi V1" position terms of attention `layer_index` (period 6).
-
-    `k` even: `hyper = 20 * ((k / 2) mod 3 + 1) / 3` (6.67, 13.3, 20 bits·token);
-    `k` odd: `slope = 0.5 * ((k // 2) mod 3) / 2` (0, 0.25, 0.5 bits per
-    token); a layer with neither is wide (layers 1, 7, 13, ...).
-
-    Returns:
-        `(slope, hyper, wide)`, the `TriLinearAttention` arguments.
-    """
-    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
-        raise ValueError(f"`layer_index` must be a non-negative integer. Received: layer_index={layer_index!r}")
-    slope, hyper = 0.0, 0.0
-    if layer_index % 2 == 0:
-        hyper = 20.0 * ((layer_index // 2) % 3 + 1) / 3.0
-    else:
-        slope = 0.5 * ((layer_index // 2) % 3) / 2.0
-    return slope, hyper, slope == 0.0 and hyper == 0.0
-
-
 def _norm(x):
     """`Norm_D(x) = x * sqrt(D) / |x|` over the last axis (RMS 1, no gain); zero stays zero."""
     mean_square = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)

@@ -18,162 +18,20 @@ so training, evaluation, generation and the exports can never disagree on the ar
 """
 
 import inspect
-import json
-import os
 
-import h5py
 import keras
 import keras_hub
-import sentencepiece
 import tensorflow as tf
 
-from elita_tf.layers import (
-    AdditiveAttention,
-    Attention2,
-    CausalSelfAttention,
-    DecoderBlock,
-    FeedForward2,
-    LinearAttention,
-    PositionEmbedding,
-    ShapedAttention,
-    TokenEmbedding,
-    TriLinearAttention,
-    WideFeedForward,
-)
 from elita_tf.layers.checks import check_integer_ids
-from elita_tf.layers.tri_linear_attention import alibi_v1
 from elita_tf.models import lora
 from elita_tf.models.architectures import architecture, check_architecture, decode_limit
+from elita_tf.models.decoder_layers import make_layers
+from elita_tf.models.presets import resolve_preset
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.positions import real_extent
 from elita_tf.private_apis import in_symbolic_scope
-
-
-def _additive_window(config, index):
-    if config["windows"] is not None:
-        return config["windows"][index]
-    # The reference: 4 * 2^l, the last layer global.
-    return None if index == config["num_layers"] - 1 else 4 * 2**index
-
-
-def _make_mixer(config, index, dtype):
-    block = config["blocks"][index]
-    common = {"name": "mixer", "dtype": dtype}
-    if block == "elita":
-        return Attention2(
-            config["num_heads"],
-            config["head_dim"],
-            config["position_dim"],
-            position_scale=config["position_scale"] or config["max_sequence_length"],
-            position_mode=config["position_mode"],
-            logit_clip=config["logit_clip"],
-            **common,
-        )
-    if block == "linear":
-        return LinearAttention(config["num_heads"], config["head_dim"], **common)
-    if block == "additive":
-        return AdditiveAttention(
-            config["num_heads"], window=_additive_window(config, index), dropout=config["dropout"], **common
-        )
-    if block == "transformer":
-        return CausalSelfAttention(
-            config["num_heads"],
-            head_dim=config["head_dim"],
-            dropout=config["dropout"],
-            max_sequence_length=config["max_sequence_length"],
-            **common,
-        )
-    if block == "simplified":
-        value_projection = config["first_value_projection"] and index == config["blocks"].index("simplified")
-        return ShapedAttention(
-            config["num_heads"],
-            value_projection=value_projection,
-            max_sequence_length=config["max_sequence_length"],
-            **common,
-        )
-    slope, hyper, wide = alibi_v1(index)
-    windows = config["windows"]
-    width = config["hidden_dim"]
-    return TriLinearAttention(
-        # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
-        query_dim=max(16, width // 2),
-        lowrank_dim=max(16, width // 4 // 16 * 16),
-        window=64 if windows is None or windows[index] is None else windows[index],
-        slope=slope,
-        hyper=hyper,
-        wide=wide,
-        max_sequence_length=config["max_sequence_length"],
-        **common,
-    )
-
-
-def _make_ffn(config, index, shared_ffn, dtype):
-    block = config["blocks"][index]
-    if config["ffn"] == "none" or block == "3lin":
-        return None
-    if config["ffn"] == "wide":
-        return shared_ffn
-    if config["ffn"] == "feedforward2":
-        return FeedForward2(factor=config["ffn_factor"], name="ffn", dtype=dtype)
-    if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
-        init = keras.initializers.RandomNormal(stddev=0.02)
-        return WideFeedForward(num_layers=1, use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype)
-    stddev = config["ffn_init_stddev"]
-    init = "glorot_uniform" if stddev is None else keras.initializers.RandomNormal(stddev=stddev)
-    return WideFeedForward(
-        num_layers=1, activation="gelu", use_bias=config["ffn_bias"], kernel_initializer=init, name="ffn", dtype=dtype
-    )
-
-
-# Each block type's norm, epsilon and residual form.
-_BLOCK_RECIPES = {
-    "elita": ("unscaled_layer_norm", 1e-3, "pre_norm"),  # ELiTA's LayerNorm has no scale or centre
-    "linear": ("layer_norm", 1e-3, "pre_norm"),
-    "additive": ("layer_norm", 1e-3, "pre_norm"),
-    "transformer": ("layer_norm", 1e-5, "pre_norm"),
-    "simplified": ("rms_norm", 1e-5, "parallel"),
-    "3lin": (None, 1e-5, "pre_norm"),  # 3Lin normalises its own input
-}
-
-
-def _make_block(config, index, shared_ffn, dtype):
-    norm, epsilon, residual = _BLOCK_RECIPES[config["blocks"][index]]
-    if norm is not None and config["norm"] is not None:
-        norm = config["norm"]
-    return DecoderBlock(
-        _make_mixer(config, index, dtype),
-        _make_ffn(config, index, shared_ffn, dtype),
-        norm=norm,
-        norm_epsilon=epsilon if config["norm_epsilon"] is None else config["norm_epsilon"],
-        residual=residual,
-        dropout=config["dropout"],
-        name=f"block_{index}",
-        dtype=dtype,
-    )
-
-
-def _make_layers(config, dtype):
-    """Every layer of the decoder, by its stable name (`token_embedding`, `block_{i}`, `final_norm`, ...)."""
-    epsilon = 1e-3 if config["norm_epsilon"] is None else config["norm_epsilon"]
-    layers = {"token_embedding": TokenEmbedding(config["vocabulary_size"], config["hidden_dim"], dtype=dtype)}
-    if config["position_embedding"]:
-        layers["position_embedding"] = PositionEmbedding(config["max_sequence_length"], dtype=dtype)
-    if config["embedding_norm"]:
-        layers["embedding_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
-    layers["embedding_dropout"] = keras.layers.Dropout(config["dropout"], dtype=dtype)
-    shared_ffn = None
-    if config["ffn"] == "wide":
-        shared_ffn = WideFeedForward(num_layers=config["num_layers"], name="wide_ffn", dtype=dtype)
-    for i in range(config["num_layers"]):
-        layers[f"block_{i}"] = _make_block(config, i, shared_ffn, dtype)
-    if config["final_norm"]:
-        layers["final_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
-    if not config["tied_embeddings"]:
-        layers["logits"] = keras.layers.Dense(config["vocabulary_size"], dtype=dtype)
-    for name, layer in layers.items():
-        layer.name = name  # stable names: weights load by name
-    return layers
 
 
 def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets=None, training=None, intercept=None):
@@ -366,7 +224,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
             first_value_projection=first_value_projection,
         )
         # === Layers ===
-        layers = _make_layers(config, dtype)
+        layers = make_layers(config, dtype)
         self.token_embedding = layers["token_embedding"]
 
         # === Functional model ===
@@ -600,87 +458,3 @@ def architecture_config(name, **overrides):
     return check_architecture(**{**defaults, **architecture(name), **overrides})
 
 
-RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
-_REGISTERED_NAME = "elita_tf>ElitaBackbone"
-# What every ElitaBackbone config holds: without them a preset's weights cannot be placed.
-_REQUIRED_FIELDS = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "max_sequence_length", "blocks")
-
-
-def resolve_preset(preset, load_weights=True):
-    """A preset handle or directory; for an `elita-train` run directory, its `preset/` folder.
-
-    Raises:
-        ValueError: for a run directory whose run has not finished (it has
-            no preset yet), saying how to export its last checkpoint; for a
-            name that is neither a directory nor a `scheme://` handle (a
-            keras-hub built-in such as `"gemma_2b_en"` is not an ELiTA model).
-        FileNotFoundError: for a local preset without its config or weights file.
-    """
-    if not isinstance(preset, str) or "://" in preset:
-        return preset
-    if os.path.isfile(os.path.join(preset, "run.json")):
-        folder = os.path.join(preset, RUN_PRESET)
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise ValueError(
-                f"{preset!r} is an elita-train run that has not finished: its preset is written at the end. "
-                f"Resume it with the same elita-train command, or export its last checkpoint with "
-                f"`elita-export --run-dir {preset} --format preset --output DIR`."
-            )
-        preset = folder
-    if not os.path.isdir(preset):
-        raise ValueError(
-            "An ELiTA preset is a local directory (an elita-train run, or one `save_to_preset` or "
-            "`elita-export --format preset` wrote) or a handle such as kaggle://USER/MODEL/keras/VARIANT or "
-            f"hf://USER/MODEL; elita-tf has no built-in presets. Received: preset={preset!r}"
-        )
-    _check_preset_files(preset, load_weights)
-    return preset
-
-
-def read_preset_config(preset):
-    """The `ElitaBackbone` arguments a local preset's `config.json` holds (its `"config"` entry).
-
-    Raises:
-        ValueError: naming the file, when it is not JSON, not an ELiTA backbone's config (a
-            keras-hub preset of another model, say), or lacks an architecture field.
-    """
-    path = os.path.join(preset, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not JSON ({error}): the preset is damaged.") from None
-    if not isinstance(saved, dict) or saved.get("registered_name") != _REGISTERED_NAME:
-        kind = saved.get("class_name") if isinstance(saved, dict) else None
-        raise ValueError(
-            f"{path} is not an ELiTA model's config: its backbone is {kind or 'not named'}, and elita-tf loads "
-            f"ElitaBackbone presets only (an elita-train run, or one `save_to_preset` or elita-export wrote). "
-            f"Received: class_name={kind!r}"
-        )
-    config = saved.get("config")
-    missing = [name for name in _REQUIRED_FIELDS if not isinstance(config, dict) or name not in config]
-    if missing:
-        raise ValueError(f"{path} lacks the architecture fields {missing}: the preset is damaged or incomplete.")
-    return config
-
-
-def _check_preset_files(preset, load_weights):
-    """Names the file of a local preset that is missing or unreadable, which keras-hub, h5py and SentencePiece
-    would report without its name (or, for the weights, as a sharded index `model.weights.json`)."""
-    weights = os.path.join(preset, "model.weights.h5")
-    sharded = os.path.isfile(os.path.join(preset, "model.weights.json"))
-    for name in ("config.json", *(("model.weights.h5",) if load_weights and not sharded else ())):
-        if not os.path.isfile(os.path.join(preset, name)):
-            raise FileNotFoundError(f"The preset directory {preset!r} has no {name}: it is incomplete.")
-    read_preset_config(preset)
-    vocabulary = os.path.join(preset, "assets", "tokenizer", "vocabulary.spm")
-    if load_weights and not sharded:
-        try:
-            h5py.File(weights, "r").close()
-        except OSError as error:
-            raise ValueError(f"{weights} cannot be read (damaged or truncated?): {error}") from None
-    if os.path.isfile(vocabulary):
-        try:
-            sentencepiece.SentencePieceProcessor(model_file=vocabulary)
-        except Exception as error:  # its error type varies with sentencepiece's version and the damage
-            raise ValueError(f"{vocabulary} cannot be read (damaged or truncated?): {error}") from None

@@ -6,13 +6,15 @@ import tensorflow as tf
 from keras import ops
 
 from elita_tf.layers.checks import check_integer_ids
-from elita_tf.models.elita_backbone import ElitaBackbone, resolve_preset
+from elita_tf.models.chunked_loss_training import ChunkedLossTraining, padding_mask_of
+from elita_tf.models.elita_backbone import ElitaBackbone
 from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
+from elita_tf.models.presets import resolve_preset
 from elita_tf.private_apis import in_symbolic_scope
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class ElitaCausalLM(keras_hub.models.CausalLM):
+class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
     """An ELiTA (or related) decoder language model: keras-hub's `fit`, `generate`, samplers and presets.
 
     **Training.** Compiled with `SparseCategoricalCrossentropy(from_logits=True)`
@@ -51,9 +53,6 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
     backbone_cls = ElitaBackbone
     preprocessor_cls = ElitaCausalLMPreprocessor
 
-    carried_state = None  # the cache `fit` carries from batch to batch (`enable_carried_state`)
-    chunked_loss = True  # False: Keras' own step on the full logits (to compare with it)
-
     def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===
         self.backbone = backbone
@@ -68,7 +67,7 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
         if isinstance(inputs, dict) and "resets" in inputs:  # packed documents: outside the functional graph
             backbone = self.backbone
             hidden = backbone.hidden_states(
-                inputs["token_ids"], _padding_mask(inputs), resets=inputs["resets"], training=training
+                inputs["token_ids"], padding_mask_of(inputs), resets=inputs["resets"], training=training
             )
             return backbone.logits(hidden)
         if not in_symbolic_scope() and isinstance(inputs, dict) and "token_ids" in inputs:
@@ -266,8 +265,6 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             padding_mask = ops.ones_like(token_ids, dtype="bool")
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
-    # --- Training -------------------------------------------------------------------------------
-
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
         """keras-hub's `compile`; `weighted_metrics=None` (and no `metrics`) trains on the loss alone.
 
@@ -285,176 +282,7 @@ class ElitaCausalLM(keras_hub.models.CausalLM):
             # Keras keeps the metrics of an earlier compile (keras-hub compiles every task when made).
             self._compile_metrics = None
 
-    def fit(self, x=None, *args, **kwargs):
-        if isinstance(x, tf.distribute.DistributedDataset):  # keras-hub's preprocessing cannot wrap one
-            return keras.Model.fit(self, x, *args, **kwargs)
-        return super().fit(x, *args, **kwargs)
-
-    def evaluate(self, x=None, *args, **kwargs):
-        if isinstance(x, tf.distribute.DistributedDataset):
-            return keras.Model.evaluate(self, x, *args, **kwargs)
-        return super().evaluate(x, *args, **kwargs)
-
-    def compile_from_config(self, config):
-        """Keras' own: a checkpoint loads compiled, with its optimizer (Keras skips a custom `compile`)."""
-        self.compile(**keras.saving.deserialize_keras_object(config))
-        self._build_optimizer()
-
-    def make_train_function(self, force=False):
-        if self.train_function is None or force:
-            # Keras otherwise builds the optimizer inside the first traced step, and TensorFlow traces a
-            # function that makes variables twice: building it here halves the first step's tracing.
-            self._build_optimizer()
-        return super().make_train_function(force)
-
-    def _build_optimizer(self):
-        if self.built and self.optimizer is not None and not self.optimizer.built:
-            with self.distribute_strategy.scope():
-                self.optimizer.build(self.trainable_variables)
-
-    def enable_carried_state(self, batch_size):
-        """Makes `fit` carry every block's decoding state from one batch to the next.
-
-        Truncated backpropagation through time: `fit` then takes batches
-        `({"token_ids", "padding_mask", "resets"}, labels)` of consecutive
-        segments of `batch_size` streams (`elita_tf.data.stream_dataset`). Each
-        step continues from the state the previous one left (a constant, with
-        no gradient: gradients stop at segment boundaries), and no position
-        sees anything before its document's start (`resets`). The state is
-        saved with the model, so a resumed run continues exactly.
-
-        Raises:
-            ValueError: for a model with a block that keeps no constant-size
-                state, or learned positions.
-        """
-        backbone = self.backbone
-        if backbone.decode_limit is not None or backbone.position_mode == "length":
-            raise ValueError(
-                "Carrying the state needs blocks that keep a constant-size state, no learned positions and "
-                f"positions that do not move with the length. Received: blocks={sorted(set(backbone.blocks))}, "
-                f"position_embedding={backbone.position_embedding}, position_mode={backbone.position_mode!r}"
-            )
-        cache = backbone.get_initial_cache(batch_size)
-        with tf.init_scope():
-            self.carried_state = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), cache)
-
-    def _chunked_loss_applies(self):
-        loss = getattr(self, "loss", None)
-        if not self.chunked_loss or self._compile_metrics is not None:
-            return False
-        if not isinstance(loss, keras.losses.SparseCategoricalCrossentropy):
-            return False
-        loss_config = loss.get_config()
-        return (
-            loss_config["from_logits"]
-            and loss_config.get("ignore_class") is None
-            and loss_config["reduction"] in ("sum_over_batch_size", "mean_with_sample_weight")
-        )
-
-    def _chunked_loss(self, x, labels, sample_weight, training, carry=False):
-        """The batch's mean loss, as Keras computes a compiled loss (sample weights, regularisers, replicas).
-
-        With `carry`, the forward continues from the carried state and updates it.
-        """
-        backbone = self.backbone
-        token_ids, padding_mask = x["token_ids"], _padding_mask(x)
-        if not carry:
-            hidden = backbone.hidden_states(token_ids, padding_mask, resets=x.get("resets"), training=training)
-        else:
-            cache = tf.nest.map_structure(lambda v: v.read_value(), self.carried_state)
-            hidden, cache = backbone.hidden_states(
-                token_ids, padding_mask, cache=cache, resets=x["resets"], training=training
-            )
-            tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
-        # Keras' reductions: the weighted sum over every token, divided by their number ("sum_over_batch_size")
-        # or by the sum of the weights ("mean_with_sample_weight": packed documents weigh out the first token of
-        # each). Training takes the sum from the head, which then forms its gradients in the forward pass.
-        if training:
-            loss = backbone.token_losses(hidden, labels, sample_weight, reduction="sum")
-        else:
-            loss = ops.sum(backbone.token_losses(hidden, labels, sample_weight))
-        if sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight":
-            divisor = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
-        else:
-            divisor = tf.cast(tf.size(labels), loss.dtype)
-        loss = tf.math.divide_no_nan(loss, divisor)
-        for extra in self.losses:  # regularisers, as `compute_loss` adds them
-            loss = loss + ops.cast(ops.sum(extra), loss.dtype)
-        return loss / tf.distribute.get_strategy().num_replicas_in_sync
-
-    def _track_loss(self, loss, token_ids, sample_weight=None):
-        # Each batch's mean weighs in by its rows, or, given `sample_weight` with a loss averaged over the
-        # weights, by their sum: evaluation's figure is then the mean over every weighted token (packed
-        # documents). Training keeps rows: `StepLog` reads each batch's loss back from the running mean.
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        weight = tf.cast(tf.shape(token_ids)[0], loss.dtype)
-        if sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight":
-            weight = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
-        self._loss_tracker.update_state(loss * replicas, sample_weight=weight)
-
-    def train_step(self, data):
-        x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if not self._chunked_loss_applies():
-            if self.carried_state is not None:
-                raise ValueError(
-                    "With a carried state, `fit` computes the loss itself: compile with "
-                    "SparseCategoricalCrossentropy(from_logits=True) and no metrics (weighted_metrics=None). "
-                    f"Received: loss={self.loss!r}"
-                )
-            return super().train_step(data)
-        if self.carried_state is not None and not (isinstance(x, dict) and "resets" in x):
-            raise ValueError(
-                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'resets'}, labels)` batches "
-                f"(elita_tf.data.stream_dataset). Received: inputs {x!r}"
-            )
-        with tf.GradientTape() as tape:
-            loss = self._chunked_loss(x, labels, sample_weight, training=True, carry=self.carried_state is not None)
-            self._track_loss(loss, x["token_ids"])
-            scaled = self.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, self.trainable_weights)
-        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
-        return self.get_metrics_result()
-
-    def test_step(self, data):
-        x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if not self._chunked_loss_applies():
-            return super().test_step(data)
-        loss = self._chunked_loss(x, labels, sample_weight, training=False)
-        self._track_loss(loss, x["token_ids"], sample_weight)
-        return self.get_metrics_result()
-
-    def save_own_variables(self, store):
-        super().save_own_variables(store)
-        for i, variable in enumerate(tf.nest.flatten(self.carried_state or {})):
-            store[f"carried_state_{i}"] = variable.numpy()
-
-    def load_own_variables(self, store):
-        carried = {key for key in store.keys() if key.startswith("carried_state_")}
-        super().load_own_variables({key: store[key] for key in store.keys() if key not in carried})
-        for i, variable in enumerate(tf.nest.flatten(self.carried_state or {})):
-            variable.assign(store[f"carried_state_{i}"])
-
-    def get_config(self):
-        config = super().get_config()
-        if self.carried_state is not None:
-            config["carried_state_batch_size"] = int(self.carried_state["position"].shape[0])
-        return config
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        carried_batch_size = config.pop("carried_state_batch_size", None)
-        model = super().from_config(config)
-        if carried_batch_size is not None:
-            model.enable_carried_state(carried_batch_size)
-        return model
-
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder."""
         return super().from_preset(resolve_preset(preset, load_weights), load_weights=load_weights, **kwargs)
-
-
-def _padding_mask(inputs):
-    mask = inputs.get("padding_mask")
-    return None if mask is None else ops.cast(mask, "bool")

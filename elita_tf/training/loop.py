@@ -58,7 +58,8 @@ from elita_tf.data import (
 from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, write_token_file
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.architectures import ARCHITECTURES, architecture, decode_limit
-from elita_tf.models.elita_backbone import architecture_config, read_preset_config, resolve_preset
+from elita_tf.models.elita_backbone import architecture_config
+from elita_tf.models.presets import read_preset_config, resolve_preset
 from elita_tf.schedules import elita_adam, three_lin_sgd
 from elita_tf.training.checkpoints import load_latest_checkpoint, save_checkpoint
 from elita_tf.training.distributed import (

@@ -18,7 +18,7 @@ import socket
 import time
 
 from elita_tf.models import ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
-from elita_tf.models.elita_backbone import RUN_PRESET
+from elita_tf.models.presets import RUN_PRESET
 from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, list_checkpoints, load_checkpoint
 
 MANIFEST = "run.json"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.layers.tri_linear_attention import TriLinearAttention, alibi_v1
+from elita_tf.layers.tri_linear_attention import TriLinearAttention
+from elita_tf.models.decoder_layers import alibi_v1
 from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12

@@ -1,0 +1,174 @@
+"""The recipe factory: an architecture's config to the layers of the decoder, by their stable names.
+
+`make_layers(config, dtype)` gives `token_embedding`, `position_embedding`, `embedding_norm`,
+`embedding_dropout`, `block_{i}`, `final_norm` and `logits` as the config asks: each block a
+`DecoderBlock(mixer, ffn, norm, residual)` whose mixer and feed-forward network follow its block
+type. `ElitaBackbone` runs them; nothing else depends on the block type.
+"""
+
+import keras
+
+from elita_tf.layers import (
+    AdditiveAttention,
+    Attention2,
+    CausalSelfAttention,
+    DecoderBlock,
+    FeedForward2,
+    LinearAttention,
+    PositionEmbedding,
+    ShapedAttention,
+    TokenEmbedding,
+    TriLinearAttention,
+    WideFeedForward,
+)
+
+
+def alibi_v1(layer_index):
+    """3Lin's "Alibi V1" position terms of attention `layer_index` (period 6).
+
+    `k` even: `hyper = 20 * ((k / 2) mod 3 + 1) / 3` (6.67, 13.3, 20 bits·token);
+    `k` odd: `slope = 0.5 * ((k // 2) mod 3) / 2` (0, 0.25, 0.5 bits per
+    token); a layer with neither is wide (layers 1, 7, 13, ...).
+
+    Returns:
+        `(slope, hyper, wide)`, the `TriLinearAttention` arguments.
+    """
+    if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
+        raise ValueError(f"`layer_index` must be a non-negative integer. Received: layer_index={layer_index!r}")
+    slope, hyper = 0.0, 0.0
+    if layer_index % 2 == 0:
+        hyper = 20.0 * ((layer_index // 2) % 3 + 1) / 3.0
+    else:
+        slope = 0.5 * ((layer_index // 2) % 3) / 2.0
+    return slope, hyper, slope == 0.0 and hyper == 0.0
+
+
+
+def _additive_window(config, index):
+    if config["windows"] is not None:
+        return config["windows"][index]
+    # The reference: 4 * 2^l, the last layer global.
+    return None if index == config["num_layers"] - 1 else 4 * 2**index
+
+
+
+def _make_mixer(config, index, dtype):
+    block = config["blocks"][index]
+    common = {"name": "mixer", "dtype": dtype}
+    if block == "elita":
+        return Attention2(
+            config["num_heads"],
+            config["head_dim"],
+            config["position_dim"],
+            position_scale=config["position_scale"] or config["max_sequence_length"],
+            position_mode=config["position_mode"],
+            logit_clip=config["logit_clip"],
+            **common,
+        )
+    if block == "linear":
+        return LinearAttention(config["num_heads"], config["head_dim"], **common)
+    if block == "additive":
+        return AdditiveAttention(
+            config["num_heads"], window=_additive_window(config, index), dropout=config["dropout"], **common
+        )
+    if block == "transformer":
+        return CausalSelfAttention(
+            config["num_heads"],
+            head_dim=config["head_dim"],
+            dropout=config["dropout"],
+            max_sequence_length=config["max_sequence_length"],
+            **common,
+        )
+    if block == "simplified":
+        value_projection = config["first_value_projection"] and index == config["blocks"].index("simplified")
+        return ShapedAttention(
+            config["num_heads"],
+            value_projection=value_projection,
+            max_sequence_length=config["max_sequence_length"],
+            **common,
+        )
+    slope, hyper, wide = alibi_v1(index)
+    windows = config["windows"]
+    width = config["hidden_dim"]
+    return TriLinearAttention(
+        # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
+        query_dim=max(16, width // 2),
+        lowrank_dim=max(16, width // 4 // 16 * 16),
+        window=64 if windows is None or windows[index] is None else windows[index],
+        slope=slope,
+        hyper=hyper,
+        wide=wide,
+        max_sequence_length=config["max_sequence_length"],
+        **common,
+    )
+
+
+
+def _make_ffn(config, index, shared_ffn, dtype):
+    block = config["blocks"][index]
+    if config["ffn"] == "none" or block == "3lin":
+        return None
+    if config["ffn"] == "wide":
+        return shared_ffn
+    if config["ffn"] == "feedforward2":
+        return FeedForward2(factor=config["ffn_factor"], name="ffn", dtype=dtype)
+    if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        return WideFeedForward(num_layers=1, use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype)
+    stddev = config["ffn_init_stddev"]
+    init = "glorot_uniform" if stddev is None else keras.initializers.RandomNormal(stddev=stddev)
+    return WideFeedForward(
+        num_layers=1, activation="gelu", use_bias=config["ffn_bias"], kernel_initializer=init, name="ffn", dtype=dtype
+    )
+
+
+# Each block type's norm, epsilon and residual form.
+_BLOCK_RECIPES = {
+    "elita": ("unscaled_layer_norm", 1e-3, "pre_norm"),  # ELiTA's LayerNorm has no scale or centre
+    "linear": ("layer_norm", 1e-3, "pre_norm"),
+    "additive": ("layer_norm", 1e-3, "pre_norm"),
+    "transformer": ("layer_norm", 1e-5, "pre_norm"),
+    "simplified": ("rms_norm", 1e-5, "parallel"),
+    "3lin": (None, 1e-5, "pre_norm"),  # 3Lin normalises its own input
+}
+
+
+
+def _make_block(config, index, shared_ffn, dtype):
+    norm, epsilon, residual = _BLOCK_RECIPES[config["blocks"][index]]
+    if norm is not None and config["norm"] is not None:
+        norm = config["norm"]
+    return DecoderBlock(
+        _make_mixer(config, index, dtype),
+        _make_ffn(config, index, shared_ffn, dtype),
+        norm=norm,
+        norm_epsilon=epsilon if config["norm_epsilon"] is None else config["norm_epsilon"],
+        residual=residual,
+        dropout=config["dropout"],
+        name=f"block_{index}",
+        dtype=dtype,
+    )
+
+
+
+def make_layers(config, dtype):
+    """Every layer of the decoder, by its stable name (`token_embedding`, `block_{i}`, `final_norm`, ...)."""
+    epsilon = 1e-3 if config["norm_epsilon"] is None else config["norm_epsilon"]
+    layers = {"token_embedding": TokenEmbedding(config["vocabulary_size"], config["hidden_dim"], dtype=dtype)}
+    if config["position_embedding"]:
+        layers["position_embedding"] = PositionEmbedding(config["max_sequence_length"], dtype=dtype)
+    if config["embedding_norm"]:
+        layers["embedding_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
+    layers["embedding_dropout"] = keras.layers.Dropout(config["dropout"], dtype=dtype)
+    shared_ffn = None
+    if config["ffn"] == "wide":
+        shared_ffn = WideFeedForward(num_layers=config["num_layers"], name="wide_ffn", dtype=dtype)
+    for i in range(config["num_layers"]):
+        layers[f"block_{i}"] = _make_block(config, i, shared_ffn, dtype)
+    if config["final_norm"]:
+        layers["final_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
+    if not config["tied_embeddings"]:
+        layers["logits"] = keras.layers.Dense(config["vocabulary_size"], dtype=dtype)
+    for name, layer in layers.items():
+        layer.name = name  # stable names: weights load by name
+    return layers

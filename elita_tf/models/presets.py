@@ -1,0 +1,103 @@
+"""Presets: where a preset is (a directory, an elita-train run, a handle), and whether it is an ELiTA model's.
+
+keras-hub reports a missing or damaged preset file without naming it, and loads any config it is
+given; these checks name the file, and refuse a preset of another model before anything loads.
+"""
+
+import json
+import os
+
+import h5py
+import sentencepiece
+
+RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
+
+
+_REGISTERED_NAME = "elita_tf>ElitaBackbone"
+
+
+# What every ElitaBackbone config holds: without them a preset's weights cannot be placed.
+_REQUIRED_FIELDS = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "max_sequence_length", "blocks")
+
+
+
+def resolve_preset(preset, load_weights=True):
+    """A preset handle or directory; for an `elita-train` run directory, its `preset/` folder.
+
+    Raises:
+        ValueError: for a run directory whose run has not finished (it has
+            no preset yet), saying how to export its last checkpoint; for a
+            name that is neither a directory nor a `scheme://` handle (a
+            keras-hub built-in such as `"gemma_2b_en"` is not an ELiTA model).
+        FileNotFoundError: for a local preset without its config or weights file.
+    """
+    if not isinstance(preset, str) or "://" in preset:
+        return preset
+    if os.path.isfile(os.path.join(preset, "run.json")):
+        folder = os.path.join(preset, RUN_PRESET)
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            raise ValueError(
+                f"{preset!r} is an elita-train run that has not finished: its preset is written at the end. "
+                f"Resume it with the same elita-train command, or export its last checkpoint with "
+                f"`elita-export --run-dir {preset} --format preset --output DIR`."
+            )
+        preset = folder
+    if not os.path.isdir(preset):
+        raise ValueError(
+            "An ELiTA preset is a local directory (an elita-train run, or one `save_to_preset` or "
+            "`elita-export --format preset` wrote) or a handle such as kaggle://USER/MODEL/keras/VARIANT or "
+            f"hf://USER/MODEL; elita-tf has no built-in presets. Received: preset={preset!r}"
+        )
+    _check_preset_files(preset, load_weights)
+    return preset
+
+
+
+def read_preset_config(preset):
+    """The `ElitaBackbone` arguments a local preset's `config.json` holds (its `"config"` entry).
+
+    Raises:
+        ValueError: naming the file, when it is not JSON, not an ELiTA backbone's config (a
+            keras-hub preset of another model, say), or lacks an architecture field.
+    """
+    path = os.path.join(preset, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not JSON ({error}): the preset is damaged.") from None
+    if not isinstance(saved, dict) or saved.get("registered_name") != _REGISTERED_NAME:
+        kind = saved.get("class_name") if isinstance(saved, dict) else None
+        raise ValueError(
+            f"{path} is not an ELiTA model's config: its backbone is {kind or 'not named'}, and elita-tf loads "
+            f"ElitaBackbone presets only (an elita-train run, or one `save_to_preset` or elita-export wrote). "
+            f"Received: class_name={kind!r}"
+        )
+    config = saved.get("config")
+    missing = [name for name in _REQUIRED_FIELDS if not isinstance(config, dict) or name not in config]
+    if missing:
+        raise ValueError(f"{path} lacks the architecture fields {missing}: the preset is damaged or incomplete.")
+    return config
+
+
+
+def _check_preset_files(preset, load_weights):
+    """Names the file of a local preset that is missing or unreadable, which keras-hub, h5py and SentencePiece
+    would report without its name (or, for the weights, as a sharded index `model.weights.json`)."""
+    weights = os.path.join(preset, "model.weights.h5")
+    sharded = os.path.isfile(os.path.join(preset, "model.weights.json"))
+    for name in ("config.json", *(("model.weights.h5",) if load_weights and not sharded else ())):
+        if not os.path.isfile(os.path.join(preset, name)):
+            raise FileNotFoundError(f"The preset directory {preset!r} has no {name}: it is incomplete.")
+    read_preset_config(preset)
+    vocabulary = os.path.join(preset, "assets", "tokenizer", "vocabulary.spm")
+    if load_weights and not sharded:
+        try:
+            h5py.File(weights, "r").close()
+        except OSError as error:
+            raise ValueError(f"{weights} cannot be read (damaged or truncated?): {error}") from None
+    if os.path.isfile(vocabulary):
+        try:
+            sentencepiece.SentencePieceProcessor(model_file=vocabulary)
+        except Exception as error:  # its error type varies with sentencepiece's version and the damage
+            raise ValueError(f"{vocabulary} cannot be read (damaged or truncated?): {error}") from None
