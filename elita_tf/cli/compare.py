@@ -9,8 +9,8 @@ flag passed to each run.
 import sys
 
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
-from elita_tf.cli.train import add_settings_flags
-from elita_tf.training.settings import TrainSettings
+from elita_tf.cli.flags import add_flags
+from elita_tf.training.settings import TrainSettings, train_settings
 
 # Set per run by compare itself; a comparison trains each architecture from scratch (no fine-tuning).
 _PER_RUN = ("output_dir", "architecture", "seed", "init_from", "lora_rank", "merge_lora")
@@ -24,7 +24,7 @@ def parse_args(argv=None):
     parser.add_argument("--plot", help="PNG to write (default: OUTPUT_DIR/ELiTA.png)")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     # The elita-train flags, left unset unless given: each run then takes elita-train's default.
-    add_settings_flags(parser, exclude=_PER_RUN, defaults=False)
+    add_flags(parser, TrainSettings, exclude=_PER_RUN, defaults=False)
     return parser, parser.parse_args(argv)
 
 
@@ -33,7 +33,7 @@ def main(argv=None):
     options = {key: value for key, value in vars(args).items() if value is not None and value is not False}
     fixed = {key: options.pop(key, None) for key in ["architectures", "seeds", "output_dir", "plot", "debug"]}
     try:  # the settings, checked before the first run
-        TrainSettings(output_dir=fixed["output_dir"], **options)
+        train_settings(output_dir=fixed["output_dir"], **options)
     except ValueError as error:
         parser.error(str(error))
 

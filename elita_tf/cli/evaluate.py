@@ -18,29 +18,22 @@ import sys
 
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
-from elita_tf.data.sources import DATA_DIR_ENV
-from elita_tf.data.text_files import DOCUMENTS, SPLITS, TextCorpus, data_kind
+from elita_tf.cli.flags import add_flags
+from elita_tf.data.corpus_settings import CorpusSettings
+from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
 from elita_tf.export.settings import QUANTIZATIONS
-from elita_tf.models.architectures import POSITION_MODES
+from elita_tf.layers.options import POSITION_MODES
 
 
 def main(argv=None):
     parser = ArgumentParser(prog="elita-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, help="a finished elita-train output directory")
     parser.add_argument("--split", default="test", choices=SPLITS)
-    parser.add_argument(
-        "--data",
-        help="score this text instead of the run's: text files or .jsonl (scored whole), a WikiText config or "
-        "tfds:NAME (its --split)",
-    )
-    parser.add_argument("--text-field", default="text", help="JSON Lines and TFDS: the field holding the text")
-    parser.add_argument("--documents", default="file", choices=DOCUMENTS, help="plain text: how documents are cut")
+    # Other text, instead of the run's own: its flags are CorpusSettings' (text files and JSON Lines are
+    # scored whole, a WikiText config or TFDS dataset by --split); --data-dir and --tfds-dir also locate the run's.
+    add_flags(parser, CorpusSettings, exclude=("validation_data", "test_data", "holdout_fraction"), defaults=False)
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="evaluate after Keras' quantize(MODE)")
     parser.add_argument("--litert", help="score through this LiteRT file of the run (elita-export --format litert)")
-    parser.add_argument(
-        "--data-dir", default=os.environ.get(DATA_DIR_ENV) or None, help=f"defaults to ${DATA_DIR_ENV}; else downloads"
-    )
-    parser.add_argument("--tfds-dir", help="where tensorflow-datasets keeps prepared data")
     parser.add_argument("--batch-size", type=int, help="defaults to the run's")
     parser.add_argument("--eval-batches", type=int, help="a cap on batches")
     parser.add_argument("--window-length", type=int, help="window length N; defaults to the run's --sequence-length")
@@ -69,11 +62,17 @@ def main(argv=None):
             parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
     if args.window_length is not None and args.window_length < 2:
         parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
-    if args.data is not None and data_kind(args.data) in ("text", "jsonl"):
+    corpus = None
+    if args.data is not None:
+        given = {name: getattr(args, name) for name in ("data", "data_dir", "tfds_dir", "document_separator", "text_field")}
         try:
-            TextCorpus(args.data, documents=args.documents, text_field=args.text_field, holdout_fraction=0.0)
+            corpus = CorpusSettings(**{name: value for name, value in given.items() if value is not None})
+            if data_kind(corpus.data) in ("text", "jsonl"):
+                TextCorpus(corpus)  # the files exist
         except ValueError as error:
             parser.error(str(error))
+    elif args.document_separator is not None or args.text_field is not None:
+        parser.error("--document-separator and --text-field describe --data: give --data too.")
     if args.output:  # before any work: an evaluation is not lost to a path that cannot be written
         folder = os.path.dirname(os.path.abspath(args.output))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
@@ -88,9 +87,7 @@ def main(argv=None):
             result = evaluate(
                 args.run_dir,
                 split=args.split,
-                data=args.data,
-                text_field=args.text_field,
-                documents=args.documents,
+                corpus=corpus,
                 data_dir=args.data_dir,
                 tfds_dir=args.tfds_dir,
                 batch_size=args.batch_size,

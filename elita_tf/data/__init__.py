@@ -9,6 +9,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         "load_corpus": "corpus",
+        "CorpusSettings": "corpus_settings",
         "TextCorpus": "text_files",
         "sample_text": "tokenizer",
         "lm_dataset": "pipeline",

@@ -1,9 +1,9 @@
 """Any training text as three `tf.data` splits of lines: WikiText, a TFDS text dataset, text files or JSON Lines.
 
-    splits, info = load_corpus("wikitext-2-v1")                  # WikiText, as `load_wikitext`
-    splits, info = load_corpus("tfds:lm1b", text_field="text")    # any TFDS dataset with a text feature
-    splits, info = load_corpus("books/*.txt", holdout_fraction=0.1)
-    splits, info = load_corpus("corpus.jsonl", text_field="body")
+    splits, info = load_corpus(CorpusSettings())                                # WikiText-2 (`load_wikitext`)
+    splits, info = load_corpus(CorpusSettings("tfds:lm1b"))                     # a TFDS dataset with a text feature
+    splits, info = load_corpus(CorpusSettings("books/*.txt", holdout_fraction=0.1), seed=0)
+    splits, info = load_corpus(CorpusSettings("corpus.jsonl", text_field="body"))
 
 Every form gives `{"train", "validation", "test"}` datasets of `tf.string` lines, and `info`:
 `{"dataset", "source", "sha256"}`, plus `"corpus"` (the settings that decide the splits) for all
@@ -19,6 +19,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, TextCorpus, data_kind, holdout_codes
 from elita_tf.data.wikitext import is_article_title, load_wikitext
 
@@ -73,9 +74,10 @@ def prepared_sha256(directory):
     return digest.hexdigest()
 
 
-def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_starts):
+def _load_tfds(corpus, seed, document_starts):
     import tensorflow_datasets as tfds
 
+    name, tfds_dir, text_field = corpus.data[len("tfds:") :], corpus.tfds_dir, corpus.text_field
     try:
         builder = tfds.builder(name, data_dir=tfds_dir)
         builder.download_and_prepare()
@@ -97,7 +99,7 @@ def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_star
     train = builder.as_dataset(split="train", shuffle_files=False).map(lambda example: example[field])
     # The split of each train example by its position in TFDS' order, as `TextCorpus` splits documents;
     # a split TFDS provides takes nothing from train.
-    codes = holdout_codes(builder.info.splits["train"].num_examples, seed, holdout_fraction)
+    codes = holdout_codes(builder.info.splits["train"].num_examples, seed, corpus.holdout_fraction)
     for code, split in enumerate(SPLITS):
         if split != "train" and given[split]:
             codes[codes == code] = SPLITS.index("train")
@@ -110,8 +112,7 @@ def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_star
             texts_ds = train.enumerate().filter(lambda index, _, code=code: tf.equal(tf.gather(codes, index), code))
             texts_ds = texts_ds.map(lambda _, text: text)
         splits[split] = _lines_of(texts_ds, document_starts)
-    settings = {"text_field": field, "holdout_fraction": holdout_fraction, "seed": seed}
-    settings["holdout_method"] = HOLDOUT_METHOD
+    settings = {**corpus.record(), "text_field": field, "seed": seed, "holdout_method": HOLDOUT_METHOD}
     described = {
         "name": builder.info.full_name,
         "splits": {split: given[split] for split in SPLITS},
@@ -124,81 +125,43 @@ def _load_tfds(name, tfds_dir, text_field, holdout_fraction, seed, document_star
     return splits, {**info, "corpus": settings}
 
 
-def load_corpus(
-    data="wikitext-2-v1",
-    data_dir=None,
-    tfds_dir=None,
-    validation_data=None,
-    test_data=None,
-    documents="file",
-    text_field="text",
-    holdout_fraction=0.05,
-    seed=0,
-    required_splits=SPLITS,
-    document_starts=False,
-    holdout_method=HOLDOUT_METHOD,
-):
-    """The three splits of `data` as `tf.data.Dataset`s of lines, and where they came from.
+def load_corpus(corpus=None, seed=0, required_splits=SPLITS, document_starts=False):
+    """The three splits of a corpus as `tf.data.Dataset`s of lines, and where they came from.
 
     Args:
-        data: str. A WikiText config (`"wikitext-2-v1"`, ...), `"tfds:NAME[/CONFIG]"`, a `.jsonl`
-            or `.ndjson` file, or a glob of plain-text (and JSON Lines) files. Defaults to `"wikitext-2-v1"`.
-        data_dir: str or None. WikiText only: a local directory of its files (`load_wikitext`).
-        tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
-        validation_data, test_data: str or None. Text files or JSON Lines for a split, instead of
-            holding it out of `data`.
-        documents: str. Plain text: `"file"` or `"blank-line"` (`TextCorpus`).
-        text_field: str. JSON Lines and TFDS only: the field of the text. Defaults to `"text"`; a
-            TFDS dataset with a single text feature uses it whatever its name.
-        holdout_fraction: float. Share of `data` held out for each split it does not provide.
-            Defaults to `0.05`.
+        corpus: a `CorpusSettings`: the text and how it is split. Defaults to WikiText-2.
         seed: int. Which documents are held out. Defaults to `0`.
         required_splits: the splits of text files or JSON Lines that must hold a document.
             Defaults to all three.
         document_starts: bool. Give `(line, starts_document)` pairs instead of lines: True on the
             first line of each file or blank-line document, JSON record, TFDS example or WikiText
             article (its title line, `= Title =`). Defaults to False.
-        holdout_method: str. How documents are held out; a run's recorded settings name it, and
-            `HOLDOUT_METHOD` is the only one. Defaults to `HOLDOUT_METHOD`.
 
     Returns:
         `(splits, info)`: `{"train", "validation", "test"}` datasets of `tf.string` lines, and
-        `{"dataset", "source", "sha256"}` (plus `"corpus"`, the split settings, for all but WikiText).
+        `{"dataset", "source", "sha256"}` (plus `"corpus"`, what decides the splits, for all but
+        WikiText: `CorpusSettings.record()`, the seed and the holdout method).
 
     Raises:
         ValueError: bad input, naming the file and line (`TextCorpus.check`), an unknown TFDS dataset,
             or a missing text feature.
     """
-    kind = data_kind(data)
-    if kind != "text" and kind != "jsonl" and (validation_data or test_data):
-        raise ValueError(
-            f"--validation-data and --test-data go with text files or JSON Lines; {data!r} has its own splits. "
-            f"Received: validation_data={validation_data!r}, test_data={test_data!r}"
-        )
-    if holdout_method != HOLDOUT_METHOD:
-        raise ValueError(
-            f"This elita-tf holds documents out by {HOLDOUT_METHOD!r} only. "
-            f"Received: holdout_method={holdout_method!r}"
-        )
-    if kind == "wikitext" and text_field != "text":
-        raise ValueError(
-            f"--text-field applies to JSON Lines and TFDS only, and {data!r} is WikiText. "
-            f"Received: text_field={text_field!r}"
-        )
+    corpus = CorpusSettings() if corpus is None else corpus
+    kind = data_kind(corpus.data)
     if kind == "wikitext":
-        splits, info = load_wikitext(data, local_dir=data_dir, tfds_dir=tfds_dir, with_info=True)
+        splits, info = load_wikitext(corpus.data, local_dir=corpus.data_dir, tfds_dir=corpus.tfds_dir, with_info=True)
         if document_starts:
             splits = {split: lines.map(lambda line: (line, is_article_title(line))) for split, lines in splits.items()}
         return splits, info
     if kind == "tfds":
-        return _load_tfds(data[len("tfds:") :], tfds_dir, text_field, holdout_fraction, seed, document_starts)
-    corpus = TextCorpus(data, validation_data, test_data, documents, text_field, holdout_fraction, seed, holdout_method)
-    checked = corpus.check(required_splits)
+        return _load_tfds(corpus, seed, document_starts)
+    text = TextCorpus(corpus, seed)
+    checked = text.check(required_splits)
     if document_starts:
         signature = (tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool))
-        read = corpus.lines_with_starts
+        read = text.lines_with_starts
     else:
-        signature, read = tf.TensorSpec([None], tf.string), corpus.lines
+        signature, read = tf.TensorSpec([None], tf.string), text.lines
     # The generator hands over lines a thousand at a time: one at a time, its per-call cost would cap
     # reading at a few thousand lines a second.
     splits = {
@@ -207,5 +170,19 @@ def load_corpus(
         ).unbatch()
         for split in SPLITS
     }
-    info = {"dataset": data, "source": f"{data} ({len(corpus.paths['train'])} files)", "sha256": checked["sha256"]}
-    return splits, {**info, "documents": checked["documents"], "corpus": corpus.settings()}
+    info = {"dataset": corpus.data, "source": f"{corpus.data} ({len(text.paths['train'])} files)"}
+    return splits, {**info, "sha256": checked["sha256"], "documents": checked["documents"], "corpus": text.settings()}
+
+
+def corpus_of_record(dataset, record, data_dir=None, tfds_dir=None):
+    """`(CorpusSettings, seed)` of a run's recorded data (`info["dataset"]`, `info.get("corpus")`), read again."""
+    record = dict(record or {})
+    seed = record.pop("seed", 0)
+    method = record.pop("holdout_method", HOLDOUT_METHOD)
+    if method != HOLDOUT_METHOD:
+        raise ValueError(
+            f"This elita-tf holds documents out by {HOLDOUT_METHOD!r} only: the run's splits cannot be read "
+            f"again. Received: holdout_method={method!r}"
+        )
+    record["data"] = record.get("data", dataset)
+    return CorpusSettings(**record, data_dir=data_dir, tfds_dir=tfds_dir), seed

@@ -11,7 +11,7 @@ exactly at its step (`lm_dataset(..., start_step=k)`).
 
 With packed documents (`elita-train --pack-documents`) the split is first one
 stream of ids and document starts (`token_stream`), cut the same way
-(`packed_windows`); the batches then carry `resets` and weights.
+(`packed_windows`); the batches then carry `document_starts` and weights.
 """
 
 import numpy as np
@@ -87,7 +87,7 @@ def lm_dataset(
             `batch_size`.
         document_starts: optional bool `[N, T + 1]` from `packed_windows`
             (or True with windows on disk, which hold their own): packed
-            documents. The inputs then carry `resets` (the window's starts,
+            documents. The inputs then carry `document_starts` (the window's starts,
             and its first position), and a third element weighs each target:
             0 where the target starts a document, else 1.
 
@@ -125,7 +125,7 @@ def lm_dataset(
         if row_starts is None:
             return inputs, ids[:, 1:]
         # A window's first position starts what it holds, whatever came before it.
-        inputs["resets"] = tf.concat([tf.ones_like(row_starts[:, :1]), row_starts[:, 1:-1]], axis=1)
+        inputs["document_starts"] = tf.concat([tf.ones_like(row_starts[:, :1]), row_starts[:, 1:-1]], axis=1)
         return inputs, ids[:, 1:], tf.cast(tf.logical_not(row_starts[:, 1:]), tf.float32)
 
     def epoch_batches(epoch):
@@ -171,32 +171,32 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
         vocabulary_size: optional int: every id must be below it.
 
     Returns:
-        `(ids, resets)`: int32 `[N]` and bool `[N]`, True at the first token
+        `(ids, document_starts)`: int32 `[N]` and bool `[N]`, True at the first token
         of each document's first line.
     """
     chunks = list(tokenized_lines(lines, tokenizer, lines_per_batch).as_numpy_iterator())
     if not chunks:
         raise ValueError("The corpus is empty: it has no line to read.")
     ids = np.concatenate([ids for ids, _ in chunks]).astype(np.int32)
-    resets = np.concatenate([starts for _, starts in chunks]).astype(bool)
+    document_starts = np.concatenate([starts for _, starts in chunks]).astype(bool)
     if vocabulary_size is not None and len(ids) and (ids.min() < 0 or ids.max() >= vocabulary_size):
         raise ValueError(
             f"The tokenizer produced ids in [{ids.min()}, {ids.max()}], outside the model's vocabulary "
             f"[0, {vocabulary_size}): its vocabulary is larger than the model's. "
             f"Received: vocabulary_size={vocabulary_size}"
         )
-    return ids, resets
+    return ids, document_starts
 
 
-def packed_windows(ids, resets, sequence_length):
+def packed_windows(ids, document_starts, sequence_length):
     """Windows of `sequence_length + 1` consecutive tokens of a stream, and where documents start in them.
 
     Documents lie back to back across windows (packed); `lm_dataset` turns
-    the starts into the model's `resets` and into weights that leave out
+    the starts into the model's `document_starts` and into weights that leave out
     the first token of each document, which nothing in its document predicts.
 
     Args:
-        ids, resets: int32 `[N]` and bool `[N]`, from `token_stream`.
+        ids, document_starts: int32 `[N]` and bool `[N]`, from `token_stream`.
         sequence_length: int `T >= 2`.
 
     Returns:
@@ -208,7 +208,7 @@ def packed_windows(ids, resets, sequence_length):
     if count == 0:
         raise ValueError(f"The corpus is shorter than one window of {sequence_length + 1} tokens.")
     cut = count * (sequence_length + 1)
-    return ids[:cut].reshape(count, -1), resets[:cut].reshape(count, -1)
+    return ids[:cut].reshape(count, -1), document_starts[:cut].reshape(count, -1)
 
 
 def stream_steps_per_epoch(length, batch_size, sequence_length):
@@ -222,7 +222,7 @@ def stream_steps_per_epoch(length, batch_size, sequence_length):
     return steps
 
 
-def stream_dataset(ids, resets, batch_size, sequence_length, epochs=1, start_step=0):
+def stream_dataset(ids, document_starts, batch_size, sequence_length, epochs=1, start_step=0):
     """Batches of consecutive segments of `batch_size` parallel streams, for training with carried state.
 
     The stream is cut into `batch_size` contiguous rows; step `k` of an epoch
@@ -232,21 +232,21 @@ def stream_dataset(ids, resets, batch_size, sequence_length, epochs=1, start_ste
     article start (`token_stream`).
 
     Args:
-        ids: int32 `[N]`, `resets`: bool `[N]`, from `token_stream`.
+        ids: int32 `[N]`, `document_starts`: bool `[N]`, from `token_stream`.
         batch_size: int `B`, the parallel rows.
         sequence_length: int `T`.
         epochs: int, or None to repeat forever.
         start_step: int. The first (global) step to produce: resuming.
 
     Returns:
-        A `tf.data.Dataset` of `({"token_ids", "padding_mask", "resets"}, targets)`, each `[B, T]`, prefetched.
+        A `tf.data.Dataset` of `({"token_ids", "padding_mask", "document_starts"}, targets)`, each `[B, T]`, prefetched.
     """
     per_epoch = stream_steps_per_epoch(len(ids), batch_size, sequence_length)
     row_length = len(ids) // batch_size
     rows = tf.constant(ids[: batch_size * row_length].reshape(batch_size, row_length))
-    row_resets = resets[: batch_size * row_length].reshape(batch_size, row_length).copy()
-    row_resets[:, 0] = True  # a row's start begins a state, whatever it is
-    row_resets = tf.constant(row_resets)
+    row_document_starts = document_starts[: batch_size * row_length].reshape(batch_size, row_length).copy()
+    row_document_starts[:, 0] = True  # a row's start begins a state, whatever it is
+    row_document_starts = tf.constant(row_document_starts)
     end = None if epochs is None else epochs * per_epoch
 
     def batch(step):
@@ -256,7 +256,7 @@ def stream_dataset(ids, resets, batch_size, sequence_length, epochs=1, start_ste
         inputs = {
             "token_ids": token_ids,
             "padding_mask": tf.ones_like(token_ids),
-            "resets": row_resets[:, start : start + sequence_length],
+            "document_starts": row_document_starts[:, start : start + sequence_length],
         }
         return inputs, tokens[:, 1:]
 

@@ -2,8 +2,8 @@
 
 This module needs no TensorFlow, so the command lines check a corpus before anything else starts.
 
-    --data "books/*.txt"                  every file one document (`documents="file"`)
-    --data "notes/*.txt" --documents blank-line
+    --data "books/*.txt"                  every file one document (`document_separator="file"`)
+    --data "notes/*.txt" --document-separator blank-line
                                           documents separated by blank lines
     --data corpus.jsonl --text-field body one document a line, its text in field "body"
 
@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 
-DOCUMENTS = ("file", "blank-line")
+DOCUMENT_SEPARATORS = ("file", "blank-line")
 SPLITS = ("train", "validation", "test")
 JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 # How documents are held out (`holdout_codes`); recorded with a corpus's settings, so a run split
@@ -122,14 +122,14 @@ def expand(pattern):
     return paths
 
 
-def documents_of(paths, documents="file", text_field="text"):
+def documents_of(paths, document_separator="file", text_field="text"):
     """Every document of the files, in order: a list of lines each.
 
     Each file is JSON Lines or plain text by its suffix (`is_json_lines`).
 
     Args:
         paths: list of file paths.
-        documents: for plain text, `"file"` (a file is a document) or `"blank-line"`
+        document_separator: for plain text, `"file"` (a file is a document) or `"blank-line"`
             (blank lines separate documents). Defaults to `"file"`.
         text_field: for JSON Lines, the field holding each record's text. Defaults to `"text"`.
 
@@ -168,7 +168,7 @@ def documents_of(paths, documents="file", text_field="text"):
         else:
             document, previous = [], 0
             for number, text in read_lines(path):
-                if documents == "blank-line" and document and number > previous + 1:
+                if document_separator == "blank-line" and document and number > previous + 1:
                     yield document
                     document = []
                 document.append(text)
@@ -239,80 +239,46 @@ class TextCorpus:
     """A corpus of text files or JSON Lines, cut into three splits of documents.
 
     Args:
-        data: str. A plain-text or JSON Lines file, or a glob of them (`expand`, `data_kind`).
-        validation_data, test_data: str or None. The same, for a given split; a split not given is
-            held out of `data`.
-        documents, text_field: how documents are read (`documents_of`). A `text_field` other than
-            `"text"` needs a JSON Lines file.
-        holdout_fraction: float in `[0, 0.5)`. The share of `data`'s documents held out for each
-            split not given (`holdout_codes`). Defaults to `0.05`.
+        corpus: the `CorpusSettings` of the text (`data`, `validation_data`, `test_data`: files or
+            globs; `document_separator`, `text_field`: how documents are read, `documents_of`;
+            `holdout_fraction`: the share held out for each split not given, `holdout_codes`).
         seed: int. Which documents are held out. Defaults to `0`.
-        holdout_method: str. How documents are held out: `HOLDOUT_METHOD`, the only one there is; a
-            run's recorded settings name it. Defaults to `HOLDOUT_METHOD`.
 
     Example:
-    >>> corpus = TextCorpus("books/*.txt", holdout_fraction=0.1)  # doctest: +SKIP
-    >>> info = corpus.check()                                      # doctest: +SKIP
-    >>> first_line = next(corpus.lines("train"))                   # doctest: +SKIP
+    >>> corpus = TextCorpus(CorpusSettings("books/*.txt", holdout_fraction=0.1))  # doctest: +SKIP
+    >>> info = corpus.check()                                                      # doctest: +SKIP
+    >>> first_line = next(corpus.lines("train"))                                   # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        data,
-        validation_data=None,
-        test_data=None,
-        documents="file",
-        text_field="text",
-        holdout_fraction=0.05,
-        seed=0,
-        holdout_method=HOLDOUT_METHOD,
-    ):
-        if documents not in DOCUMENTS:
-            raise ValueError(f"`documents` must be one of {list(DOCUMENTS)}. Received: documents={documents!r}")
-        if not 0.0 <= holdout_fraction < 0.5:
-            raise ValueError(f"`holdout_fraction` must be in [0, 0.5). Received: holdout_fraction={holdout_fraction}")
-        if holdout_method != HOLDOUT_METHOD:
-            raise ValueError(
-                f"This elita-tf holds documents out by {HOLDOUT_METHOD!r} only. "
-                f"Received: holdout_method={holdout_method!r}"
-            )
-        self.sources = {"train": data, "validation": validation_data, "test": test_data}
+    def __init__(self, corpus, seed=0):
+        self.sources = {"train": corpus.data, "validation": corpus.validation_data, "test": corpus.test_data}
         for split, source in self.sources.items():
             if source is not None and data_kind(source) not in ("text", "jsonl"):
                 raise ValueError(
                     f"The {split} text must be a glob of text files or a .jsonl file. Received: {source!r}"
                 )
         self.paths = {split: expand(source) for split, source in self.sources.items() if source is not None}
-        if text_field != "text" and not any(is_json_lines(p) for paths in self.paths.values() for p in paths):
+        if corpus.text_field != "text" and not any(is_json_lines(p) for paths in self.paths.values() for p in paths):
             raise ValueError(
-                f"--text-field applies to JSON Lines and TFDS only, and {data!r} holds no JSON Lines file "
-                f"({', '.join(JSON_LINES_SUFFIXES)}). Received: text_field={text_field!r}"
+                f"--text-field applies to JSON Lines and TFDS only, and {corpus.data!r} holds no JSON Lines file "
+                f"({', '.join(JSON_LINES_SUFFIXES)}). Received: text_field={corpus.text_field!r}"
             )
-        self.documents, self.text_field = documents, text_field
-        self.holdout_fraction, self.seed = holdout_fraction, seed
+        self.corpus, self.seed = corpus, seed
         self._codes = None  # the split of each of `data`'s documents, once they are counted
 
     def settings(self):
         """What, besides the files' content, decides the splits: recorded with a run to read it again."""
-        return {
-            "validation_data": self.sources["validation"],
-            "test_data": self.sources["test"],
-            "documents": self.documents,
-            "text_field": self.text_field,
-            "holdout_fraction": self.holdout_fraction,
-            "seed": self.seed,
-            "holdout_method": HOLDOUT_METHOD,
-        }
+        return {**self.corpus.record(), "seed": self.seed, "holdout_method": HOLDOUT_METHOD}
 
     def _documents(self, source):
-        return documents_of(self.paths[source], self.documents, self.text_field)
+        return documents_of(self.paths[source], self.corpus.document_separator, self.corpus.text_field)
 
     def _split_codes(self, count=None):
         """`holdout_codes` of `data`'s documents, with a split given as files taking nothing (its ranks train)."""
         if self._codes is None or (count is not None and count != len(self._codes)):
             if count is None:
                 count = sum(1 for _ in self._documents("train"))
-            codes = holdout_codes(count, self.seed, self.holdout_fraction)
+            codes = holdout_codes(count, self.seed, self.corpus.holdout_fraction)
             for split in self.paths.keys() - {"train"}:
                 codes[codes == SPLITS.index(split)] = SPLITS.index("train")
             self._codes = codes
@@ -363,6 +329,6 @@ class TextCorpus:
                 raise ValueError(
                     f"The {split} split holds no document: {self.sources['train']!r} has "
                     f"{sum(counts.values())} in all. Give --{split}-data, or raise --holdout-fraction "
-                    f"(now {self.holdout_fraction})."
+                    f"(now {self.corpus.holdout_fraction})."
                 )
         return {"sha256": digest.hexdigest(), "documents": counts}

@@ -1,7 +1,7 @@
 """A split tokenized once into flat files on disk, and read back a window at a time.
 
     (line, starts_document) --SentencePiece, parallel in tf.data--> DIR/ids.bin     int32, every token in order
-                                                                   DIR/starts.bin  uint8, 1 at a document's first token
+                                                                   DIR/document_starts.bin  uint8, 1 at a document's first token
     window i of length W = tokens [i W, (i + 1) W): one positioned read of each file
 
 Training reads windows in a seeded order without holding the split: memory
@@ -24,10 +24,10 @@ import zlib
 
 import numpy as np
 
-FORMAT = 2  # 2: checksums in index.json
+FORMAT = 3  # 2: checksums in index.json; 3: document_starts.bin
 CACHE_ENV = "ELITA_CACHE_DIR"
-_NAMES = ("ids.bin", "starts.bin")
-_BYTES_PER_TOKEN = {"ids.bin": 4, "starts.bin": 1}
+_NAMES = ("ids.bin", "document_starts.bin")
+_BYTES_PER_TOKEN = {"ids.bin": 4, "document_starts.bin": 1}
 _BLOCK = 1 << 24
 
 

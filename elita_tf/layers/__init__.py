@@ -1,33 +1,26 @@
-"""Keras layers, one public layer per file: token mixers (`CausalMixer`), feed-forward networks, `DecoderBlock`."""
+"""Keras layers, one public layer per file: token mixers (`CausalMixer`), feed-forward networks, `DecoderBlock`.
 
-from elita_tf.layers.additive_attention import AdditiveAttention
-from elita_tf.layers.attention2 import Attention2
-from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.causal_self_attention import CausalSelfAttention
-from elita_tf.layers.decoder_block import DecoderBlock
-from elita_tf.layers.feedforward2 import FeedForward2
-from elita_tf.layers.linear_attention import LinearAttention
-from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
-from elita_tf.layers.position_embedding import PositionEmbedding
-from elita_tf.layers.shaped_attention import ShapedAttention
-from elita_tf.layers.token_embedding import TokenEmbedding
-from elita_tf.layers.tri_linear_attention import TriLinearAttention
-from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
-from elita_tf.layers.wide_feedforward import WideFeedForward
+Each name loads its module on first use (`elita_tf.lazy`): `elita_tf.layers.options` without TensorFlow.
+"""
 
-__all__ = [
-    "AdditiveAttention",
-    "Attention2",
-    "CausalMixer",
-    "CausalSelfAttention",
-    "DecoderBlock",
-    "FeedForward2",
-    "LinearAttention",
-    "OuterEpsilonRMSNormalization",
-    "PositionEmbedding",
-    "ShapedAttention",
-    "TokenEmbedding",
-    "TriLinearAttention",
-    "UnscaledLayerNormalization",
-    "WideFeedForward",
-]
+from elita_tf.lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "AdditiveAttention": "additive_attention",
+        "Attention2": "attention2",
+        "CausalMixer": "causal_mixer",
+        "CausalSelfAttention": "causal_self_attention",
+        "DecoderBlock": "decoder_block",
+        "FeedForward2": "feedforward2",
+        "LinearAttention": "linear_attention",
+        "OuterEpsilonRMSNormalization": "outer_epsilon_rms_normalization",
+        "PositionEmbedding": "position_embedding",
+        "ShapedAttention": "shaped_attention",
+        "TokenEmbedding": "token_embedding",
+        "TriLinearAttention": "tri_linear_attention",
+        "UnscaledLayerNormalization": "unscaled_layer_norm",
+        "FeedForward": "feed_forward",
+    },
+)

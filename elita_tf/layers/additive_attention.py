@@ -33,9 +33,9 @@ class AdditiveAttention(CausalMixer):
         K̄ = Dropout(AA(m, w_k))
         outputs = Q̄ ⊙ κ + K̄ ⊙ v
 
-    `W(i)` is every position up to `i` (global) or the last `window` of them:
+    `W(i)` is every position up to `i` (global) or the last `sliding_window_size` of them:
 
-        window=None     window=3
+        sliding_window_size=None     sliding_window_size=3
         row 0: x . . .  x . . . .
         row 1: x x . .  x x . . .
         row 2: x x x .  x x x . .
@@ -53,11 +53,11 @@ class AdditiveAttention(CausalMixer):
     sees `u + Q̄ ⊙ κ` as in the reference.
 
     Decoding keeps the state of both poolings: `(logZ, mean)` per head each
-    (global), or ring buffers of the last `window` logits and values.
+    (global), or ring buffers of the last `sliding_window_size` logits and values.
 
     Args:
         num_heads: int. Number of heads `H`; must divide the input width.
-        window: int or None. Positions each row pools over, itself included.
+        sliding_window_size: int or None. Positions each row pools over, itself included.
             Defaults to `None` (every earlier position).
         dropout: float. Dropout rate on both pooled vectors. Defaults to `0.0`.
         layer_norm_epsilon: float. Epsilon of the mid LayerNorm. Defaults to
@@ -81,7 +81,7 @@ class AdditiveAttention(CausalMixer):
         `outputs [B, T, d]`, or `(outputs, new_cache)` when a cache is passed.
 
     Example:
-    >>> layer = AdditiveAttention(num_heads=4, window=16)
+    >>> layer = AdditiveAttention(num_heads=4, sliding_window_size=16)
     >>> x = tf.random.normal([2, 100, 64])
     >>> layer(x).shape
     TensorShape([2, 100, 64])
@@ -96,7 +96,7 @@ class AdditiveAttention(CausalMixer):
     def __init__(
         self,
         num_heads,
-        window=None,
+        sliding_window_size=None,
         dropout=0.0,
         layer_norm_epsilon=1e-5,
         chunk_size=SOFTMAX_MEAN_CHUNK_SIZE,
@@ -105,7 +105,7 @@ class AdditiveAttention(CausalMixer):
     ):
         super().__init__(**kwargs)
         check_positive_int("num_heads", num_heads)
-        check_positive_int("window", window, allow_none=True)
+        check_positive_int("sliding_window_size", sliding_window_size, allow_none=True)
         check_positive_int("chunk_size", chunk_size)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
@@ -114,7 +114,7 @@ class AdditiveAttention(CausalMixer):
                 f"`layer_norm_epsilon` must be positive. Received: layer_norm_epsilon={layer_norm_epsilon!r}"
             )
         self.num_heads = num_heads
-        self.window = window
+        self.sliding_window_size = sliding_window_size
         self.dropout = float(dropout)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.chunk_size = chunk_size
@@ -157,7 +157,7 @@ class AdditiveAttention(CausalMixer):
         )
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def _pool(self, x, pooling, padding_mask, state, step, resets=None):
+    def _pool(self, x, pooling, padding_mask, state, step, document_starts=None):
         """`AA(x, w)` of `x [B, T, d]`, in the compute dtype, and the new pooling state."""
         acc = accumulator_dtype(self.compute_dtype)
         width = x.shape[-1]
@@ -170,25 +170,25 @@ class AdditiveAttention(CausalMixer):
         if step:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
             mean, _, state = causal_softmax_mean_step(
-                state, logits[..., 0], values[:, :, 0], window=self.window, mask=step_mask
+                state, logits[..., 0], values[:, :, 0], window=self.sliding_window_size, mask=step_mask
             )
             mean = mean[:, :, None]
         else:
             mean, _, state = causal_softmax_mean(
                 logits,
                 values,
-                window=self.window,
+                window=self.sliding_window_size,
                 mask=padding_mask,
                 initial_state=state,
                 chunk_size=self.chunk_size,
-                resets=resets,
+                document_starts=document_starts,
             )
         mean = tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, width])
         return tf.cast(mean, self.compute_dtype), state
 
-    resets_with_cache = True
+    document_starts_with_cache = True
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         step = cache is not None and inputs.shape[1] == 1
         query_state = None if cache is None else tuple(cache[name] for name in self.cache_names[:2])
         key_state = None if cache is None else tuple(cache[name] for name in self.cache_names[2:])
@@ -196,11 +196,11 @@ class AdditiveAttention(CausalMixer):
         query = self.query_dense(inputs)
         keys = self.key_dense(inputs)
         values = self.value_dense(inputs)
-        pooled_query, query_state = self._pool(query, self.query_pooling, padding_mask, query_state, step, resets)
+        pooled_query, query_state = self._pool(query, self.query_pooling, padding_mask, query_state, step, document_starts)
         pooled_query = self.output_dense(self.pooling_dropout(pooled_query, training=training))
         mixed = pooled_query * keys
         mid = self.mid_norm(inputs + mixed)
-        pooled_key, key_state = self._pool(mid, self.key_pooling, padding_mask, key_state, step, resets)
+        pooled_key, key_state = self._pool(mid, self.key_pooling, padding_mask, key_state, step, document_starts)
         pooled_key = self.pooling_dropout(pooled_key, training=training)
         outputs = mixed + pooled_key * values
         if cache is None:
@@ -209,8 +209,8 @@ class AdditiveAttention(CausalMixer):
 
     @property
     def cache_names(self):
-        # A global pooling keeps its running normaliser and mean, a windowed one a ring of the last `window`.
-        parts = ("log_z", "mean") if self.window is None else ("logits", "values")
+        # A global pooling keeps its running normaliser and mean, a windowed one a ring of the last `sliding_window_size`.
+        parts = ("log_z", "mean") if self.sliding_window_size is None else ("logits", "values")
         return tuple(f"{pooling}_{part}" for pooling in ("query", "key") for part in parts)
 
     def initial_state(self, batch_size, dtype=None):
@@ -220,7 +220,7 @@ class AdditiveAttention(CausalMixer):
             Four fixed-shape tensors (float32, or float64 for a float64
             layer): the query pooling's state then the key pooling's. Global:
             `(log_z [B, H], mean [B, H, D])` each; windowed: `(logits [B, H,
-            window], values [B, H, window, D])` each.
+            W], values [B, H, W, D])` each (`W = sliding_window_size`).
         """
         if not self.built:
             raise ValueError(
@@ -229,8 +229,8 @@ class AdditiveAttention(CausalMixer):
             )
         dtype = accumulator_dtype(dtype or self.compute_dtype)
         head_dim = self.query_pooling.shape[0] // self.num_heads
-        query_state = empty_softmax_mean_state(batch_size, self.num_heads, head_dim, self.window, dtype)
-        key_state = empty_softmax_mean_state(batch_size, self.num_heads, head_dim, self.window, dtype)
+        query_state = empty_softmax_mean_state(batch_size, self.num_heads, head_dim, self.sliding_window_size, dtype)
+        key_state = empty_softmax_mean_state(batch_size, self.num_heads, head_dim, self.sliding_window_size, dtype)
         return (*query_state, *key_state)
 
     def get_config(self):
@@ -238,7 +238,7 @@ class AdditiveAttention(CausalMixer):
         config.update(
             {
                 "num_heads": self.num_heads,
-                "window": self.window,
+                "sliding_window_size": self.sliding_window_size,
                 "dropout": self.dropout,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "chunk_size": self.chunk_size,

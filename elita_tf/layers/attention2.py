@@ -4,6 +4,7 @@ import tensorflow as tf
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.options import POSITION_MODES
 from elita_tf.ops.causal_softmax_mean import (
     SOFTMAX_MEAN_CHUNK_SIZE,
     causal_softmax_mean,
@@ -14,8 +15,6 @@ from elita_tf.ops.gated_projection import gate_and_mix, gated_output_projection
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 from elita_tf.ops.utils.positions import real_extent
-
-POSITION_MODES = ("fixed", "clamped", "length")
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -193,14 +192,14 @@ class Attention2(CausalMixer):
     def output_kernel(self):
         return self.output_dense.kernel
 
-    def _position_index(self, length, start, resets):
+    def _position_index(self, length, start, document_starts):
         """int32 `[B or 1, T]`: each position's index, from `start`, restarting at 0 where a document starts."""
-        if resets is not None and self.position_mode == "length":
+        if document_starts is not None and self.position_mode == "length":
             raise ValueError(
                 "Documents restarting inside a sequence need positions that do not move with the length: "
                 f"use position_mode='fixed' or 'clamped'. Received: position_mode={self.position_mode!r}"
             )
-        return document_positions(length, start, resets)
+        return document_positions(length, start, document_starts)
 
     def _positions(self, index, length):
         """`u [B or 1, T]` in the accumulator dtype, from the position index."""
@@ -224,9 +223,9 @@ class Attention2(CausalMixer):
 
         return sinusoids(self.a1, self.b1), sinusoids(self.a2, self.b2)
 
-    resets_with_cache = True
+    document_starts_with_cache = True
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         if cache is not None and self.position_mode == "length":
             raise ValueError(
                 "Decoding with a cache needs positions that do not move with the length: "
@@ -234,7 +233,7 @@ class Attention2(CausalMixer):
             )
         length = tf.shape(inputs)[1]
         start = None if cache is None else cache["position"]
-        index = self._position_index(length, start, resets)
+        index = self._position_index(length, start, document_starts)
         p1, p2 = self._position_terms(self._positions(index, length))
 
         acc = p1.dtype
@@ -258,7 +257,7 @@ class Attention2(CausalMixer):
                 mask=padding_mask,
                 initial_state=None if cache is None else (cache["log_z"], cache["mean"]),
                 chunk_size=self.chunk_size,
-                resets=resets,
+                document_starts=document_starts,
             )
         values, gate_logits = tf.cast(values, acc), delta - rho - log_z
         if self.output_dense.quantization_mode is None:
@@ -273,7 +272,7 @@ class Attention2(CausalMixer):
         # Right padding is not part of the sequence: the next position follows the last real one.
         end = real_extent(padding_mask, length)
         start = cache["position"]
-        position = start + end if resets is None else position_after(index, start, end)
+        position = start + end if document_starts is None else position_after(index, start, end)
         return outputs, {"log_z": state[0], "mean": state[1], "position": position}
 
     cache_names = ("log_z", "mean", "position")

@@ -10,7 +10,7 @@ class CausalMixer(keras.layers.Layer):
 
     A subclass names its decoding cache's tensors in `cache_names`, returns
     them in that order from `initial_state(batch_size, dtype)`, and
-    implements `mix(inputs, padding_mask, cache, training, resets)` on a
+    implements `mix(inputs, padding_mask, cache, training, document_starts)` on a
     checked float `[B, T, d]` input in its compute dtype, `cache` being the
     named dict or None, returning `outputs` or `(outputs, new_cache)`. The
     base:
@@ -37,13 +37,13 @@ class CausalMixer(keras.layers.Layer):
         padding_mask: optional bool `[B, T]`, False at padding. Defaults to
             the Keras mask.
         cache: optional dict from `get_initial_cache` or a previous call.
-        resets: optional bool `[B, T]`, True where a new document starts:
+        document_starts: optional bool `[B, T]`, True where a new document starts:
             no position sees anything before the start of its own document
             (packed documents). Every mixer takes it without a cache, and a
             single decoding step with a reset starts again from
             `get_initial_cache`. Over several positions with a cache (a
             stream carried from call to call) only mixers with
-            `resets_with_cache` (a constant-size state) take it.
+            `document_starts_with_cache` (a constant-size state) take it.
         training: bool.
 
     Returns:
@@ -59,47 +59,47 @@ class CausalMixer(keras.layers.Layer):
 
     #: The names of the decoding state's tensors, in the order of `initial_state` and `mix`.
     cache_names = ()
-    #: Whether `mix` takes `resets` together with a state over several positions. Without a state every
+    #: Whether `mix` takes `document_starts` together with a state over several positions. Without a state every
     #: mixer takes them; a buffer of positions (a key/value cache) would have to forget its older documents.
-    resets_with_cache = False
+    document_starts_with_cache = False
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, resets=None):
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, document_starts=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
         cache = None if cache is None else {name: cache[name] for name in self.cache_names}
-        if resets is not None:
-            resets = self._check_resets(inputs, resets, cache)
+        if document_starts is not None:
+            document_starts = self._check_document_starts(inputs, document_starts, cache)
         if cache is not None and inputs.shape[1] == 1:
-            if resets is not None:  # a step that starts a document starts from the empty cache
+            if document_starts is not None:  # a step that starts a document starts from the empty cache
                 dtype = cache[self.cache_names[0]].dtype
                 empty = self.get_initial_cache(tf.shape(inputs)[0], dtype)
-                cache = {name: _select_rows(resets[:, 0], empty[name], cache[name]) for name in self.cache_names}
-                resets = None
+                cache = {name: _select_rows(document_starts[:, 0], empty[name], cache[name]) for name in self.cache_names}
+                document_starts = None
             # One decoding step has no earlier row to protect, and a non-finite input makes the
             # cache non-finite by itself; padded steps are selected out by the step ops.
-            return self.mix(inputs, padding_mask, cache, training, resets)
-        return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training, resets), inputs, padding_mask)
+            return self.mix(inputs, padding_mask, cache, training, document_starts)
+        return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training, document_starts), inputs, padding_mask)
 
-    def _check_resets(self, inputs, resets, cache):
-        if cache is not None and inputs.shape[1] != 1 and not self.resets_with_cache:
+    def _check_document_starts(self, inputs, document_starts, cache):
+        if cache is not None and inputs.shape[1] != 1 and not self.document_starts_with_cache:
             raise ValueError(
-                f"{type(self).__name__} '{self.name}' cannot take `resets` with a cache over several positions: "
+                f"{type(self).__name__} '{self.name}' cannot take `document_starts` with a cache over several positions: "
                 "only the mixers with a constant-size state (Attention2, LinearAttention, AdditiveAttention) "
                 "restart inside a carried stream. Without a cache every mixer takes them (packed documents). "
-                f"Received: inputs with shape {inputs.shape}, resets={resets!r}"
+                f"Received: inputs with shape {inputs.shape}, document_starts={document_starts!r}"
             )
-        resets = tf.convert_to_tensor(resets)
-        if resets.dtype != tf.bool or resets.shape.rank != 2:
+        document_starts = tf.convert_to_tensor(document_starts)
+        if document_starts.dtype != tf.bool or document_starts.shape.rank != 2:
             raise ValueError(
-                f"`resets` must be a bool tensor [B, T]. Received: resets with dtype {resets.dtype} "
-                f"and shape {resets.shape}"
+                f"`document_starts` must be a bool tensor [B, T]. Received: document_starts with dtype {document_starts.dtype} "
+                f"and shape {document_starts.shape}"
             )
-        for axis, (got, want) in enumerate(zip(resets.shape, inputs.shape[:2])):
+        for axis, (got, want) in enumerate(zip(document_starts.shape, inputs.shape[:2])):
             if got is not None and want is not None and got != want:
                 raise ValueError(
-                    f"`resets` must have the inputs' [B, T] = {list(inputs.shape[:2])}. "
-                    f"Received: resets with shape {resets.shape}"
+                    f"`document_starts` must have the inputs' [B, T] = {list(inputs.shape[:2])}. "
+                    f"Received: document_starts with shape {document_starts.shape}"
                 )
-        return resets
+        return document_starts
 
     def get_initial_cache(self, batch_size, dtype=None):
         """The decoding cache before any position: `{name: tensor}`, batch first, in fixed shapes.
@@ -114,7 +114,7 @@ class CausalMixer(keras.layers.Layer):
     def initial_state(self, batch_size, dtype=None):
         raise NotImplementedError(f"{type(self).__name__} must implement `initial_state`.")
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         raise NotImplementedError(f"{type(self).__name__} must implement `mix`.")
 
     def compute_mask(self, inputs, mask=None):

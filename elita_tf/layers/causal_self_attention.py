@@ -42,7 +42,7 @@ class CausalSelfAttention(CausalMixer):
             get no attention. Defaults to the Keras mask.
         cache: optional dict `{"key", "value", "valid", "position"}` from
             `get_initial_cache` or a previous call.
-        resets: optional bool `[B, T]`, True where a document starts (packed
+        document_starts: optional bool `[B, T]`, True where a document starts (packed
             documents, without a cache): the mask is block-diagonal.
         training: bool, for dropout.
 
@@ -84,12 +84,12 @@ class CausalSelfAttention(CausalMixer):
         self.attention.build(inputs_shape, inputs_shape)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         attention = self.attention
         if cache is None:
             # Causality, padding and documents in one mask. Not `use_causal_mask=True`: Keras builds that mask
             # from cumulative sums of ones, which XLA constant-folds position by position (minutes at T = 2048).
-            attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)[:, 0]
+            attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, document_starts)[:, 0]
             return attention(inputs, inputs, attention_mask=attention_mask, training=training)
         # Decoding: the new positions are written into the cache, then attend over it.
         cache, visible = update_kv_cache(

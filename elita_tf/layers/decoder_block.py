@@ -2,12 +2,10 @@ import keras
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import as_sequence, check_choice, check_sequence_call, take_arguments_as_given
+from elita_tf.layers.options import NORMS, RESIDUALS
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.private_apis import global_state
-
-RESIDUALS = ("pre_norm", "parallel", "sequential")
-NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", "rms_norm_outer_epsilon", None)
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -47,7 +45,7 @@ class DecoderBlock(keras.layers.Layer):
             Simplified Transformer's code) or None. Defaults to `"layer_norm"`.
         residual: `"pre_norm"`, `"parallel"` or `"sequential"`. Defaults to
             `"pre_norm"`.
-        norm_epsilon: float. Defaults to `1e-5`.
+        layer_norm_epsilon: float. Defaults to `1e-5`.
         dropout: float. Dropout on both branches. Defaults to `0.0`.
         mixer_gain: float. Initial `g_M` (skip-less forms). Defaults to `1.0`.
         ffn_gain: float. Initial `g_F` (skip-less forms). Defaults to `0.1`.
@@ -76,7 +74,7 @@ class DecoderBlock(keras.layers.Layer):
         ffn=None,
         norm="layer_norm",
         residual="pre_norm",
-        norm_epsilon=1e-5,
+        layer_norm_epsilon=1e-5,
         dropout=0.0,
         mixer_gain=1.0,
         ffn_gain=0.1,
@@ -90,7 +88,7 @@ class DecoderBlock(keras.layers.Layer):
             )
         if ffn is not None and not isinstance(ffn, keras.layers.Layer):
             raise TypeError(f"`ffn` must be a Keras layer or None. Received: ffn={ffn!r}")
-        check_choice("norm", norm, NORMS)
+        check_choice("norm", norm, (*NORMS, None))
         check_choice("residual", residual, RESIDUALS)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
@@ -98,7 +96,7 @@ class DecoderBlock(keras.layers.Layer):
         self.ffn = ffn
         self.norm = norm
         self.residual = residual
-        self.norm_epsilon = float(norm_epsilon)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.dropout = float(dropout)
         self.mixer_gain = float(mixer_gain)
         self.ffn_gain = float(ffn_gain)
@@ -107,7 +105,7 @@ class DecoderBlock(keras.layers.Layer):
         return super().__call__(as_sequence(inputs), *args, **kwargs)
 
     def _make_norm(self, name):
-        sub = {"epsilon": self.norm_epsilon, "name": name, "dtype": self.dtype_policy}
+        sub = {"epsilon": self.layer_norm_epsilon, "name": name, "dtype": self.dtype_policy}
         if self.norm == "rms_norm":
             norm = keras.layers.RMSNormalization(**sub)
             # It acts on each position alone, so a Keras mask passes through it; Keras' layer does not
@@ -143,11 +141,11 @@ class DecoderBlock(keras.layers.Layer):
                 self.ffn_scale = gain("ffn_gain", self.ffn_gain)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: inputs_shape[-1]})
 
-    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, resets=None):
+    def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, document_starts=None):
         # The mixer checks the cache and contains non-finite inputs; everything else is position-wise.
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask)
         normed = self.mixer_norm(inputs) if self.mixer_norm is not None else inputs
-        extra = {} if resets is None else {"resets": resets}
+        extra = {} if document_starts is None else {"document_starts": document_starts}
         if cache is None:
             mixed = self.mixer(normed, padding_mask=padding_mask, training=training, **extra)
         else:
@@ -194,7 +192,7 @@ class DecoderBlock(keras.layers.Layer):
                 "ffn": self._serialized_ffn(),
                 "norm": self.norm,
                 "residual": self.residual,
-                "norm_epsilon": self.norm_epsilon,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
                 "dropout": self.dropout,
                 "mixer_gain": self.mixer_gain,
                 "ffn_gain": self.ffn_gain,

@@ -10,7 +10,7 @@ from elita_tf.ops.pairwise_projection import pairwise_product, pairwise_projecti
 class FeedForward2(keras.layers.Layer):
     """ELiTA's trilinear feed-forward layer (`FeedForward2`).
 
-    Two swish branches of widths `a = hidden_dim` and `b = factor` are
+    Two swish branches of widths `a = intermediate_dim` and `b = factor` are
     multiplied pairwise and mixed back to the input width `d`:
 
         α = swish(x W1 + b1)            # [..., a]
@@ -21,7 +21,7 @@ class FeedForward2(keras.layers.Layer):
     `α_i β_j`. It is computed as one outer product and one matrix product.
 
     Args:
-        hidden_dim: int or None. Width `a` of the first branch. Defaults to
+        intermediate_dim: int or None. Width `a` of the first branch. Defaults to
             the input width.
         factor: int. Width `b` of the second branch. Defaults to `8`.
         kernel_initializer: initializer for `w1`, `w2`, `w3`. Defaults to
@@ -49,16 +49,16 @@ class FeedForward2(keras.layers.Layer):
 
     def __init__(
         self,
-        hidden_dim=None,
+        intermediate_dim=None,
         factor=8,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("hidden_dim", hidden_dim, allow_none=True)
+        check_positive_int("intermediate_dim", intermediate_dim, allow_none=True)
         check_positive_int("factor", factor)
-        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
         self.factor = factor
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
@@ -66,7 +66,7 @@ class FeedForward2(keras.layers.Layer):
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
-        a = self.hidden_dim or width
+        a = self.intermediate_dim or width
         b = self.factor
 
         # Dense and EinsumDense layers, so that Keras' int8 quantization and LoRA cover them.
@@ -141,7 +141,7 @@ class FeedForward2(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
                 "factor": self.factor,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
                 "bias_initializer": keras.initializers.serialize(self.bias_initializer),

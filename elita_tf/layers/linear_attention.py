@@ -112,9 +112,9 @@ class LinearAttention(CausalMixer):
         self.output_dense = dense("output", "bthe,hed->btd", (None, width), "d")
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: width})
 
-    resets_with_cache = True
+    document_starts_with_cache = True
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         phi = FEATURE_MAPS[self.feature_map]
         to_heads = lambda t: tf.transpose(t, [0, 2, 1, 3])  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
         q = to_heads(phi(self.query_dense(inputs)))
@@ -136,7 +136,7 @@ class LinearAttention(CausalMixer):
                 initial_state=state,
                 epsilon=self.epsilon,
                 chunk_size=self.chunk_size,
-                resets=resets,
+                document_starts=document_starts,
             )
         outputs = self.output_dense(tf.cast(to_heads(y), self.compute_dtype))
         return outputs if cache is None else (outputs, dict(zip(self.cache_names, state)))

@@ -23,7 +23,7 @@ class PositionEmbedding(keras.layers.Layer):
         start_index: optional int or int `[B]`: the position of the first
             input (decoding). Defaults to 0. Negative positions (left padding
             before a prompt) get the embedding of position 0.
-        resets: optional bool `[B, T]`, True where a document starts: positions
+        document_starts: optional bool `[B, T]`, True where a document starts: positions
             restart at 0 there (packed documents).
 
     Example:
@@ -46,11 +46,11 @@ class PositionEmbedding(keras.layers.Layer):
             dtype=self.variable_dtype,
         )
 
-    def call(self, inputs, start_index=None, resets=None):
+    def call(self, inputs, start_index=None, document_starts=None):
         length = tf.shape(inputs)[1]
         if start_index is not None:
             start_index = tf.broadcast_to(tf.cast(start_index, tf.int32), tf.shape(inputs)[:1])
-        positions = document_positions(length, start_index, resets)
+        positions = document_positions(length, start_index, document_starts)
         tf.debugging.assert_less(
             tf.reduce_max(tf.concat([[-1], tf.reshape(positions, [-1])], 0)),
             self.max_sequence_length,

@@ -51,7 +51,7 @@ class ShapedAttention(CausalMixer):
             are neither attended nor averaged. Defaults to the Keras mask.
         cache: optional dict `{"key", "value", "valid", "position"}` from `get_initial_cache`
             or a previous call.
-        resets: optional bool `[B, T]`, True where a document starts (packed
+        document_starts: optional bool `[B, T]`, True where a document starts (packed
             documents, without a cache): the softmax and the average `C`
             both stay inside each document.
         training: ignored.
@@ -149,7 +149,7 @@ class ShapedAttention(CausalMixer):
     def value_kernel(self):
         return self.value_dense.kernel
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         width, heads = inputs.shape[-1], self.num_heads
         values = inputs
         if self.value_projection:
@@ -160,7 +160,7 @@ class ShapedAttention(CausalMixer):
         v = split(values)  # [B, T, H, e]
 
         if cache is None:
-            visible = causal_visibility(tf.shape(inputs)[1], padding_mask, resets)
+            visible = causal_visibility(tf.shape(inputs)[1], padding_mask, document_starts)
             keys, all_values = k, v
         else:
             cache, visible = update_kv_cache(cache, k, v, padding_mask, name=self.name)

@@ -45,24 +45,24 @@ class TriLinearAttention(CausalMixer):
 
     The current position is not attended (it enters through `k_t`); the "1"
     is a null slot of logit 0 and value 0; position 0 (the start token) is
-    always seen. A narrow layer sees the `window - 1` previous positions, a
+    always seen. A narrow layer sees the `sliding_window_size - 1` previous positions, a
     wide one all of them:
 
-        window = 3, s = start position, x = window
+        sliding_window_size = 3, s = start position, x = in the window
         row 0: . . . . .      (att = 0)
         row 1: s . . . .
         row 2: s x . . .
         row 3: s x x . .
         row 4: s . x x .
 
-    Narrow layers run as chunked banded attention, O(T * window) time and
+    Narrow layers run as chunked banded attention, O(T * sliding_window_size) time and
     memory; wide layers as plain masked attention, O(T^2) (bilinear logits
     have no linear-time form). Logits are computed in nats (`l ln 2`), with a
     running maximum that includes the null slot, in float32 whatever the
     compute dtype.
 
     Decoding keeps `(qv, v)` of the positions still in reach: for a narrow
-    layer the start position and the last `window - 1` (a ring buffer), for a
+    layer the start position and the last `sliding_window_size - 1` (a ring buffer), for a
     wide layer a buffer of `max_sequence_length` positions.
 
     The reference's channel dropout (`chP`, a mask on the state before every
@@ -72,12 +72,12 @@ class TriLinearAttention(CausalMixer):
         query_dim: int. Width `qdim` of the query projections. Defaults to `128`.
         lowrank_dim: int. Width `tt` of keys and values, a multiple of 16.
             Defaults to `64`.
-        window: int >= 2. Positions a narrow layer spans, itself included:
-            it attends the `window - 1` before it (and the start position).
+        sliding_window_size: int >= 2. Positions a narrow layer spans, itself included:
+            it attends the `sliding_window_size - 1` before it (and the start position).
             Defaults to `64`.
         slope: float. Distance penalty in bits per position. Defaults to `0.0`.
         hyper: float. Bonus `hyper / distance`, in bits. Defaults to `0.0`.
-        wide: bool. Attend every earlier position (`window` is unused).
+        wide: bool. Attend every earlier position (`sliding_window_size` is unused).
             Defaults to `False`.
         max_sequence_length: int. Positions the decoding cache of a wide layer holds.
             Defaults to `1024`.
@@ -95,7 +95,7 @@ class TriLinearAttention(CausalMixer):
         cache: optional dict from `get_initial_cache` or a previous call
             (`query_values`, `values`, `valid`, `position`): the inputs
             continue the sequence the cache holds.
-        resets: optional bool `[B, T]`, True where a document starts (packed
+        document_starts: optional bool `[B, T]`, True where a document starts (packed
             documents, without a cache): each document has its own start
             position and sees nothing of another.
         training: ignored.
@@ -104,7 +104,7 @@ class TriLinearAttention(CausalMixer):
         `updates [B, T, dim]`, or `(updates, new_cache)` when a cache is passed.
 
     Example:
-    >>> layer = TriLinearAttention(query_dim=32, lowrank_dim=16, window=8)
+    >>> layer = TriLinearAttention(query_dim=32, lowrank_dim=16, sliding_window_size=8)
     >>> s = tf.random.normal([2, 100, 64])
     >>> s = s + layer(s)
     >>> y, cache = layer(s[:, :99], cache=layer.get_initial_cache(2))
@@ -119,7 +119,7 @@ class TriLinearAttention(CausalMixer):
         self,
         query_dim=128,
         lowrank_dim=64,
-        window=64,
+        sliding_window_size=64,
         slope=0.0,
         hyper=0.0,
         wide=False,
@@ -137,10 +137,10 @@ class TriLinearAttention(CausalMixer):
                 f"`lowrank_dim` must be a multiple of {COMBINER_REP} (the Combiner pairs channel k with "
                 f"k xor b for b < {COMBINER_REP}). Received: lowrank_dim={lowrank_dim}"
             )
-        if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        if isinstance(sliding_window_size, bool) or not isinstance(sliding_window_size, int) or sliding_window_size < 2:
             raise ValueError(
-                "`window` must be an integer >= 2: a layer attends the window - 1 positions before the "
-                f"current one. Received: window={window!r}"
+                "`sliding_window_size` must be an integer >= 2: a layer attends the sliding_window_size - 1 "
+                f"positions before the current one. Received: sliding_window_size={sliding_window_size!r}"
             )
         check_positive_int("max_sequence_length", max_sequence_length)
         check_positive_int("chunk_size", chunk_size)
@@ -153,7 +153,7 @@ class TriLinearAttention(CausalMixer):
             )
         self.query_dim = query_dim
         self.lowrank_dim = lowrank_dim
-        self.window = window
+        self.sliding_window_size = sliding_window_size
         self.slope = float(slope)
         self.hyper = float(hyper)
         self.wide = bool(wide)
@@ -164,7 +164,7 @@ class TriLinearAttention(CausalMixer):
 
     @property
     def _attention_window(self):
-        return None if self.wide else self.window
+        return None if self.wide else self.sliding_window_size
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -221,7 +221,7 @@ class TriLinearAttention(CausalMixer):
             "scale": 1.0 / math.sqrt(self.query_dim),
         }
 
-    def mix(self, inputs, padding_mask, cache, training, resets=None):
+    def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         acc = accumulator_dtype(self.compute_dtype)
         x = _norm(tf.cast(inputs, acc))
         qk = _norm(self._project(x, self.query_key_dense))[:, None]  # [B, 1, T, qdim]
@@ -243,7 +243,7 @@ class TriLinearAttention(CausalMixer):
                 v,
                 mask=padding_mask,
                 initial_state=state,
-                resets=resets,
+                document_starts=document_starts,
                 chunk_size=self.chunk_size,
                 **self._attend_args(),
             )
@@ -264,8 +264,8 @@ class TriLinearAttention(CausalMixer):
 
         Returns:
             `(qv [B, 1, S, qdim], v [B, 1, S, tt], valid [B, S] bool, position [B] int32)`,
-            float32 (float64 for a float64 layer). Narrow: `S = window`, slot
-            0 the start position, then the last `window - 1` positions. Wide:
+            float32 (float64 for a float64 layer). Narrow: `S = sliding_window_size`, slot
+            0 the start position, then the last `sliding_window_size - 1` positions. Wide:
             `S = max_sequence_length`, slot `n` position `n`.
         """
         return empty_banded_state(
@@ -284,7 +284,7 @@ class TriLinearAttention(CausalMixer):
             {
                 "query_dim": self.query_dim,
                 "lowrank_dim": self.lowrank_dim,
-                "window": self.window,
+                "sliding_window_size": self.sliding_window_size,
                 "slope": self.slope,
                 "hyper": self.hyper,
                 "wide": self.wide,

@@ -9,10 +9,10 @@ at the backbone's defaults (or the caller's), so comparisons between them are li
 The `*-reference` recipes wrap the blocks as their original authors did (`docs/differences.md`).
 """
 
+from elita_tf.layers.options import NORMS, POSITION_MODES
+
 BLOCK_TYPES = ("elita", "transformer", "simplified", "linear", "3lin", "additive")
 FFN_TYPES = ("feedforward2", "mlp", "wide", "none")
-POSITION_MODES = ("fixed", "clamped", "length")  # Attention2's; "length" cannot decode
-NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", "rms_norm_outer_epsilon")
 # Blocks whose decoding cache holds `max_sequence_length` positions (key/value buffers, 3Lin's wide layers).
 FINITE_BUFFER_BLOCKS = ("transformer", "simplified", "3lin")
 
@@ -32,11 +32,11 @@ ARCHITECTURES = {
         "position_embedding": True,
         "embedding_norm": True,
         "final_norm": False,
-        "tied_embeddings": True,
+        "tie_word_embeddings": True,
         "scaled_tied_logits": True,
         "ffn_bias": False,
         "ffn_init_stddev": 0.02,
-        "norm_epsilon": 1e-5,
+        "layer_norm_epsilon": 1e-5,
     },
     # The authors' GPT-2 wrapper: RMSNorm as their code computes it, GPT-2's epsilon 1e-5 (final
     # LayerNorm included), a tied output layer, a learned value projection in the first block.
@@ -44,10 +44,10 @@ ARCHITECTURES = {
         "blocks": "simplified",
         "ffn": "mlp",
         "position_embedding": True,
-        "tied_embeddings": True,
+        "tie_word_embeddings": True,
         "first_value_projection": True,
         "norm": "rms_norm_outer_epsilon",
-        "norm_epsilon": 1e-5,
+        "layer_norm_epsilon": 1e-5,
     },
 }
 
@@ -55,6 +55,9 @@ ARCHITECTURES = {
 # "seed" is the backbone's defaults (about 1M parameters at a 5,000-token vocabulary). At that vocabulary,
 # ELiTA has 28.3M parameters at "25m" and 86M at "100m" (the Transformer 31.4M and 94M, with its learned
 # positions for 2,048 tokens); a larger vocabulary adds `2 * vocabulary_size * hidden_dim`.
+# The sequence length a backbone's buffers hold, and a run's training length, unless given.
+DEFAULT_SEQUENCE_LENGTH = 256
+
 MODEL_SIZES = {
     "seed": {"hidden_dim": 64, "num_layers": 6, "num_heads": 4, "head_dim": 16},
     "25m": {"hidden_dim": 512, "num_layers": 8, "num_heads": 8, "head_dim": 64},
@@ -70,109 +73,91 @@ def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_architecture(
-    vocabulary_size,
-    num_layers,
-    num_heads,
-    hidden_dim,
-    head_dim,
-    max_sequence_length,
-    position_scale,
-    position_mode,
-    logit_clip,
-    blocks,
-    ffn,
-    ffn_factor,
-    position_dim,
-    position_embedding,
-    windows,
-    dropout,
-    tied_embeddings,
-    norm,
-    norm_epsilon,
-    embedding_norm,
-    final_norm,
-    scaled_tied_logits,
-    ffn_bias,
-    ffn_init_stddev,
-    first_value_projection,
-):
-    """The `ElitaBackbone` arguments, checked, with `blocks` and `windows` as one list entry per layer.
+def check_architecture(config):
+    """`ElitaBackbone`'s arguments (a dict of every one), checked; `blocks` and `sliding_window_sizes` become
+    one entry per layer, and numbers and flags their one type, so equal architectures compare equal.
 
     Raises:
         ValueError: naming the first argument out of range, in Keras' form (`Received: name=value`).
     """
-    for name in ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "ffn_factor", "position_dim"):
-        value = locals()[name]
-        if not _is_int(value) or value <= 0:
-            _fail(name, value, "a positive integer")
-    if not _is_int(max_sequence_length) or max_sequence_length < 2:
-        _fail("max_sequence_length", max_sequence_length, "an integer >= 2")
-    if position_scale is not None and (not _is_int(position_scale) or position_scale < 2):
-        _fail("position_scale", position_scale, "None or an integer >= 2")
-    if position_mode not in POSITION_MODES:
-        _fail("position_mode", position_mode, f"one of {POSITION_MODES}")
-    if logit_clip is not None and (
-        not isinstance(logit_clip, (int, float)) or isinstance(logit_clip, bool) or logit_clip <= 0
-    ):
-        _fail("logit_clip", logit_clip, "None or a positive number")
+    config = dict(config)
+    num_layers = config["num_layers"]
+    positive = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "ffn_factor", "position_dim")
+    for name in positive:
+        if not _is_int(config[name]) or config[name] <= 0:
+            _fail(name, config[name], "a positive integer")
+    if not _is_int(config["max_sequence_length"]) or config["max_sequence_length"] < 2:
+        _fail("max_sequence_length", config["max_sequence_length"], "an integer >= 2")
+    for name in ("position_scale", "intermediate_dim"):
+        minimum = 2 if name == "position_scale" else 1
+        if config[name] is not None and (not _is_int(config[name]) or config[name] < minimum):
+            _fail(name, config[name], f"None or an integer >= {minimum}")
+    if config["position_mode"] not in POSITION_MODES:
+        _fail("position_mode", config["position_mode"], f"one of {POSITION_MODES}")
+    blocks = config["blocks"]
     per_layer = [blocks] * num_layers if isinstance(blocks, str) else list(blocks)
-    if len(per_layer) == 1:
-        per_layer = per_layer * num_layers
+    per_layer = per_layer * num_layers if len(per_layer) == 1 else per_layer
     if len(per_layer) != num_layers:
         _fail("blocks", blocks, f"one block type, or one per layer ({num_layers})")
-    for block in per_layer:
-        if block not in BLOCK_TYPES:
-            _fail("blocks", blocks, f"block types from {BLOCK_TYPES}")
-    if ffn not in FFN_TYPES:
-        _fail("ffn", ffn, f"one of {FFN_TYPES}")
-    if windows is not None:
-        windows = list(windows)
-        if len(windows) != num_layers:
-            _fail("windows", windows, f"None or one window (int or None) per layer ({num_layers})")
-        for window in windows:
-            if window is not None and (not _is_int(window) or window < 1):
-                _fail("windows", windows, "None or one window (a positive integer or None) per layer")
-    if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-        _fail("dropout", dropout, "in [0, 1)")
-    if norm is not None and norm not in NORMS:
-        _fail("norm", norm, f"None or one of {NORMS}")
-    for name in ("norm_epsilon", "ffn_init_stddev"):
-        value = locals()[name]
+    if any(block not in BLOCK_TYPES for block in per_layer):
+        _fail("blocks", blocks, f"block types from {BLOCK_TYPES}")
+    config["blocks"] = per_layer
+    if config["ffn"] not in FFN_TYPES:
+        _fail("ffn", config["ffn"], f"one of {FFN_TYPES}")
+    sizes = config["sliding_window_sizes"]
+    if sizes is not None:
+        sizes = config["sliding_window_sizes"] = list(sizes)
+        if len(sizes) != num_layers or any(size is not None and (not _is_int(size) or size < 1) for size in sizes):
+            _fail("sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})")
+    if not isinstance(config["dropout"], (int, float)) or not 0.0 <= config["dropout"] < 1.0:
+        _fail("dropout", config["dropout"], "in [0, 1)")
+    if config["norm"] is not None and config["norm"] not in NORMS:
+        _fail("norm", config["norm"], f"None or one of {NORMS}")
+    for name in ("logit_clip", "layer_norm_epsilon", "ffn_init_stddev"):
+        value = config[name]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             _fail(name, value, "None or a positive number")
-    if scaled_tied_logits and not tied_embeddings:
+        config[name] = None if value is None else float(value)
+    if config["scaled_tied_logits"] and not config["tie_word_embeddings"]:
         raise ValueError(
-            "`scaled_tied_logits` scales the tied output layer: set `tied_embeddings=True` too. "
-            f"Received: scaled_tied_logits=True, tied_embeddings={tied_embeddings!r}"
+            "`scaled_tied_logits` scales the tied output layer: set `tie_word_embeddings=True` too. "
+            f"Received: scaled_tied_logits=True, tie_word_embeddings={config['tie_word_embeddings']!r}"
         )
-    return {
-        "vocabulary_size": vocabulary_size,
-        "num_layers": num_layers,
-        "num_heads": num_heads,
-        "hidden_dim": hidden_dim,
-        "head_dim": head_dim,
-        "max_sequence_length": max_sequence_length,
-        "position_scale": position_scale,
-        "position_mode": position_mode,
-        "logit_clip": None if logit_clip is None else float(logit_clip),
-        "blocks": per_layer,
-        "ffn": ffn,
-        "ffn_factor": ffn_factor,
-        "position_dim": position_dim,
-        "position_embedding": bool(position_embedding),
-        "windows": windows,
-        "dropout": float(dropout),
-        "tied_embeddings": bool(tied_embeddings),
-        "norm": norm,
-        "norm_epsilon": norm_epsilon,
-        "embedding_norm": bool(embedding_norm),
-        "final_norm": bool(final_norm),
-        "scaled_tied_logits": bool(scaled_tied_logits),
-        "ffn_bias": bool(ffn_bias),
-        "ffn_init_stddev": ffn_init_stddev,
-        "first_value_projection": bool(first_value_projection),
-    }
+    config["dropout"] = float(config["dropout"])
+    for name in _FLAGS:
+        config[name] = bool(config[name])
+    return config
+
+
+# The arguments that are switches, stored as bools.
+_FLAGS = (
+    "position_embedding",
+    "tie_word_embeddings",
+    "embedding_norm",
+    "final_norm",
+    "scaled_tied_logits",
+    "ffn_bias",
+    "first_value_projection",
+)
+# Arguments that elita-tf 0.1.0 named otherwise (keras-hub's names now), old name: new name.
+_RENAMED = {
+    "norm_epsilon": "layer_norm_epsilon",
+    "tied_embeddings": "tie_word_embeddings",
+    "windows": "sliding_window_sizes",
+}
+
+
+def upgrade_config(config):
+    """An `ElitaBackbone` config (or a run's recorded architecture) written by an older elita-tf, in today's names.
+
+    The one place that knows the old names: presets, checkpoints and run directories of elita-tf
+    0.1.0 load through it. A config in today's names is returned as it is.
+
+    Example:
+    >>> upgrade_config({"vocabulary_size": 100, "tied_embeddings": True})
+    {'vocabulary_size': 100, 'tie_word_embeddings': True}
+    """
+    return {_RENAMED.get(name, name): value for name, value in config.items()}
 
 
 def architecture(name):

@@ -62,11 +62,11 @@ class ChunkedLossTraining:
         """Makes `fit` carry every block's decoding state from one batch to the next.
 
         Truncated backpropagation through time: `fit` then takes batches
-        `({"token_ids", "padding_mask", "resets"}, labels)` of consecutive
+        `({"token_ids", "padding_mask", "document_starts"}, labels)` of consecutive
         segments of `batch_size` streams (`elita_tf.data.stream_dataset`). Each
         step continues from the state the previous one left (a constant, with
         no gradient: gradients stop at segment boundaries), and no position
-        sees anything before its document's start (`resets`). The state is
+        sees anything before its document's start (`document_starts`). The state is
         saved with the model, so a resumed run continues exactly.
 
         Raises:
@@ -105,11 +105,11 @@ class ChunkedLossTraining:
         backbone = self.backbone
         token_ids, padding_mask = x["token_ids"], padding_mask_of(x)
         if not carry:
-            hidden = backbone.hidden_states(token_ids, padding_mask, resets=x.get("resets"), training=training)
+            hidden = backbone.hidden_states(token_ids, padding_mask, document_starts=x.get("document_starts"), training=training)
         else:
             cache = tf.nest.map_structure(lambda v: v.read_value(), self.carried_state)
             hidden, cache = backbone.hidden_states(
-                token_ids, padding_mask, cache=cache, resets=x["resets"], training=training
+                token_ids, padding_mask, cache=cache, document_starts=x["document_starts"], training=training
             )
             tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
         # Keras' reductions: the weighted sum over every token, divided by their number ("sum_over_batch_size")
@@ -148,9 +148,9 @@ class ChunkedLossTraining:
                     f"Received: loss={self.loss!r}"
                 )
             return super().train_step(data)
-        if self.carried_state is not None and not (isinstance(x, dict) and "resets" in x):
+        if self.carried_state is not None and not (isinstance(x, dict) and "document_starts" in x):
             raise ValueError(
-                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'resets'}, labels)` batches "
+                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'document_starts'}, labels)` batches "
                 f"(elita_tf.data.stream_dataset). Received: inputs {x!r}"
             )
         with tf.GradientTape() as tape:

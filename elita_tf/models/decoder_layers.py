@@ -13,13 +13,13 @@ from elita_tf.layers import (
     Attention2,
     CausalSelfAttention,
     DecoderBlock,
+    FeedForward,
     FeedForward2,
     LinearAttention,
     PositionEmbedding,
     ShapedAttention,
     TokenEmbedding,
     TriLinearAttention,
-    WideFeedForward,
 )
 
 
@@ -43,13 +43,9 @@ def alibi_v1(layer_index):
     return slope, hyper, slope == 0.0 and hyper == 0.0
 
 
-
-def _additive_window(config, index):
-    if config["windows"] is not None:
-        return config["windows"][index]
-    # The reference: 4 * 2^l, the last layer global.
-    return None if index == config["num_layers"] - 1 else 4 * 2**index
-
+def _sliding_window_size(config, index, default):
+    sizes = config["sliding_window_sizes"]
+    return default if sizes is None or sizes[index] is None and default is not None else sizes[index]
 
 
 def _make_mixer(config, index, dtype):
@@ -69,7 +65,13 @@ def _make_mixer(config, index, dtype):
         return LinearAttention(config["num_heads"], config["head_dim"], **common)
     if block == "additive":
         return AdditiveAttention(
-            config["num_heads"], window=_additive_window(config, index), dropout=config["dropout"], **common
+            config["num_heads"],
+            # The reference's: 4 * 2^l, the last layer global.
+            sliding_window_size=_sliding_window_size(
+                config, index, None if index == config["num_layers"] - 1 else 4 * 2**index
+            ),
+            dropout=config["dropout"],
+            **common,
         )
     if block == "transformer":
         return CausalSelfAttention(
@@ -88,20 +90,18 @@ def _make_mixer(config, index, dtype):
             **common,
         )
     slope, hyper, wide = alibi_v1(index)
-    windows = config["windows"]
     width = config["hidden_dim"]
     return TriLinearAttention(
         # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
         query_dim=max(16, width // 2),
         lowrank_dim=max(16, width // 4 // 16 * 16),
-        window=64 if windows is None or windows[index] is None else windows[index],
+        sliding_window_size=_sliding_window_size(config, index, 64),
         slope=slope,
         hyper=hyper,
         wide=wide,
         max_sequence_length=config["max_sequence_length"],
         **common,
     )
-
 
 
 def _make_ffn(config, index, shared_ffn, dtype):
@@ -111,14 +111,21 @@ def _make_ffn(config, index, shared_ffn, dtype):
     if config["ffn"] == "wide":
         return shared_ffn
     if config["ffn"] == "feedforward2":
-        return FeedForward2(factor=config["ffn_factor"], name="ffn", dtype=dtype)
+        return FeedForward2(config["intermediate_dim"], factor=config["ffn_factor"], name="ffn", dtype=dtype)
     if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
         init = keras.initializers.RandomNormal(stddev=0.02)
-        return WideFeedForward(num_layers=1, use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype)
+        return FeedForward(
+            config["intermediate_dim"], use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype
+        )
     stddev = config["ffn_init_stddev"]
     init = "glorot_uniform" if stddev is None else keras.initializers.RandomNormal(stddev=stddev)
-    return WideFeedForward(
-        num_layers=1, activation="gelu", use_bias=config["ffn_bias"], kernel_initializer=init, name="ffn", dtype=dtype
+    return FeedForward(
+        config["intermediate_dim"],
+        activation="gelu",
+        use_bias=config["ffn_bias"],
+        kernel_initializer=init,
+        name="ffn",
+        dtype=dtype,
     )
 
 
@@ -133,7 +140,6 @@ _BLOCK_RECIPES = {
 }
 
 
-
 def _make_block(config, index, shared_ffn, dtype):
     norm, epsilon, residual = _BLOCK_RECIPES[config["blocks"][index]]
     if norm is not None and config["norm"] is not None:
@@ -142,7 +148,7 @@ def _make_block(config, index, shared_ffn, dtype):
         _make_mixer(config, index, dtype),
         _make_ffn(config, index, shared_ffn, dtype),
         norm=norm,
-        norm_epsilon=epsilon if config["norm_epsilon"] is None else config["norm_epsilon"],
+        layer_norm_epsilon=epsilon if config["layer_norm_epsilon"] is None else config["layer_norm_epsilon"],
         residual=residual,
         dropout=config["dropout"],
         name=f"block_{index}",
@@ -150,10 +156,9 @@ def _make_block(config, index, shared_ffn, dtype):
     )
 
 
-
 def make_layers(config, dtype):
     """Every layer of the decoder, by its stable name (`token_embedding`, `block_{i}`, `final_norm`, ...)."""
-    epsilon = 1e-3 if config["norm_epsilon"] is None else config["norm_epsilon"]
+    epsilon = 1e-3 if config["layer_norm_epsilon"] is None else config["layer_norm_epsilon"]
     layers = {"token_embedding": TokenEmbedding(config["vocabulary_size"], config["hidden_dim"], dtype=dtype)}
     if config["position_embedding"]:
         layers["position_embedding"] = PositionEmbedding(config["max_sequence_length"], dtype=dtype)
@@ -162,12 +167,14 @@ def make_layers(config, dtype):
     layers["embedding_dropout"] = keras.layers.Dropout(config["dropout"], dtype=dtype)
     shared_ffn = None
     if config["ffn"] == "wide":
-        shared_ffn = WideFeedForward(num_layers=config["num_layers"], name="wide_ffn", dtype=dtype)
+        shared_ffn = FeedForward(
+            config["intermediate_dim"], shared_by=config["num_layers"], name="wide_ffn", dtype=dtype
+        )
     for i in range(config["num_layers"]):
         layers[f"block_{i}"] = _make_block(config, i, shared_ffn, dtype)
     if config["final_norm"]:
         layers["final_norm"] = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype)
-    if not config["tied_embeddings"]:
+    if not config["tie_word_embeddings"]:
         layers["logits"] = keras.layers.Dense(config["vocabulary_size"], dtype=dtype)
     for name, layer in layers.items():
         layer.name = name  # stable names: weights load by name

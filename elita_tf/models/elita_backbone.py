@@ -25,7 +25,14 @@ import tensorflow as tf
 
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models import lora
-from elita_tf.models.architectures import architecture, check_architecture, decode_limit
+from elita_tf.models.architectures import (
+    DEFAULT_SEQUENCE_LENGTH,
+    MODEL_SIZES,
+    architecture,
+    check_architecture,
+    decode_limit,
+    upgrade_config,
+)
 from elita_tf.models.decoder_layers import make_layers
 from elita_tf.models.presets import resolve_preset
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
@@ -34,7 +41,7 @@ from elita_tf.ops.utils.positions import real_extent
 from elita_tf.private_apis import in_symbolic_scope
 
 
-def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets=None, training=None, intercept=None):
+def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None):
     """Final hidden states `[B, T, d]` (and the new cache, with `cache`) of the layers on token ids.
 
     `intercept(x, i)`, if given, sees and may replace the activations: the embedded tokens (`i = -1`)
@@ -44,13 +51,13 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
     start = None if cache is None else cache["position"]
     x = layers["token_embedding"](token_ids)
     if config["position_embedding"]:
-        x = x + layers["position_embedding"](x, start_index=start, resets=resets)
+        x = x + layers["position_embedding"](x, start_index=start, document_starts=document_starts)
     if config["embedding_norm"]:
         x = layers["embedding_norm"](x)
     if intercept is not None:
         x = intercept(x, -1)
     x = layers["embedding_dropout"](x, training=training)
-    extra = {} if resets is None else {"resets": resets}
+    extra = {} if document_starts is None else {"document_starts": document_starts}
     new_cache = {}
     for i in range(config["num_layers"]):
         block = layers[f"block_{i}"]
@@ -68,22 +75,25 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, resets
         return x
     length = tf.shape(token_ids)[1]
     end = real_extent(padding_mask, length)
-    if resets is None:
+    if document_starts is None:
         new_cache["position"] = start + end
     else:
-        new_cache["position"] = position_after(document_positions(length, start, resets), start, end)
+        new_cache["position"] = position_after(document_positions(length, start, document_starts), start, end)
     return x, new_cache
 
 
 def _logits(config, layers, hidden):
     # In the compute dtype, as keras-hub's heads: the training loss takes float32 logits a chunk at a time
     # (`ElitaBackbone.token_losses`), not these.
-    logits = layers["token_embedding"](hidden, reverse=True) if config["tied_embeddings"] else layers["logits"](hidden)
+    logits = layers["token_embedding"](hidden, reverse=True) if config["tie_word_embeddings"] else layers["logits"](hidden)
     return logits * config["hidden_dim"] ** -0.5 if config["scaled_tied_logits"] else logits
 
 
+_SEED = MODEL_SIZES["seed"]  # the default size
+
+
 @keras.saving.register_keras_serializable(package="elita_tf")
-class ElitaBackbone(keras_hub.models.Backbone):
+class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
     """A decoder language model of ELiTA or any related block, as a keras-hub backbone.
 
     `{"token_ids": int [B, T], "padding_mask": [B, T]}` -> logits
@@ -96,15 +106,21 @@ class ElitaBackbone(keras_hub.models.Backbone):
 
     Args:
         vocabulary_size: int. Size of the token vocabulary.
-        num_layers: int. Number of blocks. Defaults to `6`.
-        num_heads: int. Heads per attention layer. Defaults to `4`.
-        hidden_dim: int. Model width `d`. Defaults to `64`.
+        num_layers: int. Number of blocks.
+        num_heads: int. Heads per attention layer.
+        hidden_dim: int. Model width `d`.
         head_dim: int. Width per head (ELiTA values, linear attention,
-            Transformer). Defaults to `16`.
+            Transformer). These four default to `MODEL_SIZES["seed"]`'s
+            (6, 4, 64 and 16).
         max_sequence_length: int. The positions the finite buffers hold:
             learned position tables, key/value buffers and 3Lin's wide layers.
             Models without any of those (ELiTA, and linear or additive blocks
-            without learned positions) generate past it. Defaults to `256`.
+            without learned positions) generate past it. Defaults to
+            `DEFAULT_SEQUENCE_LENGTH` (256).
+        intermediate_dim: int or None. The feed-forward network's inner
+            width: the MLP's hidden units (None: `4 * hidden_dim`, the One
+            Wide FFN's `4 * hidden_dim * num_layers`), or `FeedForward2`'s
+            first branch (None: `hidden_dim`).
         position_scale: int or None. ELiTA's position scale `L`, the length
             its sinusoidal positions span: `u_i = i / (L - 1)`. None (the
             default) uses `max_sequence_length`.
@@ -121,15 +137,15 @@ class ElitaBackbone(keras_hub.models.Backbone):
         ffn_factor: int. `FeedForward2`'s second branch width. Defaults to `8`.
         position_dim: int. Sinusoid components of ELiTA's position terms. Defaults to `16`.
         position_embedding: bool. Add learned absolute position embeddings. Defaults to `False`.
-        windows: None or one window (int or None) per layer, for additive and
-            3Lin blocks. None picks the originals' defaults: `4 * 2**l` with the
-            last layer global for additive, 64 for 3Lin.
+        sliding_window_sizes: None or one size (int or None) per layer: the
+            positions an additive or 3Lin block sees. None picks the originals'
+            defaults: `4 * 2**l` with the last layer global for additive, 64 for 3Lin.
         dropout: float. Residual dropout. Defaults to `0.0`.
-        tied_embeddings: bool. The head uses the token embedding matrix. Defaults to `False`.
+        tie_word_embeddings: bool. The head uses the token embedding matrix. Defaults to `False`.
         norm: None (each block type's own norm), or the norm of every block
             that has one: `"layer_norm"`, `"unscaled_layer_norm"`, `"rms_norm"`
             or `"rms_norm_outer_epsilon"` (see `DecoderBlock`).
-        norm_epsilon: float or None. Epsilon of every norm: the blocks', the
+        layer_norm_epsilon: float or None. Epsilon of every norm: the blocks', the
             embedding norm's and the final norm's. None keeps each one's own
             (1e-3 for ELiTA, linear and additive blocks and the final norm, 1e-5
             for the Transformer's and the Simplified Transformer's blocks).
@@ -137,7 +153,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
             as fastformerLM's. Defaults to `False`.
         final_norm: bool. A LayerNorm after the last block. Defaults to `True`.
         scaled_tied_logits: bool. Tied logits divided by `sqrt(hidden_dim)`, as
-            fastformerLM's. Needs `tied_embeddings`. Defaults to `False`.
+            fastformerLM's. Needs `tie_word_embeddings`. Defaults to `False`.
         ffn_bias: bool. Biases in the `"mlp"` FFN of every block but
             `"simplified"` (whose MLP never has them). Defaults to `True`.
         ffn_init_stddev: float or None. `N(0, σ²)` init of that FFN's kernels
@@ -168,11 +184,12 @@ class ElitaBackbone(keras_hub.models.Backbone):
     def __init__(
         self,
         vocabulary_size,
-        num_layers=6,
-        num_heads=4,
-        hidden_dim=64,
-        head_dim=16,
-        max_sequence_length=256,
+        num_layers=_SEED["num_layers"],
+        num_heads=_SEED["num_heads"],
+        hidden_dim=_SEED["hidden_dim"],
+        head_dim=_SEED["head_dim"],
+        max_sequence_length=DEFAULT_SEQUENCE_LENGTH,
+        intermediate_dim=None,
         position_scale=None,
         position_mode="fixed",
         logit_clip=None,
@@ -181,11 +198,11 @@ class ElitaBackbone(keras_hub.models.Backbone):
         ffn_factor=8,
         position_dim=16,
         position_embedding=False,
-        windows=None,
+        sliding_window_sizes=None,
         dropout=0.0,
-        tied_embeddings=False,
+        tie_word_embeddings=False,
         norm=None,
-        norm_epsilon=None,
+        layer_norm_epsilon=None,
         embedding_norm=False,
         final_norm=True,
         scaled_tied_logits=False,
@@ -196,33 +213,8 @@ class ElitaBackbone(keras_hub.models.Backbone):
         dtype=None,
         **kwargs,
     ):
-        config = check_architecture(
-            vocabulary_size=vocabulary_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            hidden_dim=hidden_dim,
-            head_dim=head_dim,
-            max_sequence_length=max_sequence_length,
-            position_scale=position_scale,
-            position_mode=position_mode,
-            logit_clip=logit_clip,
-            blocks=blocks,
-            ffn=ffn,
-            ffn_factor=ffn_factor,
-            position_dim=position_dim,
-            position_embedding=position_embedding,
-            windows=windows,
-            dropout=dropout,
-            tied_embeddings=tied_embeddings,
-            norm=norm,
-            norm_epsilon=norm_epsilon,
-            embedding_norm=embedding_norm,
-            final_norm=final_norm,
-            scaled_tied_logits=scaled_tied_logits,
-            ffn_bias=ffn_bias,
-            ffn_init_stddev=ffn_init_stddev,
-            first_value_projection=first_value_projection,
-        )
+        arguments = locals()
+        config = check_architecture({name: arguments[name] for name in ARCHITECTURE_FIELDS})
         # === Layers ===
         layers = make_layers(config, dtype)
         self.token_embedding = layers["token_embedding"]
@@ -272,7 +264,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
         cache["position"] = tf.zeros([batch_size], tf.int32)
         return cache
 
-    def hidden_states(self, token_ids, padding_mask=None, cache=None, resets=None, training=None, intercept=None):
+    def hidden_states(self, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None):
         """The final hidden states `[B, T, d]` on token ids, continuing `cache` when given.
 
         Args:
@@ -282,7 +274,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
                 the row's last real position, and what follows overwrites it.
             cache: optional, from `get_initial_cache` or an earlier call: row
                 `b` continues at `cache["position"][b]`.
-            resets: optional bool `[B, T]`, True where a new document starts:
+            document_starts: optional bool `[B, T]`, True where a new document starts:
                 no position sees anything of an earlier document, and
                 positions restart at 0 there. Every model takes them without
                 a cache (packed documents); a stream carried in `cache` over
@@ -296,14 +288,14 @@ class ElitaBackbone(keras_hub.models.Backbone):
             `hidden [B, T, d]`, or `(hidden, new_cache)` with a cache.
         """
         token_ids = check_integer_ids(token_ids, self.vocabulary_size)
-        if resets is not None and cache is not None and token_ids.shape[1] != 1 and self.decode_limit is not None:
+        if document_starts is not None and cache is not None and token_ids.shape[1] != 1 and self.decode_limit is not None:
             raise ValueError(
-                "A stream carried in a cache restarts documents (`resets`) only in blocks that keep a constant-size "
+                "A stream carried in a cache restarts documents (`document_starts`) only in blocks that keep a constant-size "
                 "state and no learned positions (elita, linear, additive). "
                 f"Received: blocks={sorted(set(self.blocks))}, position_embedding={self.position_embedding}"
             )
         return _run_layers(
-            self._architecture, self._layers_by_name, token_ids, padding_mask, cache, resets, training, intercept
+            self._architecture, self._layers_by_name, token_ids, padding_mask, cache, document_starts, training, intercept
         )
 
     def logits(self, hidden):
@@ -321,14 +313,14 @@ class ElitaBackbone(keras_hub.models.Backbone):
         backward pass its recomputation of the logits. A quantized head
         (`quantize("int8")`) is read through its own call, which dequantizes.
         """
-        head = self.token_embedding if self.tied_embeddings else self.get_layer("logits")
+        head = self.token_embedding if self.tie_word_embeddings else self.get_layer("logits")
         if head.quantization_mode is not None:
             logits = keras.ops.cast(self.logits(hidden), "float32")
             losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
             if sample_weight is not None:
                 losses = losses * tf.cast(sample_weight, losses.dtype)
             return tf.reduce_sum(losses) if reduction == "sum" else losses
-        if self.tied_embeddings:
+        if self.tie_word_embeddings:
             kernel, bias = keras.ops.transpose(head.embeddings), None
         else:
             kernel, bias = head.kernel, head.bias
@@ -355,7 +347,7 @@ class ElitaBackbone(keras_hub.models.Backbone):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        config = upgrade_config(config)  # a preset or checkpoint of an older elita-tf
         quantized = config.pop("quantized_layers", None)
         dtype = config.get("dtype")
         if quantized and not isinstance(dtype, (dict, keras.dtype_policies.DTypePolicyMap)):
@@ -370,55 +362,6 @@ class ElitaBackbone(keras_hub.models.Backbone):
         """Weights of the blocks and norms: `count_params()` less the token and position tables and the head."""
         tables = [name for name in ("token_embedding", "position_embedding", "logits") if name in self._layers_by_name]
         return self.count_params() - sum(self.get_layer(name).count_params() for name in tables)
-
-    def enable_lora(self, rank, target_layer_names=None):
-        """keras-hub's `enable_lora`, remembered in the config (with the default targets), so an adapted
-        model saves, loads and resumes training as one: its adapters are saved exactly (`lora.keep_exact`).
-
-        Raises:
-            ValueError: for other targets, or a rank past the narrower side of an adapted projection.
-        """
-        if target_layer_names is not None:
-            raise ValueError(
-                "ElitaBackbone adapts its default projections (`default_lora_layer_names`), so that a saved adapted "
-                f"model loads as one. Received: target_layer_names={target_layer_names!r}"
-            )
-        self.check_lora_rank(rank)
-        super().enable_lora(rank)
-        for layer in lora.adapted_layers(self, self.default_lora_layer_names()):
-            lora.keep_exact(layer)
-        self.lora_rank = rank
-
-    def check_lora_rank(self, rank):
-        """Raises `ValueError` for a rank `enable_lora` refuses: not a positive integer, or past the
-        narrower side of every projection it adapts (adapter weights that add nothing)."""
-        lora.check_rank(lora.adapted_layers(self, self.default_lora_layer_names()), rank)
-
-    def merge_lora(self):
-        """A backbone without adapters whose projections hold `W + A B`: the same function, for serving.
-
-        Example:
-        >>> backbone.enable_lora(4)          # doctest: +SKIP
-        >>> merged = backbone.merge_lora()   # doctest: +SKIP
-        """
-        if self.lora_rank is None:
-            raise ValueError("This backbone has no LoRA adapters to merge: call `enable_lora(rank)` first.")
-        config = self.get_config()
-        del config["lora_rank"]
-        merged = type(self).from_config(config)
-        kernels = lora.merged_kernels(self)
-        sources = [w for w in self.weights if not lora.is_adapter(w)]
-        for target, source in zip(merged.weights, sources, strict=True):
-            target.assign(kernels.get(id(source), source))
-        return merged
-
-    def default_lora_layer_names(self):
-        """Every projection of every block (not the embedding or the head): `enable_lora(rank)` adapts them all."""
-        return [
-            *("k1", "k2", "k3", "query", "key", "value", "output", "attention_output"),  # token mixers
-            *("query_key", "query_value", "combiner"),  # 3Lin
-            *("w1", "w2", "w3", "inner", "outer"),  # feed-forward networks
-        ]
 
     @classmethod
     def from_architecture(cls, name, vocabulary_size, **overrides):
@@ -453,8 +396,14 @@ def architecture_config(name, **overrides):
     defaults = {
         key: parameter.default
         for key, parameter in inspect.signature(ElitaBackbone.__init__).parameters.items()
-        if parameter.default is not inspect.Parameter.empty and key not in ("dtype", "lora_rank")
+        if key in ARCHITECTURE_FIELDS and parameter.default is not inspect.Parameter.empty
     }
-    return check_architecture(**{**defaults, **architecture(name), **overrides})
+    return check_architecture({**defaults, **architecture(name), **overrides})
+
+
+# The backbone's arguments that are its architecture: its signature, less Keras' and LoRA's.
+ARCHITECTURE_FIELDS = tuple(
+    name for name in inspect.signature(ElitaBackbone.__init__).parameters if name not in ("self", "lora_rank", "dtype", "kwargs")
+)
 
 

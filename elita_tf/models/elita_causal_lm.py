@@ -35,7 +35,7 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
     its own next token, so each row continues exactly as it would alone.
 
     Inputs are `{"token_ids": int [B, T], "padding_mask": [B, T]}`, optionally
-    with `"resets": bool [B, T]` (True where a new document starts; models
+    with `"document_starts": bool [B, T]` (True where a new document starts; models
     whose every block keeps a constant-size state). Float token ids are
     refused, never truncated.
 
@@ -64,10 +64,10 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         super().__init__(inputs=inputs, outputs=backbone(inputs), **kwargs)
 
     def call(self, inputs, training=None, mask=None):
-        if isinstance(inputs, dict) and "resets" in inputs:  # packed documents: outside the functional graph
+        if isinstance(inputs, dict) and "document_starts" in inputs:  # packed documents: outside the functional graph
             backbone = self.backbone
             hidden = backbone.hidden_states(
-                inputs["token_ids"], padding_mask_of(inputs), resets=inputs["resets"], training=training
+                inputs["token_ids"], padding_mask_of(inputs), document_starts=inputs["document_starts"], training=training
             )
             return backbone.logits(hidden)
         if not in_symbolic_scope() and isinstance(inputs, dict) and "token_ids" in inputs:

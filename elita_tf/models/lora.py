@@ -79,3 +79,57 @@ def merged_kernels(backbone):
 
 def is_adapter(weight):
     return weight.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")
+
+
+class LoraAdapters:
+    """keras-hub's `enable_lora` for `ElitaBackbone`: every projection adapted, the rank checked, the
+    adapters saved exactly and merged for serving. Mixed into the backbone before keras-hub's `Backbone`."""
+
+    def enable_lora(self, rank, target_layer_names=None):
+        """keras-hub's `enable_lora`, remembered in the config (with the default targets), so an adapted
+        model saves, loads and resumes training as one: its adapters are saved exactly (`keep_exact`).
+
+        Raises:
+            ValueError: for other targets, or a rank past the narrower side of an adapted projection.
+        """
+        if target_layer_names is not None:
+            raise ValueError(
+                "ElitaBackbone adapts its default projections (`default_lora_layer_names`), so that a saved adapted "
+                f"model loads as one. Received: target_layer_names={target_layer_names!r}"
+            )
+        self.check_lora_rank(rank)
+        super().enable_lora(rank)
+        for layer in adapted_layers(self, self.default_lora_layer_names()):
+            keep_exact(layer)
+        self.lora_rank = rank
+
+    def check_lora_rank(self, rank):
+        """Raises `ValueError` for a rank `enable_lora` refuses: not a positive integer, or past the
+        narrower side of every projection it adapts (adapter weights that add nothing)."""
+        check_rank(adapted_layers(self, self.default_lora_layer_names()), rank)
+
+    def merge_lora(self):
+        """A backbone without adapters whose projections hold `W + A B`: the same function, for serving.
+
+        Example:
+        >>> backbone.enable_lora(4)          # doctest: +SKIP
+        >>> merged = backbone.merge_lora()   # doctest: +SKIP
+        """
+        if self.lora_rank is None:
+            raise ValueError("This backbone has no LoRA adapters to merge: call `enable_lora(rank)` first.")
+        config = self.get_config()
+        del config["lora_rank"]
+        merged = type(self).from_config(config)
+        kernels = merged_kernels(self)
+        sources = [w for w in self.weights if not is_adapter(w)]
+        for target, source in zip(merged.weights, sources, strict=True):
+            target.assign(kernels.get(id(source), source))
+        return merged
+
+    def default_lora_layer_names(self):
+        """Every projection of every block (not the embedding or the head): `enable_lora(rank)` adapts them all."""
+        return [
+            *("k1", "k2", "k3", "query", "key", "value", "output", "attention_output"),  # token mixers
+            *("query_key", "query_value", "combiner"),  # 3Lin
+            *("w1", "w2", "w3", "inner", "outer"),  # feed-forward networks
+        ]

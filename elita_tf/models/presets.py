@@ -10,6 +10,9 @@ import os
 import h5py
 import sentencepiece
 
+from elita_tf.models.architectures import upgrade_config
+
+RUN_MANIFEST = "run.json"  # what marks an elita-train run directory (`elita_tf.training.RunDirectory`)
 RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
 
 
@@ -33,7 +36,7 @@ def resolve_preset(preset, load_weights=True):
     """
     if not isinstance(preset, str) or "://" in preset:
         return preset
-    if os.path.isfile(os.path.join(preset, "run.json")):
+    if os.path.isfile(os.path.join(preset, RUN_MANIFEST)):
         folder = os.path.join(preset, RUN_PRESET)
         if not os.path.isfile(os.path.join(folder, "config.json")):
             raise ValueError(
@@ -54,7 +57,7 @@ def resolve_preset(preset, load_weights=True):
 
 
 def read_preset_config(preset):
-    """The `ElitaBackbone` arguments a local preset's `config.json` holds (its `"config"` entry).
+    """The `ElitaBackbone` arguments a local preset's `config.json` holds (its `"config"` entry), in today's names.
 
     Raises:
         ValueError: naming the file, when it is not JSON, not an ELiTA backbone's config (a
@@ -77,7 +80,7 @@ def read_preset_config(preset):
     missing = [name for name in _REQUIRED_FIELDS if not isinstance(config, dict) or name not in config]
     if missing:
         raise ValueError(f"{path} lacks the architecture fields {missing}: the preset is damaged or incomplete.")
-    return config
+    return upgrade_config(config)
 
 
 

@@ -125,10 +125,10 @@ def _null_softmax(scores, values_fn, extra=None):
     return numerator / denominator[..., None]
 
 
-def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale, documents=None):
+def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale, same_document=None):
     """Masked attention of `[B, H, T, Dk]` queries at `query_pos [B, T]` over `[B, H, S, *]` keys at `key_pos [B, S]`.
 
-    O(T * S): the form without a window, and one decoding step. `documents`,
+    O(T * S): the form without a window, and one decoding step. `same_document`,
     optional `[B, T, S]` bool, keeps each query to the keys of its document.
     """
     dtype = queries.dtype
@@ -136,8 +136,8 @@ def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, 
     visible = delta >= 1
     if window is not None:
         visible &= (delta <= window - 1) | (key_pos == 0)[:, None, :]
-    if documents is not None:
-        visible &= documents
+    if same_document is not None:
+        visible &= same_document
     visible = visible[:, None] & key_valid[:, None, None, :]  # [B, 1, T, S]
     bias = distance_bias(tf.cast(delta, dtype), slope, hyper)[:, None]
     scores = tf.einsum("bhtq,bhsq->bhts", queries, keys) * scale + bias
@@ -145,7 +145,9 @@ def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, 
     return _null_softmax(scores, lambda w: tf.einsum("bhts,bhsd->bhtd", w, values))
 
 
-def _banded(queries, keys, values, key_valid, start, position, window, slope, hyper, scale, chunk_size, documents=None):
+def _banded(
+    queries, keys, values, key_valid, start, position, window, slope, hyper, scale, chunk_size, document_indices=None
+):
     """The windowed form in chunks of `C` queries.
 
     `keys [B, H, W - 1 + T, Dk]` are the `W - 1` positions before the queries
@@ -153,7 +155,7 @@ def _banded(queries, keys, values, key_valid, start, position, window, slope, hy
     excludes position 0, which is the separate `start = (key, value, valid)`:
     `[B, H, Dk]`, `[B, H, Dv]`, `[B]`, or one start per query (`[B, H, T, Dk]`,
     `[B, H, T, Dv]`, `[B, T]`) with packed documents. `position [B, T]` is
-    each query's distance from its start. `documents`, optional
+    each query's distance from its start. `same_document`, optional
     `(query [B, T], key [B, W - 1 + T])` int ids, keeps each query to the keys
     of its own document.
     The query at offset `i` of chunk `c` sits at key index `cC + i + W - 1`
@@ -182,9 +184,9 @@ def _banded(queries, keys, values, key_valid, start, position, window, slope, hy
     bias = tf.constant(distance_bias(offset, slope, hyper), dtype)
     scores = tf.einsum("bhkiq,bhkmq->bhkim", q, k) * scale + bias
     visible = band[None, None, None] & ok[:, None, :, None, :]
-    if documents is not None:
-        query_document = tf.reshape(pad_axis(documents[0], 1, pad, -1), [batch, chunks, size])
-        key_document = tf.gather(pad_axis(documents[1], 1, pad, -2), frames, axis=1)  # [B, K, span]
+    if document_indices is not None:
+        query_document = tf.reshape(pad_axis(document_indices[0], 1, pad, -1), [batch, chunks, size])
+        key_document = tf.gather(pad_axis(document_indices[1], 1, pad, -2), frames, axis=1)  # [B, K, span]
         visible &= tf.equal(query_document[..., :, None], key_document[..., None, :])[:, None]
     scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))  # [B, H, K, C, span]
 
@@ -236,7 +238,7 @@ def banded_attention(
     scale=None,
     mask=None,
     initial_state=None,
-    resets=None,
+    document_starts=None,
     chunk_size=BANDED_CHUNK_SIZE,
 ):
     """Causal banded attention without the diagonal, plus start and null slots, parallel over time.
@@ -259,7 +261,7 @@ def banded_attention(
             `empty_banded_state()` or a previous call (prefill, then continue).
             Needed to continue a sequence without a window (its size is the
             `max_sequence_length` it can hold).
-        resets: optional bool `[B, T]`, True where a document starts (packed
+        document_starts: optional bool `[B, T]`, True where a document starts (packed
             documents): each document is its own sequence, with its own start
             position and distances counted from it, and sees nothing of
             another. Not with `initial_state`.
@@ -268,21 +270,21 @@ def banded_attention(
     Returns:
         `(out, state)`: `out [B, H, T, Dv]` in the accumulator dtype (float32
         unless the values are float64) and the state after the last position
-        (None with `resets`: a state holds one document). Without a window and
+        (None with `document_starts`: a state holds one document). Without a window and
         without `initial_state`, the state's buffer holds exactly these `T`
         positions.
     """
     _check_window(window)
-    if resets is not None and initial_state is not None:
+    if document_starts is not None and initial_state is not None:
         raise ValueError(
-            "`resets` (packed documents) start each document afresh; they do not continue an `initial_state`. "
-            f"Received: resets={resets!r} with an initial_state"
+            "`document_starts` (packed documents) start each document afresh; they do not continue an `initial_state`. "
+            f"Received: document_starts={document_starts!r} with an initial_state"
         )
     queries, keys, values, valid, scale = _prepare(queries, keys, values, mask, scale)
     batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
     length = tf.shape(keys)[2]
-    if resets is not None:
-        return _packed(queries, keys, values, valid, resets, window, slope, hyper, scale, chunk_size), None
+    if document_starts is not None:
+        return _packed(queries, keys, values, valid, document_starts, window, slope, hyper, scale, chunk_size), None
     # Each row's state ends after its last real position: right padding is overwritten by what follows.
     end = tf.broadcast_to(real_extent(mask, length), [batch])
 
@@ -358,25 +360,25 @@ def banded_attention(
     return out, state
 
 
-def _packed(queries, keys, values, valid, resets, window, slope, hyper, scale, chunk_size):
+def _packed(queries, keys, values, valid, document_starts, window, slope, hyper, scale, chunk_size):
     """`banded_attention`'s output on packed documents: every document as if it were run alone.
 
     A document's first position plays the start position for its queries,
     and every distance is the same as in the document alone:
 
-        resets 1 0 0 1 0 0, window 2 (s = the document's start, x = window)
+        document_starts 1 0 0 1 0 0, window 2 (s = the document's start, x = window)
         row 3: . . . . . .      a new document: only the null slot
         row 4: . . . s . .
         row 5: . . . s x .
     """
     batch, length = tf.shape(keys)[0], tf.shape(keys)[2]
-    resets = tf.cast(resets, tf.bool)
-    position = document_positions(length, None, resets) * tf.ones([batch, 1], tf.int32)  # [B, T] from the start
-    document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+    document_starts = tf.cast(document_starts, tf.bool)
+    position = document_positions(length, None, document_starts) * tf.ones([batch, 1], tf.int32)  # [B, T] from the start
+    document = tf.cumsum(tf.cast(document_starts, tf.int32), axis=1)
     if window is None:
         at = tf.tile(tf.range(length)[None, :], [batch, 1])
         same = tf.equal(document[:, :, None], document[:, None, :])
-        return _dense(queries, keys, values, valid, at, at, None, slope, hyper, scale, documents=same)
+        return _dense(queries, keys, values, valid, at, at, None, slope, hyper, scale, same_document=same)
 
     start_index = tf.range(length)[None, :] - position  # each query's document start
     heads = tf.shape(keys)[1]
@@ -401,7 +403,7 @@ def _packed(queries, keys, values, valid, resets, window, slope, hyper, scale, c
         hyper,
         scale,
         chunk_size,
-        documents=(document, key_document),
+        document_indices=(document, key_document),
     )
 
 

@@ -45,7 +45,7 @@ from elita_tf.ops.decayed_prefix import (
     logaddexp,
     static_size,
 )
-from elita_tf.ops.utils.documents import gated_scan, segment_ids
+from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
 from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after
 from elita_tf.ops.utils.xla import branch_or_select
@@ -127,8 +127,8 @@ def _global(logits, values, chunk_size):
     return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
 
 
-def _global_with_resets(logits, values, resets, initial_state, chunk_size):
-    """Global mean where documents start at `resets [B, T]`; returns `(mean, log_z, state)`.
+def _global_with_document_starts(logits, values, document_starts, initial_state, chunk_size):
+    """Global mean where documents start at `document_starts [B, T]`; returns `(mean, log_z, state)`.
 
     Inside a chunk, a `C x C` product over the keys of the row's own
     document. Between chunks, each chunk's last-document statistics are
@@ -141,7 +141,7 @@ def _global_with_resets(logits, values, resets, initial_state, chunk_size):
     logits, values = pad_time(logits, values, chunk_size)
     l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
     v = tf.reshape(values, [b, h, -1, chunk_size, depth])
-    seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+    seg = tf.reshape(document_index(document_starts, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
     causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]
     visible = causal & tf.equal(seg[..., :, None], seg[..., None, :])
     scores = tf.where(visible, l[..., None, :], tf.constant(UNSEEN_LOGIT, l.dtype))  # [B, H, K, C, C]
@@ -173,7 +173,7 @@ def causal_softmax_mean(
     mask=None,
     initial_state=None,
     chunk_size=SOFTMAX_MEAN_CHUNK_SIZE,
-    resets=None,
+    document_starts=None,
 ):
     """Causal (windowed) softmax-weighted mean, parallel over time.
 
@@ -189,7 +189,7 @@ def causal_softmax_mean(
         initial_state: optional state of the positions before these, as from
             `empty_softmax_mean_state()` or a previous call (prefill then continue).
         chunk_size: int `C`, positions per matrix-product chunk.
-        resets: optional bool `[B, T]`, True where a new document starts:
+        document_starts: optional bool `[B, T]`, True where a new document starts:
             from there on nothing before it (the initial state included) is
             seen, and the returned state holds the last document alone.
             Windows longer than `C` then take banded chunks of the window's
@@ -203,8 +203,8 @@ def causal_softmax_mean(
     _check_window(window)
     end = real_extent(mask, tf.shape(logits)[-1])
     logits, values = _prepare(logits, values, mask)
-    if resets is not None:
-        return _with_resets(logits, values, window, initial_state, chunk_size, resets, end)
+    if document_starts is not None:
+        return _with_document_starts(logits, values, window, initial_state, chunk_size, document_starts, end)
     if window is not None and initial_state is not None:
         # The ring buffer holds the `window` positions before these.
         buf_l, buf_v = initial_state
@@ -244,20 +244,20 @@ def causal_softmax_mean(
     return mean, log_z, state
 
 
-def _with_resets(logits, values, window, initial_state, chunk_size, resets, end):
-    """`causal_softmax_mean` on prepared inputs where documents start at `resets`."""
+def _with_document_starts(logits, values, window, initial_state, chunk_size, document_starts, end):
+    """`causal_softmax_mean` on prepared inputs where documents start at `document_starts`."""
     b, h, d = tf.shape(values)[0], tf.shape(values)[1], tf.shape(values)[3]
     if initial_state is None:
         initial_state = empty_softmax_mean_state(b, h, d, window, values.dtype)
     if window is None:
-        return _global_with_resets(logits, values, resets, initial_state, chunk_size)
+        return _global_with_document_starts(logits, values, document_starts, initial_state, chunk_size)
     # The ring buffer first, as the initial state's document (no reset in it).
     logits = tf.concat([tf.cast(initial_state[0], logits.dtype), logits], axis=-1)
     values = tf.concat([tf.cast(initial_state[1], values.dtype), values], axis=-2)
-    resets = tf.concat([tf.zeros([b, window], tf.bool), tf.cast(resets, tf.bool)], axis=1)
-    mean, log_z = banded_mean(logits, values, window, max(window, chunk_size), resets)
+    document_starts = tf.concat([tf.zeros([b, window], tf.bool), tf.cast(document_starts, tf.bool)], axis=1)
+    mean, log_z = banded_mean(logits, values, window, max(window, chunk_size), document_starts)
     # The state keeps the last document's positions alone.
-    seg = segment_ids(resets)
+    seg = document_index(document_starts)
     end = tf.broadcast_to(end, [b])
     last = tf.gather(seg, end + window - 1, batch_dims=1)
     own = tf.equal(seg, last[:, None])[:, None]  # [B, 1, window + T]

@@ -22,7 +22,7 @@ All sums are float32 (float64 stays float64) whatever the input dtype:
 
 import tensorflow as tf
 
-from elita_tf.ops.utils.documents import gated_scan, segment_ids
+from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 LINEAR_ATTENTION_CHUNK_SIZE = 64
@@ -54,7 +54,7 @@ def causal_linear_attention(
     initial_state=None,
     epsilon=1e-6,
     chunk_size=LINEAR_ATTENTION_CHUNK_SIZE,
-    resets=None,
+    document_starts=None,
 ):
     """Causal linear attention over feature-mapped queries and keys, parallel over time.
 
@@ -67,7 +67,7 @@ def causal_linear_attention(
         initial_state: optional `(S, z)` of earlier positions.
         epsilon: float added to the denominator.
         chunk_size: int `C`.
-        resets: optional bool `[B, T]`, True where a new document starts:
+        document_starts: optional bool `[B, T]`, True where a new document starts:
             from there on nothing before it (the initial state included) is
             seen, and the returned state holds the last document alone.
 
@@ -96,26 +96,26 @@ def causal_linear_attention(
     q, k, v = (tf.reshape(tf.pad(t, paddings), [b, h, -1, chunk_size, tf.shape(t)[3]]) for t in (q, k, v))
 
     causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]
-    if resets is None:
+    if document_starts is None:
         chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
         state_before = tf.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
         scores = tf.where(causal, tf.matmul(q, k, transpose_b=True), tf.zeros([], dtype))
         numerator = tf.matmul(scores, v) + tf.matmul(q, state_before)  # [B, H, N, C, Dv + 1]
         final = initial + tf.reduce_sum(chunk_kv, axis=2)
     else:
-        numerator, final = _with_resets(q, k, v, initial, resets, causal, chunk_size)
+        numerator, final = _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size)
     outputs = _normalise(tf.reshape(numerator, [b, h, -1, dv])[:, :, :length], epsilon)
     return outputs, (final[..., :-1], final[..., -1])
 
 
-def _with_resets(q, k, v, initial, resets, causal, chunk_size):
-    """The chunked form where documents start at `resets`: the numerator `[B, H, N, C, Dv + 1]` and the final state.
+def _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size):
+    """The chunked form where documents start at `document_starts`: the numerator `[B, H, N, C, Dv + 1]` and the final state.
 
     Inside a chunk a key is seen from its own document only; a chunk's state
     holds its last document's keys, and the state carried between chunks
     restarts at every chunk with a reset (`gated_scan`, exact: no differences of sums).
     """
-    seg = tf.reshape(segment_ids(resets, chunk_size), [tf.shape(q)[0], 1, -1, chunk_size])  # [B, 1, N, C]
+    seg = tf.reshape(document_index(document_starts, chunk_size), [tf.shape(q)[0], 1, -1, chunk_size])  # [B, 1, N, C]
     same = tf.equal(seg[..., :, None], seg[..., None, :])
     scores = tf.where(causal & same, tf.matmul(q, k, transpose_b=True), tf.zeros([], q.dtype))
     last = seg[..., -1]  # each chunk's last document [B, 1, N]; before the first, the initial state's (0)

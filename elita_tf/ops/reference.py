@@ -75,13 +75,13 @@ def cross_entropy_reference(hidden, kernel, labels, bias=None, scale=1.0):
 
 
 def banded_attention_reference(
-    queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None, resets=None
+    queries, keys, values, window=None, slope=0.0, hyper=0.0, scale=None, mask=None, document_starts=None
 ):
     """`out [B, H, T, Dv]` of `banded_attention` by its definition, for tests only.
 
     Builds the `[T, 1 + T]` logits of every row (the null slot first) and
     takes a softmax over them, in the dtype it is given (tests use float64).
-    With `resets`, row `i` sees only its document, whose first position is its start.
+    With `document_starts`, row `i` sees only its document, whose first position is its start.
     """
     length = tf.shape(queries)[2]
     dtype = queries.dtype
@@ -89,10 +89,10 @@ def banded_attention_reference(
         scale = 1.0 / math.sqrt(queries.shape[-1])
     i = tf.range(length)[None, :, None]
     j = tf.range(length)[None, None, :]
-    if resets is None:
+    if document_starts is None:
         start, same = tf.zeros_like(i), tf.ones([1, 1, 1], tf.bool)
     else:
-        document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+        document = tf.cumsum(tf.cast(document_starts, tf.int32), axis=1)
         same = tf.equal(document[:, :, None], document[:, None, :])
         start = tf.reduce_min(tf.where(same, j, length), axis=-1, keepdims=True)  # [B, T, 1]
     span = (j < i) & same

@@ -63,13 +63,13 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
     return dict(zip(KV_CACHE_NAMES, new_cache)), visible
 
 
-def causal_visibility(length, mask=None, resets=None):
-    """`[B or 1, 1, T, T]` bool: causal, no padded key, and (with `resets [B, T]`) no key of another document.
+def causal_visibility(length, mask=None, document_starts=None):
+    """`[B or 1, 1, T, T]` bool: causal, no padded key, and (with `document_starts [B, T]`) no key of another document.
 
     With packed documents the mask is block-diagonal: a document is the run
-    of positions from one reset to the next, numbered by the resets so far.
+    of positions from one reset to the next, numbered by the document_starts so far.
 
-        resets 1 0 1 0 0   row 0: x . . . .
+        document_starts 1 0 1 0 0   row 0: x . . . .
                            row 1: x x . . .
                            row 2: . . x . .
                            row 3: . . x x .
@@ -79,14 +79,14 @@ def causal_visibility(length, mask=None, resets=None):
     visible = causal[None, None]
     if mask is not None:
         visible = visible & tf.cast(mask, tf.bool)[:, None, None, :]
-    if resets is not None:
-        visible = visible & same_document(resets)[:, None]
+    if document_starts is not None:
+        visible = visible & same_document(document_starts)[:, None]
     return visible
 
 
-def same_document(resets):
-    """`[B, T, T]` bool: True where query `t` and key `s` are in one document (`resets [B, T]` starts them)."""
-    document = tf.cumsum(tf.cast(resets, tf.int32), axis=1)
+def same_document(document_starts):
+    """`[B, T, T]` bool: True where query `t` and key `s` are in one document (`document_starts [B, T]` starts them)."""
+    document = tf.cumsum(tf.cast(document_starts, tf.int32), axis=1)
     return tf.equal(document[:, :, None], document[:, None, :])
 
 

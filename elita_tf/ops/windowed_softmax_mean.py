@@ -10,7 +10,7 @@ Means over disjoint spans combine exactly by their normalisers (`merge_means`).
 import tensorflow as tf
 
 from elita_tf.ops.decayed_prefix import UNSEEN_LOGIT, shift_right, static_size
-from elita_tf.ops.utils.documents import segment_ids
+from elita_tf.ops.utils.documents import document_index
 from elita_tf.ops.utils.dtypes import NEG_INF
 from elita_tf.ops.utils.positions import pad_axis
 
@@ -22,11 +22,11 @@ def pad_time(logits, values, multiple):
 
 
 
-def banded_mean(logits, values, window, chunk_size, resets=None):
+def banded_mean(logits, values, window, chunk_size, document_starts=None):
     """Windowed mean for `window <= chunk_size`: each chunk sees itself and the one before.
 
     Row `i` of a chunk sits at key slot `C + i` of `[previous chunk, chunk]`
-    and sees slots `(C + i - window, C + i]` (of its own document, with `resets [B, T]`).
+    and sees slots `(C + i - window, C + i]` (of its own document, with `document_starts [B, T]`).
     """
     b, h, length, depth = (tf.shape(values)[k] for k in range(4))
     logits, values = pad_time(logits, values, chunk_size)
@@ -39,8 +39,8 @@ def banded_mean(logits, values, window, chunk_size, resets=None):
     row = tf.range(chunk_size)[:, None] + chunk_size
     col = tf.range(2 * chunk_size)[None, :]
     band = (col <= row) & (col > row - window)  # [C, 2C]
-    if resets is not None:
-        seg = tf.reshape(segment_ids(resets, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+    if document_starts is not None:
+        seg = tf.reshape(document_index(document_starts, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
         keys_seg = tf.concat([shift_right(seg, axis=2, fill=-1), seg], axis=-1)
         band = band & tf.equal(seg[..., :, None], keys_seg[..., None, :])  # [B, 1, K, C, 2C]
     scores = tf.where(band, keys_l[..., None, :], tf.constant(UNSEEN_LOGIT, l.dtype))

@@ -18,7 +18,7 @@ import sys
 
 from elita_tf.models import ARCHITECTURES
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
-from elita_tf.training.settings import TrainSettings
+from elita_tf.training.settings import train_settings
 
 
 def run_dir(output_dir, architecture, seed):
@@ -69,7 +69,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
         architectures: names from `elita_tf.models.ARCHITECTURES`.
         seeds: distinct non-negative ints.
         plot: the PNG to write. Defaults to `output_dir/ELiTA.png`.
-        **settings: other `TrainSettings` fields, the same for every run.
+        **settings: other `TrainSettings` and `CorpusSettings` fields (`train_settings`), the same for every run.
 
     Returns:
         `{architecture: [run_dir, ...]}`.
@@ -81,7 +81,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
         )
     if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be distinct non-negative integers. Received: seeds={list(seeds)}")
-    TrainSettings(output_dir=output_dir, **settings)  # refuse bad settings before the first run
+    train_settings(output_dir=output_dir, **settings)  # refuse bad settings before the first run
     plot_path = plot or os.path.join(output_dir, "ELiTA.png")
     _check_outputs(output_dir, plot is None and plot_path)
     os.makedirs(output_dir, exist_ok=True)

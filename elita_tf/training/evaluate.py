@@ -5,20 +5,20 @@
     evaluate("runs/compare/elita/seed-0", split="test", litert="elita.tflite")  # the exported file
     evaluate("runs/compare/elita/seed-0", window_length=4096)                   # longer windows
     evaluate("runs/compare/elita/seed-0", window_length=4096, carry_state=True)  # the split as one stream
-    evaluate("runs/mine", data="new-texts/*.txt")                                # all of other text
+    evaluate("runs/mine", corpus=CorpusSettings("new-texts/*.txt"))              # all of other text
 
 By default the split is cut into the training run's windows (its `sequence_length`, its
 tokenizer, every line ending with the end-of-line id), so the float result equals the run's own
 `results.json` figure. `window_length` cuts windows of another length; `carry_state` reads the
 whole split as one sequence, `window_length` tokens at a time, each segment continuing from the
 decoding state the previous one left (models whose every block carries a constant-size state).
-Other text (`data`: text files or JSON Lines) is scored whole: windows that share one token
+Other text (`corpus`: text files or JSON Lines) is scored whole: windows that share one token
 (`covering_windows`) score every token after the first exactly once, the last window padded.
 Either way the result has the loss by position, in log-spaced buckets: does the model use
 context it has seen?
 """
 
-import json
+import dataclasses
 import math
 import os
 import sys
@@ -27,12 +27,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.data import load_corpus, make_tokenizer, packed_windows, token_stream, token_windows
+from elita_tf.data import make_tokenizer, packed_windows, token_stream, token_windows
+from elita_tf.data.corpus import corpus_of_record, load_corpus
 from elita_tf.data.text_files import SPLITS, data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
 from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
+from elita_tf.models.presets import RUN_MANIFEST
+from elita_tf.training.run_directory import read_manifest
 
 
 def position_buckets(length, first=16, factor=4):
@@ -86,12 +89,15 @@ def _windowed_losses(backbone, windows, batch_size, progress, document_starts=No
     given, leaves out the targets where it is False (padding).
     """
 
+    packed = document_starts is not None
+
     @tf.function(reduce_retracing=True)
     def losses(rows, starts, scored):
         inputs, targets = rows[:, :-1], rows[:, 1:]
-        resets = tf.concat([tf.ones_like(starts[:, :1]), starts[:, 1:-1]], axis=1)
+        # A window's first position starts what it holds, whatever came before it.
+        window_starts = tf.concat([tf.ones_like(starts[:, :1]), starts[:, 1:-1]], axis=1)
         # The head's float32 loss a chunk at a time: no [B, T, V] logits in the compute dtype.
-        hidden = backbone.hidden_states(inputs, resets=resets if document_starts is not None else None, training=False)
+        hidden = backbone.hidden_states(inputs, document_starts=window_starts if packed else None, training=False)
         weights = tf.cast(tf.logical_and(tf.logical_not(starts[:, 1:]), scored), tf.float64)
         per_token = tf.cast(backbone.token_losses(hidden, targets), tf.float64) * weights
         return tf.reduce_sum(per_token, axis=0), tf.reduce_sum(weights, axis=0)
@@ -139,9 +145,7 @@ def _stream_losses(backbone, stream, segment_length, progress):
 def evaluate(
     run_dir,
     split="test",
-    data=None,
-    text_field="text",
-    documents="file",
+    corpus=None,
     data_dir=None,
     tfds_dir=None,
     batch_size=None,
@@ -159,13 +163,13 @@ def evaluate(
     Args:
         run_dir: a finished `elita-train` run directory.
         split: `"train"`, `"validation"` or `"test"`. Defaults to `"test"`.
-        data: None (the run's own data, split as it was), or other text in any form
-            `load_corpus` reads. Text files and JSON Lines are scored whole, every
-            token after the first exactly once (the result's split is `"all"`);
-            WikiText and TFDS data by `split`.
-        text_field, documents: how `data` is read (`load_corpus`).
-        data_dir: a local WikiText directory; None reads `ELITA_WIKITEXT_DIR`, else downloads.
-        tfds_dir: where tensorflow-datasets keeps prepared data (its default when None).
+        corpus: None (the run's own data, split as it was), or the
+            `CorpusSettings` of other text. Text files and JSON Lines are
+            scored whole, every token after the first exactly once (the
+            result's split is `"all"`); WikiText and TFDS data by `split`.
+        data_dir, tfds_dir: where the run's own data is read (a local WikiText
+            directory, else `ELITA_WIKITEXT_DIR`, else a download; where
+            tensorflow-datasets keeps prepared data).
         batch_size: int. Windows per batch. Defaults to the run's batch size,
             scaled to keep its tokens per batch with another `window_length`.
         eval_batches: int or None. A cap on batches (windowed evaluation) or on segments (`carry_state`).
@@ -218,14 +222,12 @@ def evaluate(
             "Packed documents are scored in windows by the model itself: leave `litert` and `carry_state` unset. "
             f"Received: pack_documents=True, litert={litert!r}, carry_state={carry_state!r}"
         )
-    manifest_path = os.path.join(run_dir, "run.json")
-    if not os.path.exists(manifest_path):
+    manifest = read_manifest(run_dir)
+    if manifest is None:
         raise FileNotFoundError(
-            f"{manifest_path} is missing: `run_dir` must be an elita-train run directory "
+            f"{os.path.join(run_dir, RUN_MANIFEST)} is missing: `run_dir` must be an elita-train run directory "
             f"(it records the windows to cut). Received: run_dir={run_dir!r}"
         )
-    with open(manifest_path) as f:
-        manifest = json.load(f)
     sequence_length = manifest["training"]["sequence_length"]
     length = window_length or sequence_length
     if pack_documents is None:
@@ -257,40 +259,28 @@ def evaluate(
     if quantize:
         backbone.quantize(quantize)
     # Other text is scored whole, each token after the first once (`covering_windows`).
-    whole = data is not None and data_kind(data) in ("text", "jsonl") and not carry_state
-    if data is None:  # the run's own data, split as it was for training
-        splits, data = load_corpus(
-            manifest["data"]["dataset"],
-            data_dir=data_dir,
-            tfds_dir=tfds_dir,
-            document_starts=pack_documents,
-            **manifest["data"].get("corpus", {}),
-        )
+    whole = corpus is not None and data_kind(corpus.data) in ("text", "jsonl") and not carry_state
+    if corpus is None:  # the run's own data, split as it was for training
+        recorded = manifest["data"]
+        own, seed = corpus_of_record(recorded["dataset"], recorded.get("corpus"), data_dir, tfds_dir)
+        splits, data = load_corpus(own, seed=seed, document_starts=pack_documents)
         if data["sha256"] != manifest["data"]["sha256"]:
             print(
                 f"Warning: the {data['dataset']} files read ({data['source']}, sha256 {data['sha256'][:12]}...) are "
                 f"not the ones the run trained on (sha256 {manifest['data']['sha256'][:12]}...).",
                 file=sys.stderr,
             )
-    elif data_kind(data) in ("text", "jsonl"):  # all of it, one split
-        splits, data = load_corpus(
-            data,
-            documents=documents,
-            text_field=text_field,
-            holdout_fraction=0.0,
-            required_splits=("train",),
-            document_starts=pack_documents or whole,
-        )
+    elif data_kind(corpus.data) in ("text", "jsonl"):  # all of it, one split
+        all_of_it = dataclasses.replace(corpus, holdout_fraction=0.0)
+        splits, data = load_corpus(all_of_it, required_splits=("train",), document_starts=pack_documents or whole)
         split, splits = "all", {"all": splits["train"]}
     else:
-        splits, data = load_corpus(
-            data, data_dir=data_dir, tfds_dir=tfds_dir, text_field=text_field, document_starts=pack_documents
-        )
+        splits, data = load_corpus(corpus, document_starts=pack_documents)
     tokenizer = make_tokenizer(causal_lm.preprocessor.tokenizer.proto)
     starts = scored_targets = None
     if whole:  # every token after the first, each scored once
-        ids, resets = token_stream(splits[split], tokenizer, vocabulary_size=backbone.vocabulary_size)
-        windows, starts, scored_targets = covering_windows(ids, resets, length)
+        ids, document_starts = token_stream(splits[split], tokenizer, vocabulary_size=backbone.vocabulary_size)
+        windows, starts, scored_targets = covering_windows(ids, document_starts, length)
         starts = starts if pack_documents else None
     elif pack_documents:
         stream = token_stream(splits[split], tokenizer, vocabulary_size=backbone.vocabulary_size)

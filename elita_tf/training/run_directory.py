@@ -18,10 +18,11 @@ import socket
 import time
 
 from elita_tf.models import ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
-from elita_tf.models.presets import RUN_PRESET
+from elita_tf.models.presets import RUN_MANIFEST, RUN_PRESET
 from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, list_checkpoints, load_checkpoint
+from elita_tf.training.manifest import upgrade_manifest
 
-MANIFEST = "run.json"
+MANIFEST = RUN_MANIFEST
 TOKENIZER = "sentencepiece.model"
 LOCK = ".lock"
 # What a run writes: `--force-new` removes exactly these.
@@ -143,10 +144,8 @@ class RunDirectory:
         return os.path.join(self.path, name)
 
     def read_manifest(self):
-        if not os.path.exists(self.file(MANIFEST)):
-            return None
-        with open(self.file(MANIFEST)) as f:
-            return json.load(f)
+        """The stored `run.json`, in today's names (`upgrade_manifest`), or None."""
+        return read_manifest(self.path)
 
     def has_progress(self):
         """Whether the run has saved anything worth resuming: a checkpoint, its results or its preset."""
@@ -214,12 +213,20 @@ class RunDirectory:
         write_atomically(self.file(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
 
 
+def read_manifest(run_path):
+    """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`), or None without one."""
+    path = os.path.join(run_path, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return upgrade_manifest(json.load(f))
+
+
 def _run_preprocessor(run_path):
     """The run's tokenizer in a preprocessor whose `sequence_length` is the training length."""
     with open(os.path.join(run_path, TOKENIZER), "rb") as f:
         tokenizer = ElitaTokenizer(proto=f.read())
-    with open(os.path.join(run_path, MANIFEST)) as f:
-        sequence_length = json.load(f)["training"]["sequence_length"]
+    sequence_length = read_manifest(run_path)["training"]["sequence_length"]
     return ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
 
 

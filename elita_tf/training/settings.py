@@ -2,8 +2,9 @@
 
 import dataclasses
 
-from elita_tf.data.text_files import DOCUMENTS, data_kind
-from elita_tf.models.architectures import ARCHITECTURES, POSITION_MODES
+from elita_tf.data.corpus_settings import CorpusSettings
+from elita_tf.layers.options import POSITION_MODES
+from elita_tf.models.architectures import ARCHITECTURES, DEFAULT_SEQUENCE_LENGTH, MODEL_SIZES
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 OPTIMIZERS = ("adam", "normalized-sgd")
@@ -14,26 +15,17 @@ DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 class TrainSettings:
     """One training run of an architecture on a corpus, WikiText-2 by default (`elita_tf.training.train`).
 
-    The model's fields carry `ElitaBackbone`'s names; `sequence_length` is the
-    training window `T`, which is also the model's `max_sequence_length`.
+    The model's fields carry `ElitaBackbone`'s names (`model_fields`);
+    `sequence_length` is the training window `T`, which is also the model's
+    `max_sequence_length`. A model field left None takes `size`'s value, or
+    `ElitaBackbone`'s default; a fine-tuned run takes the model it starts
+    from (`elita_tf.training.model_settings.complete_settings`).
 
     Attributes:
         output_dir: str. The run directory (see `RunDirectory`).
         architecture: str. One of `elita_tf.models.ARCHITECTURES`. Defaults to `"elita"`.
-        data: str. The training text: a WikiText config, `"tfds:NAME[/CONFIG]"`,
-            a `.jsonl` file or a glob of plain-text files (`elita_tf.data.load_corpus`).
-            Defaults to `"wikitext-2-v1"`.
-        data_dir: str or None. WikiText only: a local directory of its files;
-            None reads `ELITA_WIKITEXT_DIR`, else downloads.
-        tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
-        validation_data, test_data: str or None. Text files or JSON Lines for
-            that split; a split not given is held out of `data`.
-        documents: str. Plain-text files: `"file"` (a file is a document) or
-            `"blank-line"` (blank lines separate documents). Defaults to `"file"`.
-        text_field: str. JSON Lines and TFDS: the field holding the text.
-            Defaults to `"text"`.
-        holdout_fraction: float. The share of `data`'s documents held out for
-            each split it does not provide. Defaults to `0.05`.
+        corpus: `elita_tf.data.CorpusSettings`. The text and how it is split.
+            Defaults to WikiText-2.
         tokenizer_sample_bytes: int. SentencePiece trains on a seeded sample of
             at most this much train text (all of WikiText-2 and -103 fit the
             default). Defaults to `10**9`.
@@ -41,13 +33,16 @@ class TrainSettings:
             finished run directory or keras-hub preset instead of training
             one; the vocabulary size is the tokenizer's
             (`tokenizer_from_settings`).
+        size: str. The model's width, depth and heads: a key of
+            `elita_tf.models.MODEL_SIZES` (`"seed"`, about 1M parameters;
+            `"25m"`; `"100m"`). Defaults to `"seed"`.
         vocabulary_size: int. SentencePiece pieces, the model's vocabulary. Defaults to `5000`.
-        sequence_length: int. Training length `T`. Defaults to `256`.
+        sequence_length: int. Training length `T`. Defaults to `DEFAULT_SEQUENCE_LENGTH` (256).
+        hidden_dim, num_layers, num_heads, head_dim: int or None. Override `size`'s.
+        dropout: float or None. Residual dropout; None is the backbone's default (0).
         batch_size: int. Global batch. Defaults to `128`.
         epochs: int. Defaults to `1`.
         max_steps: int or None. A cap on steps in all (a token budget).
-        hidden_dim, num_layers, num_heads, head_dim: int. The model's size.
-        dropout: float. Residual dropout. Defaults to `0.0`.
         position_mode: str or None. ELiTA's positions: `"fixed"` (the
             sinusoids run on past the training length), `"clamped"` (every
             later position reads as the last one trained) or `"length"` (the
@@ -96,46 +91,43 @@ class TrainSettings:
 
     Example:
     >>> settings = TrainSettings("runs/elita", architecture="elita", epochs=2)  # doctest: +SKIP
+    >>> mine = TrainSettings("runs/mine", corpus=CorpusSettings("my-texts/*.txt"), size="25m")  # doctest: +SKIP
     >>> results = elita_tf.training.train(settings)                       # doctest: +SKIP
     """
 
-    output_dir: str
+    output_dir: str = dataclasses.field(metadata={"local": True})
     architecture: str = "elita"
-    data: str = "wikitext-2-v1"
-    data_dir: str = None
-    tfds_dir: str = None
-    validation_data: str = None
-    test_data: str = None
-    documents: str = "file"
-    text_field: str = "text"
-    holdout_fraction: float = 0.05
+    corpus: CorpusSettings = dataclasses.field(default_factory=CorpusSettings)
     tokenizer_sample_bytes: int = 10**9
     tokenizer_from: str = None
-    vocabulary_size: int = 5000
-    sequence_length: int = 256
-    batch_size: int = 128
+    size: str = "seed"
+    vocabulary_size: int = dataclasses.field(default=5000, metadata={"model": "vocabulary_size"})
+    sequence_length: int = dataclasses.field(
+        default=DEFAULT_SEQUENCE_LENGTH, metadata={"model": "max_sequence_length", "run": True}
+    )
+    hidden_dim: int = dataclasses.field(default=None, metadata={"model": "hidden_dim"})
+    num_layers: int = dataclasses.field(default=None, metadata={"model": "num_layers"})
+    num_heads: int = dataclasses.field(default=None, metadata={"model": "num_heads"})
+    head_dim: int = dataclasses.field(default=None, metadata={"model": "head_dim"})
+    dropout: float = dataclasses.field(default=None, metadata={"model": "dropout"})
+    position_mode: str = dataclasses.field(default=None, metadata={"model": "position_mode"})
+    batch_size: int = dataclasses.field(default=128, metadata={"run": True})
     epochs: int = 1
     max_steps: int = None
-    hidden_dim: int = 64
-    num_layers: int = 6
-    num_heads: int = 4
-    head_dim: int = 16
-    dropout: float = 0.0
-    position_mode: str = None
-    optimizer: str = "adam"
-    dtype_policy: str = "float32"
+    optimizer: str = dataclasses.field(default="adam", metadata={"run": True})
+    dtype_policy: str = dataclasses.field(default="float32", metadata={"run": True})
     init_from: str = None
     lora_rank: int = None
     merge_lora: bool = False
-    carry_state: bool = False
-    pack_documents: bool = False
-    seed: int = 0
+    carry_state: bool = dataclasses.field(default=False, metadata={"run": True})
+    pack_documents: bool = dataclasses.field(default=False, metadata={"run": True})
+    seed: int = dataclasses.field(default=0, metadata={"run": True})
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
     force_new: bool = False
     eval_batches: int = None
     strategy: str = "default"
-    verbose: int = 1
+    verbose: int = dataclasses.field(default=1, metadata={"local": True})
 
     def __post_init__(self):
         def fail(name, expected):
@@ -144,18 +136,10 @@ class TrainSettings:
 
         if self.architecture not in ARCHITECTURES:
             fail("architecture", f"one of {sorted(ARCHITECTURES)}")
-        if not isinstance(self.data, str) or not self.data:
-            fail("data", "a WikiText config, tfds:NAME, a .jsonl file or a glob of text files")
-        own_text = data_kind(self.data) in ("text", "jsonl")
-        for name in ("validation_data", "test_data"):
-            if getattr(self, name) is not None and not own_text:
-                fail(name, f"None: {self.data!r} has its own splits")
-        if self.data_dir is not None and data_kind(self.data) != "wikitext":
-            fail("data_dir", f"None: it names WikiText's files, and data={self.data!r}")
-        if self.documents not in DOCUMENTS:
-            fail("documents", f"one of {list(DOCUMENTS)}")
-        if not 0.0 <= self.holdout_fraction < 0.5:
-            fail("holdout_fraction", "in [0, 0.5)")
+        if not isinstance(self.corpus, CorpusSettings):
+            fail("corpus", "a CorpusSettings")
+        if self.size not in MODEL_SIZES:
+            fail("size", f"one of {list(MODEL_SIZES)}")
         if self.strategy not in STRATEGIES:
             fail("strategy", f"one of {list(STRATEGIES)}")
         if self.optimizer not in OPTIMIZERS:
@@ -169,11 +153,11 @@ class TrainSettings:
             )
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
-        positive = ["vocabulary_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints", "hidden_dim"]
-        positive.append("tokenizer_sample_bytes")
-        for name in positive + ["num_layers", "num_heads", "head_dim", "max_steps", "eval_batches", "lora_rank"]:
+        positive = ["vocabulary_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints"]
+        optional = ["hidden_dim", "num_layers", "num_heads", "head_dim", "max_steps", "eval_batches", "lora_rank"]
+        for name in positive + ["tokenizer_sample_bytes"] + optional:
             value = getattr(self, name)
-            if value is None and name in ("max_steps", "eval_batches", "lora_rank"):
+            if value is None and name in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 fail(name, "a positive integer")
@@ -183,7 +167,7 @@ class TrainSettings:
             or self.sequence_length < 2
         ):
             fail("sequence_length", "an integer >= 2")
-        if not 0.0 <= self.dropout < 1.0:
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             fail("dropout", "in [0, 1)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             fail("seed", "a non-negative integer")
@@ -209,3 +193,27 @@ class TrainSettings:
                 "A carried state is one batch of streams in one process: `carry_state` needs strategy='default'. "
                 f"Received: strategy={self.strategy!r}"
             )
+
+
+def model_fields():
+    """`{TrainSettings field: ElitaBackbone argument}` of the fields that shape the model."""
+    return {field.name: field.metadata["model"] for field in dataclasses.fields(TrainSettings) if "model" in field.metadata}
+
+
+def fields_marked(mark):
+    """The names of `TrainSettings`' fields marked `mark` (`"run"`: what makes a run that run; `"local"`:
+    what may differ between the machines of one run)."""
+    return [field.name for field in dataclasses.fields(TrainSettings) if field.metadata.get(mark)]
+
+
+def train_settings(**fields):
+    """`TrainSettings` from flat fields: its own and its corpus's (`CorpusSettings`), as the command lines give them.
+
+    Example:
+    >>> train_settings(output_dir="runs/mine", data="notes.jsonl", text_field="body").corpus.text_field
+    'body'
+    """
+    corpus_fields = {field.name for field in dataclasses.fields(CorpusSettings)}
+    corpus = {key: value for key, value in fields.items() if key in corpus_fields}
+    own = {key: value for key, value in fields.items() if key not in corpus_fields}
+    return TrainSettings(**own, corpus=CorpusSettings(**corpus))

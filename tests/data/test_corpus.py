@@ -7,6 +7,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from elita_tf.data import TextCorpus, load_corpus, sample_text
+from elita_tf.data.corpus import corpus_of_record
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, data_kind, expand, holdout_codes, read_lines, split_of
 from tests.conftest import WORDS, write_documents
 
@@ -29,7 +31,7 @@ def test_text_files_are_documents_held_out_by_a_seeded_hash(tmp_path):
     docs = [_document(i) for i in range(40)]
     for i, doc in enumerate(docs):
         (tmp_path / f"{i:02d}.txt").write_text("\n".join(doc) + "\n\n")
-    corpus = TextCorpus(str(tmp_path / "*.txt"), holdout_fraction=0.2, seed=3)
+    corpus = TextCorpus(CorpusSettings(str(tmp_path / "*.txt"), holdout_fraction=0.2), seed=3)
     checked = corpus.check()
     want = {split: [docs[i] for i in range(40) if split_of(i, 3, 0.2, 40) == split] for split in checked["documents"]}
     assert {split: len(d) for split, d in want.items()} == checked["documents"]
@@ -37,11 +39,11 @@ def test_text_files_are_documents_held_out_by_a_seeded_hash(tmp_path):
     for split, documents in want.items():
         assert list(corpus.split_documents(split)) == documents
     # The held-out documents follow the seed; the hash names the text and the split.
-    other = TextCorpus(str(tmp_path / "*.txt"), holdout_fraction=0.2, seed=4)
+    other = TextCorpus(CorpusSettings(str(tmp_path / "*.txt"), holdout_fraction=0.2), seed=4)
     assert list(other.split_documents("test")) != want["test"]
     assert other.check()["sha256"] != checked["sha256"]
     # Through tf.data, the same lines in the same order.
-    splits, info = load_corpus(str(tmp_path / "*.txt"), holdout_fraction=0.2, seed=3)
+    splits, info = load_corpus(CorpusSettings(str(tmp_path / "*.txt"), holdout_fraction=0.2), seed=3)
     assert _lines(splits["validation"]) == [line for doc in want["validation"] for line in doc]
     assert info["sha256"] == checked["sha256"] and info["corpus"]["holdout_fraction"] == 0.2
 
@@ -50,19 +52,30 @@ def test_blank_lines_separate_documents_and_given_splits_take_nothing_from_train
     (tmp_path / "a.txt").write_text("one\ntwo\n\n\nthree\n\nfour\n")
     (tmp_path / "valid.txt").write_text("v1\nv2\n")
     (tmp_path / "test.txt").write_text("t1\n")
-    by_file = TextCorpus(str(tmp_path / "a.txt"), str(tmp_path / "valid.txt"), str(tmp_path / "test.txt"))
+    by_file = TextCorpus(
+        CorpusSettings(
+            str(tmp_path / "a.txt"), validation_data=str(tmp_path / "valid.txt"), test_data=str(tmp_path / "test.txt")
+        )
+    )
     assert list(by_file.split_documents("train")) == [["one", "two", "three", "four"]]
     blank = TextCorpus(
-        str(tmp_path / "a.txt"), str(tmp_path / "valid.txt"), str(tmp_path / "test.txt"), documents="blank-line"
+        CorpusSettings(
+            str(tmp_path / "a.txt"),
+            validation_data=str(tmp_path / "valid.txt"),
+            test_data=str(tmp_path / "test.txt"),
+            document_separator="blank-line",
+        )
     )
     assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
     assert list(blank.split_documents("validation")) == [["v1", "v2"]] and list(blank.lines("test")) == ["t1"]
     # With document starts: True on each document's first line, through tf.data.
     splits, _ = load_corpus(
-        str(tmp_path / "a.txt"),
-        validation_data=str(tmp_path / "valid.txt"),
-        test_data=str(tmp_path / "test.txt"),
-        documents="blank-line",
+        CorpusSettings(
+            str(tmp_path / "a.txt"),
+            validation_data=str(tmp_path / "valid.txt"),
+            test_data=str(tmp_path / "test.txt"),
+            document_separator="blank-line",
+        ),
         document_starts=True,
     )
     pairs = [(line.decode(), bool(start)) for line, start in splits["train"].as_numpy_iterator()]
@@ -72,10 +85,10 @@ def test_blank_lines_separate_documents_and_given_splits_take_nothing_from_train
 def test_json_lines_read_the_text_field(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text("\n".join(json.dumps({"id": i, "body": f"line {i}\nmore {i}"}) for i in range(6)) + "\n")
-    corpus = TextCorpus(str(path), text_field="body", holdout_fraction=0.0)
+    corpus = TextCorpus(CorpusSettings(str(path), text_field="body", holdout_fraction=0.0))
     assert list(corpus.split_documents("train"))[2] == ["line 2", "more 2"]
     with pytest.raises(ValueError, match=r"c.jsonl, line 1: no text field 'text' \(the record has \['body', 'id'\]\)"):
-        TextCorpus(str(path)).check()
+        TextCorpus(CorpusSettings(str(path))).check()
 
 
 @pytest.mark.parametrize(
@@ -90,17 +103,17 @@ def test_json_lines_read_the_text_field(tmp_path):
 def test_bad_text_is_named_by_file_and_line(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(ValueError, match=message):
-        TextCorpus(str(tmp_path / name), holdout_fraction=0.0).check(required=("train",))
+        TextCorpus(CorpusSettings(str(tmp_path / name), holdout_fraction=0.0)).check(required=("train",))
 
 
 def test_a_glob_matching_nothing_and_a_split_without_documents_are_errors(tmp_path):
     with pytest.raises(ValueError, match=r"--data '.*nothing-\*.txt' names no file"):
-        TextCorpus(str(tmp_path / "nothing-*.txt"))
+        TextCorpus(CorpusSettings(str(tmp_path / "nothing-*.txt")))
     (tmp_path / "one.txt").write_text("a single document\n")
     with pytest.raises(ValueError, match=r"The (validation|test) split holds no document: .* has 1 in all"):
-        TextCorpus(str(tmp_path / "one.txt")).check()
+        TextCorpus(CorpusSettings(str(tmp_path / "one.txt"))).check()
     with pytest.raises(ValueError, match=r"`holdout_fraction` must be in \[0, 0.5\). Received: holdout_fraction=0.5"):
-        TextCorpus(str(tmp_path / "one.txt"), holdout_fraction=0.5)
+        TextCorpus(CorpusSettings(str(tmp_path / "one.txt"), holdout_fraction=0.5))
 
 
 def test_the_tokenizer_sample_is_bounded_seeded_and_whole_when_it_fits():
@@ -131,7 +144,7 @@ class TinyText(tfds.core.GeneratorBasedBuilder):
 
 def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path):
     TinyText(data_dir=str(tmp_path)).download_and_prepare()
-    splits, info = load_corpus("tfds:tiny_text", tfds_dir=str(tmp_path), holdout_fraction=0.2, seed=0)
+    splits, info = load_corpus(CorpusSettings("tfds:tiny_text", tfds_dir=str(tmp_path), holdout_fraction=0.2), seed=0)
     # The single text feature is found whatever its name; the test split is TFDS', validation is held out.
     assert info["corpus"]["text_field"] == "story" and info["source"] == "tfds:tiny_text/1.0.0"
     validation = _lines(splits["validation"])
@@ -147,13 +160,13 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
     train = _lines(splits["train"])
     assert len(train) + len(validation) == 120 and not set(train) & set(validation)
     # With document starts, each example's first line starts a document.
-    splits, _ = load_corpus("tfds:tiny_text", tfds_dir=str(tmp_path), document_starts=True)
+    splits, _ = load_corpus(CorpusSettings("tfds:tiny_text", tfds_dir=str(tmp_path)), document_starts=True)
     starts = [bool(start) for _, start in splits["test"].as_numpy_iterator()]
     assert starts == [True, False] * 10
-    with pytest.raises(ValueError, match=r"--validation-data and --test-data go with text files"):
-        load_corpus("tfds:tiny_text", tfds_dir=str(tmp_path), validation_data="x.txt")
+    with pytest.raises(ValueError, match=r"`validation_data` must be None: .tfds:tiny_text. has its own splits"):
+        load_corpus(CorpusSettings("tfds:tiny_text", tfds_dir=str(tmp_path), validation_data="x.txt"))
     with pytest.raises(ValueError, match=r"tfds:no_such_dataset_here"):
-        load_corpus("tfds:no_such_dataset_here", tfds_dir=str(tmp_path))
+        load_corpus(CorpusSettings("tfds:no_such_dataset_here", tfds_dir=str(tmp_path)))
 
 
 @pytest.mark.parametrize(
@@ -170,7 +183,7 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
 def test_utf16_and_binary_files_are_refused_naming_file_and_line(tmp_path, content, message):
     (tmp_path / "x.txt").write_bytes(content)
     with pytest.raises(ValueError, match=message) as error:
-        TextCorpus(str(tmp_path / "x.txt"), holdout_fraction=0.0).check(required=("train",))
+        TextCorpus(CorpusSettings(str(tmp_path / "x.txt"), holdout_fraction=0.0)).check(required=("train",))
     assert len(str(error.value).splitlines()) == 1 and "UTF-8" in str(error.value)
 
 
@@ -178,7 +191,7 @@ def test_utf16_and_binary_files_are_refused_naming_file_and_line(tmp_path, conte
 def test_cr_crlf_and_lf_all_end_lines(tmp_path, end):
     (tmp_path / "a.txt").write_bytes(end.join(["one", "two", "", "", "three", "", "four", ""]).encode())
     assert list(read_lines(str(tmp_path / "a.txt"))) == [(1, "one"), (2, "two"), (5, "three"), (7, "four")]
-    blank = TextCorpus(str(tmp_path / "a.txt"), documents="blank-line", holdout_fraction=0.0)
+    blank = TextCorpus(CorpusSettings(str(tmp_path / "a.txt"), document_separator="blank-line", holdout_fraction=0.0))
     assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
 
 
@@ -187,16 +200,16 @@ def test_json_lines_are_told_by_suffix_whatever_its_case(tmp_path):
     for name in ("FILE.JSONL", "more.ndjson"):
         (tmp_path / name).write_text(records)
         assert data_kind(str(tmp_path / name)) == "jsonl"
-        corpus = TextCorpus(str(tmp_path / name), text_field="body", holdout_fraction=0.0)
+        corpus = TextCorpus(CorpusSettings(str(tmp_path / name), text_field="body", holdout_fraction=0.0))
         assert list(corpus.lines("train")) == ["record 0", "record 1", "record 2"]
     # Each file of a glob by its own suffix.
     (tmp_path / "plain.txt").write_text('{"body": "not a record"}\n')
-    corpus = TextCorpus(str(tmp_path / "*"), text_field="body", holdout_fraction=0.0)
+    corpus = TextCorpus(CorpusSettings(str(tmp_path / "*"), text_field="body", holdout_fraction=0.0))
     assert list(corpus.lines("train")) == ["record 0", "record 1", "record 2"] * 2 + ['{"body": "not a record"}']
     with pytest.raises(ValueError, match=r"--text-field applies to JSON Lines and TFDS only.*text_field='body'"):
-        TextCorpus(str(tmp_path / "*.txt"), text_field="body")
+        TextCorpus(CorpusSettings(str(tmp_path / "*.txt"), text_field="body"))
     with pytest.raises(ValueError, match=r"--text-field applies to JSON Lines and TFDS only"):
-        load_corpus(str(tmp_path / "*.txt"), text_field="body")
+        load_corpus(CorpusSettings(str(tmp_path / "*.txt"), text_field="body"))
 
 
 @pytest.mark.parametrize(
@@ -206,21 +219,23 @@ def test_json_lines_are_told_by_suffix_whatever_its_case(tmp_path):
 def test_a_text_field_that_is_not_a_string_says_what_it_holds(tmp_path, value, kind):
     (tmp_path / "x.jsonl").write_text('{"text": "fine"}\n{"text": ' + value + "}\n")
     with pytest.raises(ValueError, match=rf"x.jsonl, line 2: the field 'text' holds an? {kind}, not a string"):
-        TextCorpus(str(tmp_path / "x.jsonl"), holdout_fraction=0.0).check(required=("train",))
+        TextCorpus(CorpusSettings(str(tmp_path / "x.jsonl"), holdout_fraction=0.0)).check(required=("train",))
 
 
 def test_a_file_name_with_glob_characters_is_that_file(tmp_path):
     (tmp_path / "notes[1].txt").write_text("the bracketed one\n")
     (tmp_path / "notes1.txt").write_text("the plain one\n")
     assert expand(str(tmp_path / "notes[1].txt")) == [str(tmp_path / "notes[1].txt")]
-    corpus = TextCorpus(str(tmp_path / "notes[1].txt"), holdout_fraction=0.0)
+    corpus = TextCorpus(CorpusSettings(str(tmp_path / "notes[1].txt"), holdout_fraction=0.0))
     assert list(corpus.lines("train")) == ["the bracketed one"]
     assert expand(str(tmp_path / "notes[0-9].txt")) == [str(tmp_path / "notes1.txt")]  # no such file: a glob
 
 
 def test_a_sample_budget_that_holds_no_line_says_so():
     lines = tf.data.Dataset.from_tensor_slices(["the first line", "a second"])
-    with pytest.raises(ValueError, match=r"holds no line of the corpus: its first line alone has 14 bytes.*tokenizer_sample_bytes"):
+    with pytest.raises(
+        ValueError, match=r"holds no line of the corpus: its first line alone has 14 bytes.*tokenizer_sample_bytes"
+    ):
         sample_text(lines, 1)
     assert sample_text(lines.take(0), 1) == []  # a corpus that is truly empty: train_sentencepiece says so
 
@@ -232,7 +247,7 @@ def test_a_sample_budget_that_holds_no_line_says_so():
 def test_held_out_documents_are_chosen_by_rank(tmp_path, count, fraction, want):
     for i in range(count):
         (tmp_path / f"{i:03d}.txt").write_text("\n".join(_document(i)) + "\n")
-    corpus = TextCorpus(str(tmp_path / "*.txt"), holdout_fraction=fraction, seed=5)
+    corpus = TextCorpus(CorpusSettings(str(tmp_path / "*.txt"), holdout_fraction=fraction), seed=5)
     counts = corpus.check(required=("train",))["documents"]
     assert (counts["train"], counts["validation"], counts["test"]) == want
     codes = holdout_codes(count, 5, fraction)  # what the TFDS loader looks up
@@ -248,13 +263,14 @@ def test_held_out_documents_are_chosen_by_rank(tmp_path, count, fraction, want):
 
 def test_the_holdout_method_is_part_of_the_settings_and_of_the_fingerprint(tmp_path):
     glob = write_documents(tmp_path / "texts", 8)
-    corpus = TextCorpus(glob, holdout_fraction=0.2)
+    corpus = TextCorpus(CorpusSettings(glob, holdout_fraction=0.2), seed=3)
     assert corpus.settings()["holdout_method"] == HOLDOUT_METHOD
     # A run's recorded settings read the corpus again (elita-evaluate).
-    splits, info = load_corpus(glob, **corpus.settings())
+    again, seed = corpus_of_record(glob, corpus.settings())
+    splits, info = load_corpus(again, seed=seed)
     assert info["sha256"] == corpus.check()["sha256"] and info["corpus"] == corpus.settings()
     with pytest.raises(ValueError, match=r"Received: holdout_method='threshold'"):
-        TextCorpus(glob, holdout_method="threshold")
+        corpus_of_record(glob, {**corpus.settings(), "holdout_method": "threshold"})
 
 
 class RetoldText(tfds.core.GeneratorBasedBuilder):
@@ -277,14 +293,17 @@ class RetoldText(tfds.core.GeneratorBasedBuilder):
 def test_a_regenerated_tfds_dataset_has_another_fingerprint(tmp_path, monkeypatch):
     builder = RetoldText(data_dir=str(tmp_path))
     builder.download_and_prepare()
-    first, info = load_corpus("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1)
+    first, info = load_corpus(CorpusSettings("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1))
     first = _lines(first["train"])
-    assert load_corpus("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1)[1]["sha256"] == info["sha256"]
+    assert (
+        load_corpus(CorpusSettings("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1))[1]["sha256"]
+        == info["sha256"]
+    )
     # Regenerated in place with other text: the same description, other prepared files.
     shutil.rmtree(builder.data_dir)
     monkeypatch.setattr(RetoldText, "telling", 1)
     RetoldText(data_dir=str(tmp_path)).download_and_prepare()
-    again, regenerated = load_corpus("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1)
+    again, regenerated = load_corpus(CorpusSettings("tfds:retold_text", tfds_dir=str(tmp_path), holdout_fraction=0.1))
     assert _lines(again["train"]) != first
     assert regenerated["sha256"] != info["sha256"]
     assert info["corpus"]["holdout_method"] == HOLDOUT_METHOD

@@ -13,6 +13,7 @@ from elita_tf.data import (
     token_windows,
     train_sentencepiece,
 )
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.tokenizer import MAX_SENTENCE_BYTES, cut_long_line
 from tests.conftest import WORDS, write_tiny_wikitext
 
@@ -136,7 +137,7 @@ def test_the_wikitext_tfds_builder_reads_elita_wikitext_dir(tmp_path, monkeypatc
     local = write_tiny_wikitext(str(tmp_path / "local"), lines_per_split=(40, 10, 10))
     monkeypatch.setenv("ELITA_WIKITEXT_DIR", local)
     monkeypatch.setattr(wikitext, "fetch_wikitext", no_network)
-    splits, info = corpus.load_corpus("tfds:wikitext/wikitext-2-v1", tfds_dir=str(tmp_path / "tfds"))
+    splits, info = corpus.load_corpus(CorpusSettings("tfds:wikitext/wikitext-2-v1", tfds_dir=str(tmp_path / "tfds")))
     with open(os.path.join(local, "wiki.valid.tokens"), encoding="utf-8") as f:
         want = [line.strip() for line in f if line.strip()]
     assert [line.decode() for line in splits["validation"].as_numpy_iterator()] == want

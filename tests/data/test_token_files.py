@@ -13,6 +13,7 @@ from elita_tf.data import (
     token_windows,
     train_sentencepiece,
 )
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.token_files import FileWindows, TokenFile, fingerprint, write_token_file
 from tests.conftest import write_documents
 
@@ -20,7 +21,9 @@ from tests.conftest import write_documents
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     folder = tmp_path_factory.mktemp("texts")
-    splits, _ = load_corpus(write_documents(folder, 40, seed=0), holdout_fraction=0.1, document_starts=True)
+    splits, _ = load_corpus(
+        CorpusSettings(write_documents(folder, 40, seed=0), holdout_fraction=0.1), document_starts=True
+    )
     lines = [line.decode() for line, _ in splits["train"].as_numpy_iterator()]
     return splits, make_tokenizer(train_sentencepiece(lines, vocabulary_size=50))
 
@@ -60,7 +63,7 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
     memory = list(lm_dataset(windows, 8, seed=5, document_starts=window_starts).as_numpy_iterator())
     disk = list(lm_dataset(on_disk, 8, seed=5, document_starts=True).as_numpy_iterator())
     for (x1, y1, w1), (x2, y2, w2) in zip(memory, disk):
-        np.testing.assert_array_equal(x1["resets"], x2["resets"])
+        np.testing.assert_array_equal(x1["document_starts"], x2["document_starts"])
         np.testing.assert_array_equal(w1, w2)
         np.testing.assert_array_equal(y1, y2)
 
@@ -93,10 +96,14 @@ def test_written_files_are_reused_and_checked_against_the_vocabulary(corpus, tmp
     [
         (lambda d: (d / "ids.bin").write_bytes(bytes((d / "ids.bin").stat().st_size)), "ids.bin fails its checksum"),
         (lambda d: (d / "ids.bin").write_bytes((d / "ids.bin").read_bytes()[:-6]), "ids.bin holds"),
-        (lambda d: (d / "starts.bin").unlink(), "cannot be read"),
+        (lambda d: (d / "document_starts.bin").unlink(), "cannot be read"),
         (lambda d: (d / "index.json").write_text("{"), "damaged index.json"),
-        (lambda d: (d / "index.json").write_text((d / "index.json").read_text().replace('"tokens": ', '"tokens": 9')),
-         "holds"),  # fmt: skip
+        (
+            lambda d: (d / "index.json").write_text(
+                (d / "index.json").read_text().replace('"tokens": ', '"tokens": 9')
+            ),
+            "holds",
+        ),  # fmt: skip
     ],
     ids=["zero-filled", "truncated", "missing", "index-not-json", "index-count"],
 )

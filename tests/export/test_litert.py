@@ -12,6 +12,7 @@ import sentencepiece
 
 from elita_tf.cli.export import main as export_main
 from elita_tf.cli.train import parse_args
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.export import LiteRTModel, export_litert
 from elita_tf.export.litert import flatten_state, model_identity, read_identity
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
@@ -93,8 +94,8 @@ def test_float_file_decodes_the_keras_greedy_tokens_and_its_loss(trained, tiny_w
     assert scored["windows"] == 2 * 16
     # Other text is scored whole through the file too: the same tokens as the Keras model, the same loss.
     text = os.path.join(tiny_wikitext, "wiki.valid.tokens")
-    keras_whole = evaluate(str(run), data=text)
-    litert_whole = evaluate(str(run), data=text, litert=files[None])
+    keras_whole = evaluate(str(run), corpus=CorpusSettings(text))
+    litert_whole = evaluate(str(run), corpus=CorpusSettings(text), litert=files[None])
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(run / "sentencepiece.model"))
     lines = [line.strip() for line in open(text, encoding="utf-8") if line.strip()]
     assert litert_whole["tokens"] == sum(len(pieces.encode(line)) + 1 for line in lines) - 1  # every token but one

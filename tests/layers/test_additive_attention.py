@@ -56,7 +56,7 @@ def reference(layer, x, mask=None, logits=None):
         scores = tf.einsum("bhte,he->bht", z, tf.reshape(vector, [heads, head_dim])) / np.sqrt(head_dim)
         if logits is not None:
             logits.append(scores)
-        mean, _ = causal_softmax_mean_reference(scores, z, window=layer.window, mask=mask)
+        mean, _ = causal_softmax_mean_reference(scores, z, window=layer.sliding_window_size, mask=mask)
         return tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, WIDTH])
 
     q, kappa, v = (tf.einsum("btd,de->bte", x, w[n]) for n in ("query", "key", "value"))
@@ -71,19 +71,19 @@ def reference(layer, x, mask=None, logits=None):
 @pytest.mark.parametrize("window", WINDOWS)
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 def test_outputs_and_gradients_match_reference(length, window):
-    layer = _layer("float64", window=window)
+    layer = _layer("float64", sliding_window_size=window)
     x = _inputs(length, dtype=tf.float64)
     variables = list(_weights(layer).values())
     assert_matches_reference(layer, lambda x: reference(layer, x), x, variables, rtol=1e-8, atol=1e-8)
 
-    layer32 = _layer(window=window)
+    layer32 = _layer(sliding_window_size=window)
     x32 = tf.cast(x, tf.float32)
     np.testing.assert_allclose(layer32(x32), reference(layer32, x32), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("window", [None, 40])
 def test_large_logits_exact_and_finite(window):
-    layer = _layer(window=window)
+    layer = _layer(sliding_window_size=window)
     x = _inputs(257)
     # Scale w_q, then w_k (whose input depends on w_q), to logits of exactly +-80 at most.
     for index, var in enumerate([layer.query_pooling, layer.key_pooling]):
@@ -104,7 +104,7 @@ def test_large_logits_exact_and_finite(window):
 
 @pytest.mark.parametrize("window", [None, 4])
 def test_padding_mask_keeps_padded_inputs_out(window):
-    layer = _layer(window=window)
+    layer = _layer(sliding_window_size=window)
     x = _inputs(60)
     mask = np.ones((2, 60), bool)
     mask[0, 20:30] = False
@@ -146,10 +146,10 @@ def test_dropout_only_in_training():
 def test_bad_inputs():
     with pytest.raises(ValueError, match="num_heads=0"):
         AdditiveAttention(num_heads=0)
-    with pytest.raises(ValueError, match="window=0"):
-        AdditiveAttention(num_heads=2, window=0)
-    with pytest.raises(ValueError, match="window=2.5"):
-        AdditiveAttention(num_heads=2, window=2.5)
+    with pytest.raises(ValueError, match="sliding_window_size=0"):
+        AdditiveAttention(num_heads=2, sliding_window_size=0)
+    with pytest.raises(ValueError, match="sliding_window_size=2.5"):
+        AdditiveAttention(num_heads=2, sliding_window_size=2.5)
     with pytest.raises(ValueError, match="dropout=1.0"):
         AdditiveAttention(num_heads=2, dropout=1.0)
     with pytest.raises(ValueError, match="width=10, num_heads=3"):

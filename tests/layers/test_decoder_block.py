@@ -6,9 +6,9 @@ import tensorflow as tf
 from elita_tf.layers import (
     Attention2,
     DecoderBlock,
+    FeedForward,
     FeedForward2,
     ShapedAttention,
-    WideFeedForward,
 )
 
 WIDTH = 8
@@ -39,7 +39,7 @@ def _randomised(block):
 @pytest.mark.parametrize("residual", ["pre_norm", "parallel", "sequential"])
 @pytest.mark.parametrize("norm", ["layer_norm", "unscaled_layer_norm", "rms_norm", None])
 def test_block_equations(residual, norm):
-    mixer, ffn = ShapedAttention(2, dtype="float64"), WideFeedForward(use_bias=False, dtype="float64")
+    mixer, ffn = ShapedAttention(2, dtype="float64"), FeedForward(use_bias=False, dtype="float64")
     block = _randomised(DecoderBlock(mixer, ffn, norm=norm, residual=residual, dtype="float64"))
     x = tf.constant(np.random.default_rng(1).normal(size=(2, 37, WIDTH)))
     n = {
@@ -62,7 +62,7 @@ def test_block_equations(residual, norm):
 
 
 def test_gains_start_at_their_settings_and_a_block_without_ffn_is_its_mixer_branch():
-    block = DecoderBlock(ShapedAttention(2), WideFeedForward(), norm="rms_norm", residual="parallel")
+    block = DecoderBlock(ShapedAttention(2), FeedForward(), norm="rms_norm", residual="parallel")
     block.build((None, None, WIDTH))
     assert float(block.mixer_scale) == 1.0 and float(block.ffn_scale) == pytest.approx(0.1)
     assert not hasattr(DecoderBlock(ShapedAttention(2)), "mixer_scale")  # pre-norm has no gains
@@ -72,7 +72,7 @@ def test_gains_start_at_their_settings_and_a_block_without_ffn_is_its_mixer_bran
 
 
 def _shared_model(layers=3):
-    shared = WideFeedForward(num_layers=layers, name="wide")
+    shared = FeedForward(shared_by=layers, name="wide")
     inputs = keras.Input((None, WIDTH))
     x = inputs
     for i in range(layers):
@@ -121,5 +121,5 @@ def test_bad_arguments_name_the_value():
         DecoderBlock(ShapedAttention(2), norm="batch_norm")
     with pytest.raises(ValueError, match="dropout=1.0"):
         DecoderBlock(ShapedAttention(2), dropout=1.0)
-    wide = WideFeedForward(width=33, num_layers=2, activation="gelu", use_bias=False, kernel_initializer="he_normal")
-    assert WideFeedForward.from_config(wide.get_config()).get_config() == wide.get_config()
+    wide = FeedForward(intermediate_dim=33, shared_by=2, activation="gelu", use_bias=False, kernel_initializer="he_normal")
+    assert FeedForward.from_config(wide.get_config()).get_config() == wide.get_config()

@@ -29,16 +29,16 @@ def reference(layer, x):
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 def test_forward_and_gradients_match_reference(length):
-    layer = _layer("float64", hidden_dim=5, factor=3)
+    layer = _layer("float64", intermediate_dim=5, factor=3)
     x = tf.constant(np.random.default_rng(1).normal(size=(2, length, 6)))
     assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-10, atol=1e-10)
-    layer32 = _layer(hidden_dim=5, factor=3)
+    layer32 = _layer(intermediate_dim=5, factor=3)
     np.testing.assert_allclose(layer32(tf.cast(x, tf.float32)), reference(layer32, x), rtol=1e-5, atol=1e-5)
 
 
 def test_lora_trains_through_the_fused_projection():
     """With LoRA on `w3`, outputs and gradients (to the LoRA factors, not the frozen kernel) are the Einsum layer's."""
-    layer = _layer("float64", hidden_dim=5, factor=3)
+    layer = _layer("float64", intermediate_dim=5, factor=3)
     layer.w3_dense.enable_lora(2)
     layer.w3_dense.lora_kernel_b.assign(np.random.default_rng(2).normal(size=layer.w3_dense.lora_kernel_b.shape))
     assert "lora_kernel_a" in {w.path.rsplit("/", 1)[-1] for w in layer.trainable_weights}
@@ -75,7 +75,7 @@ def test_position_wise():
 
 
 def test_config_round_trip_and_keras_save(tmp_path):
-    layer = FeedForward2(hidden_dim=7, factor=3, kernel_initializer="he_uniform", bias_initializer="ones", name="ff")
+    layer = FeedForward2(intermediate_dim=7, factor=3, kernel_initializer="he_uniform", bias_initializer="ones", name="ff")
     config = layer.get_config()
     assert FeedForward2.from_config(config).get_config() == config
     inputs = keras.Input((None, 6))
@@ -98,8 +98,8 @@ def test_mixed_precision(policy, name):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="factor=0"):
         FeedForward2(factor=0)
-    with pytest.raises(ValueError, match="hidden_dim=-1"):
-        FeedForward2(hidden_dim=-1)
+    with pytest.raises(ValueError, match="intermediate_dim=-1"):
+        FeedForward2(intermediate_dim=-1)
     layer = FeedForward2()
     with pytest.raises(ValueError, match="ndim=3"):
         layer(tf.zeros([3, 4]))

@@ -8,11 +8,11 @@ from elita_tf.layers import (
     Attention2,
     CausalSelfAttention,
     DecoderBlock,
+    FeedForward,
     FeedForward2,
     LinearAttention,
     ShapedAttention,
     TriLinearAttention,
-    WideFeedForward,
 )
 
 LAYERS = [
@@ -21,9 +21,9 @@ LAYERS = [
     lambda: FeedForward2(factor=8),
     lambda: LinearAttention(num_heads=2, head_dim=8),
     lambda: ShapedAttention(num_heads=2, key_initializer="glorot_uniform", query_initializer="glorot_uniform"),
-    lambda: DecoderBlock(ShapedAttention(num_heads=2), WideFeedForward(use_bias=False), residual="parallel"),
+    lambda: DecoderBlock(ShapedAttention(num_heads=2), FeedForward(use_bias=False), residual="parallel"),
     lambda: CausalSelfAttention(num_heads=2),
-    lambda: WideFeedForward(width=8),
+    lambda: FeedForward(intermediate_dim=8),
     lambda: TriLinearAttention(query_dim=8, lowrank_dim=16, combiner_initializer="glorot_uniform"),
 ]
 

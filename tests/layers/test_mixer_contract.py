@@ -20,11 +20,11 @@ from elita_tf.layers import (
     Attention2,
     CausalSelfAttention,
     DecoderBlock,
+    FeedForward,
     FeedForward2,
     LinearAttention,
     ShapedAttention,
     TriLinearAttention,
-    WideFeedForward,
 )
 from tests.layers.reference_check import assert_mixed_precision_finite
 
@@ -33,33 +33,33 @@ MIXERS = {
     "attention2": lambda: Attention2(2, 8, 4, position_scale=128, logit_clip=20.0, chunk_size=16),
     "linear": lambda: LinearAttention(2, 8, chunk_size=16),
     "additive_global": lambda: AdditiveAttention(2, chunk_size=16),
-    "additive_window_8": lambda: AdditiveAttention(2, window=8),
-    "additive_window_40": lambda: AdditiveAttention(2, window=40, chunk_size=32),
+    "additive_window_8": lambda: AdditiveAttention(2, sliding_window_size=8),
+    "additive_window_40": lambda: AdditiveAttention(2, sliding_window_size=40, chunk_size=32),
     "causal_self_attention": lambda: CausalSelfAttention(2, head_dim=4, max_sequence_length=128),
     "shaped": lambda: ShapedAttention(2, value_projection=True, max_sequence_length=128),
     # The Combiner starts at zero (the layer is the identity): give it weights that show a leak.
     "3lin": lambda: TriLinearAttention(
-        16, 16, window=8, max_sequence_length=128, combiner_initializer="glorot_uniform"
+        16, 16, sliding_window_size=8, max_sequence_length=128, combiner_initializer="glorot_uniform"
     ),
     "3lin_wide": lambda: TriLinearAttention(
-        16, 16, window=8, wide=True, max_sequence_length=128, combiner_initializer="glorot_uniform"
+        16, 16, sliding_window_size=8, wide=True, max_sequence_length=128, combiner_initializer="glorot_uniform"
     ),
     # The blocks of the decoder recipes.
     "block_elita": lambda: DecoderBlock(Attention2(2, 8, 4), FeedForward2(), norm="unscaled_layer_norm"),
     "block_transformer": lambda: DecoderBlock(
-        CausalSelfAttention(2, max_sequence_length=128), WideFeedForward(activation="gelu"), dropout=0.1
+        CausalSelfAttention(2, max_sequence_length=128), FeedForward(activation="gelu"), dropout=0.1
     ),
     "block_sas_p": lambda: DecoderBlock(
         ShapedAttention(2, max_sequence_length=128),
-        WideFeedForward(use_bias=False),
+        FeedForward(use_bias=False),
         norm="rms_norm",
         residual="parallel",
     ),
     "block_sas": lambda: DecoderBlock(
-        ShapedAttention(2, max_sequence_length=128), WideFeedForward(), norm="rms_norm", residual="sequential"
+        ShapedAttention(2, max_sequence_length=128), FeedForward(), norm="rms_norm", residual="sequential"
     ),
     "block_3lin": lambda: DecoderBlock(
-        TriLinearAttention(16, 16, window=8, max_sequence_length=128, combiner_initializer="glorot_uniform"), norm=None
+        TriLinearAttention(16, 16, sliding_window_size=8, max_sequence_length=128, combiner_initializer="glorot_uniform"), norm=None
     ),
 }
 # Long inputs for the mixed-precision check: linear-time layers at 16K, quadratic ones shorter.
@@ -361,28 +361,28 @@ def test_a_padded_decoding_step_holding_nan_changes_nothing(name):
     assert np.isfinite(y).all()
 
 
-def _takes_resets(name):
+def _takes_document_starts(name):
     layer = MIXERS[name]()
-    return getattr(layer, "mixer", layer).resets_with_cache
+    return getattr(layer, "mixer", layer).document_starts_with_cache
 
 
-RESETTING = [name for name in sorted(MIXERS) if _takes_resets(name)]
+RESETTING = [name for name in sorted(MIXERS) if _takes_document_starts(name)]
 
 
-def _packed_resets(length):
-    resets = np.zeros((2, length), bool)
-    resets[0, [0, 9, 10, 33]] = True  # a one-token document at 9
-    resets[1, [17, 40]] = True  # row 1's first document starts at 0 with no reset: the empty state all the same
-    return resets
+def _packed_document_starts(length):
+    document_starts = np.zeros((2, length), bool)
+    document_starts[0, [0, 9, 10, 33]] = True  # a one-token document at 9
+    document_starts[1, [17, 40]] = True  # row 1's first document starts at 0 with no reset: the empty state all the same
+    return document_starts
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_packed_documents_equal_each_document_alone_in_outputs_and_gradients(name):
-    """Without a cache every mixer takes `resets`: no document sees another (block-diagonal softmax,
+    """Without a cache every mixer takes `document_starts`: no document sees another (block-diagonal softmax,
     restarted states and buffers, a start position per document), to the gradients."""
     layer = _mixer(name)
     x = tf.constant(_inputs(60))
-    resets = _packed_resets(60)
+    document_starts = _packed_document_starts(60)
     cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape), tf.float32)
 
     def loss_and_gradients(run):
@@ -394,32 +394,32 @@ def test_packed_documents_equal_each_document_alone_in_outputs_and_gradients(nam
     def apart():
         rows = []
         for row in range(2):
-            bounds = sorted({0, *np.flatnonzero(resets[row])}) + [60]
+            bounds = sorted({0, *np.flatnonzero(document_starts[row])}) + [60]
             rows.append(tf.concat([layer(x[row : row + 1, a:b]) for a, b in zip(bounds[:-1], bounds[1:])], axis=1))
         return tf.concat(rows, axis=0)
 
-    packed = loss_and_gradients(lambda: layer(x, resets=resets))
+    packed = loss_and_gradients(lambda: layer(x, document_starts=document_starts))
     alone = loss_and_gradients(apart)
     for got, want in zip(packed, alone):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
     # And compiled by XLA.
-    compiled = tf.function(lambda x: layer(x, resets=resets), jit_compile=True)(x)
+    compiled = tf.function(lambda x: layer(x, document_starts=document_starts), jit_compile=True)(x)
     np.testing.assert_allclose(compiled, apart(), rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("name", RESETTING)
-def test_resets_equal_each_document_run_apart_in_parallel_chunks_and_steps(name):
+def test_document_starts_equal_each_document_run_apart_in_parallel_chunks_and_steps(name):
     """Packed documents see nothing of each other, nor of the cache they continue; positions restart."""
     layer = _mixer(name)
     x = _inputs(60)
-    resets = np.zeros((2, 60), bool)
-    resets[0, [0, 9, 10, 33]] = True  # row 0 starts afresh; a one-token document at 9
-    resets[1, [17, 40]] = True  # row 1 continues what came before
+    document_starts = np.zeros((2, 60), bool)
+    document_starts[0, [0, 9, 10, 33]] = True  # row 0 starts afresh; a one-token document at 9
+    document_starts[1, [17, 40]] = True  # row 1 continues what came before
     _, before = layer(_inputs(7)[::-1].copy(), cache=layer.get_initial_cache(2))
 
     def apart(row):
-        starts = sorted({0, *np.flatnonzero(resets[row])}) + [60]
-        cache = {k: v[row : row + 1] for k, v in before.items()} if not resets[row, 0] else None
+        starts = sorted({0, *np.flatnonzero(document_starts[row])}) + [60]
+        cache = {k: v[row : row + 1] for k, v in before.items()} if not document_starts[row, 0] else None
         pieces = []
         for start, stop in zip(starts[:-1], starts[1:]):
             cache = layer.get_initial_cache(1) if start > 0 or cache is None else cache
@@ -428,14 +428,14 @@ def test_resets_equal_each_document_run_apart_in_parallel_chunks_and_steps(name)
         return np.concatenate(pieces, axis=1), cache
 
     want = [apart(row) for row in range(2)]
-    together, cache = layer(x, cache=before, resets=resets)
+    together, cache = layer(x, cache=before, document_starts=document_starts)
     steps, step_cache = [], before
     for t in range(60):
-        y, step_cache = layer(x[:, t : t + 1], cache=step_cache, resets=resets[:, t : t + 1])
+        y, step_cache = layer(x[:, t : t + 1], cache=step_cache, document_starts=document_starts[:, t : t + 1])
         steps.append(y.numpy())
     chunked, chunk_cache = [], before
     for start, stop in [(0, 25), (25, 26), (26, 60)]:
-        y, chunk_cache = layer(x[:, start:stop], cache=chunk_cache, resets=resets[:, start:stop])
+        y, chunk_cache = layer(x[:, start:stop], cache=chunk_cache, document_starts=document_starts[:, start:stop])
         chunked.append(y.numpy())
     for got, got_cache in [(together.numpy(), cache), (np.concatenate(steps, 1), step_cache)] + [
         (np.concatenate(chunked, 1), chunk_cache)
@@ -446,19 +446,19 @@ def test_resets_equal_each_document_run_apart_in_parallel_chunks_and_steps(name)
                 np.testing.assert_allclose(got_cache[key][row], want[row][1][key][0], rtol=1e-4, atol=1e-4)
     # Without a cache, a row's first document starts from the empty state.
     np.testing.assert_allclose(
-        layer(x, resets=resets).numpy()[1, :17], layer(x[1:, :17]).numpy()[0], rtol=1e-4, atol=1e-4
+        layer(x, document_starts=document_starts).numpy()[1, :17], layer(x[1:, :17]).numpy()[0], rtol=1e-4, atol=1e-4
     )
 
 
 @pytest.mark.parametrize("name", [name for name in sorted(MIXERS) if name not in RESETTING])
-def test_a_buffer_of_positions_refuses_resets_with_a_cache_but_a_step_restarts(name):
+def test_a_buffer_of_positions_refuses_document_starts_with_a_cache_but_a_step_restarts(name):
     layer = _mixer(name)
     x = _inputs(9)
     _, cache = layer(x[:, :4], cache=layer.get_initial_cache(2))
-    with pytest.raises(ValueError, match="cannot take `resets` with a cache over several positions"):
-        layer(x[:, 4:], cache=cache, resets=np.zeros((2, 5), bool))
+    with pytest.raises(ValueError, match="cannot take `document_starts` with a cache over several positions"):
+        layer(x[:, 4:], cache=cache, document_starts=np.zeros((2, 5), bool))
     # One step that starts a document starts from the empty cache.
-    step, _ = layer(x[:, 4:5], cache=cache, resets=np.array([[True], [False]]))
+    step, _ = layer(x[:, 4:5], cache=cache, document_starts=np.array([[True], [False]]))
     fresh, _ = layer(x[:1, 4:5], cache=layer.get_initial_cache(1))
     continued, _ = layer(x[1:, 4:5], cache={k: v[1:] for k, v in cache.items()})
     np.testing.assert_allclose(step, np.concatenate([fresh, continued]), rtol=1e-5, atol=1e-5)

@@ -11,7 +11,7 @@ from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12
 WEIGHTS = ["query_key_kernel", "query_value_kernel", "key_kernel", "value_kernel", "combiner_kernel"]
-NARROW = {"window": 5, "slope": 0.25, "hyper": 6.0}
+NARROW = {"sliding_window_size": 5, "slope": 0.25, "hyper": 6.0}
 
 
 def _layer(dtype="float32", seed=0, **kwargs):
@@ -51,7 +51,7 @@ def reference(layer, s, mask=None):
         span = j <= t - 1
     else:
         # Span(t) = {j : max(0, t - w + 1) <= j <= t - 1} ∪ {0 if t - w + 1 > 0}
-        span = (j >= np.maximum(0, t - layer.window + 1)) & (j <= t - 1) | ((j == 0) & (t - layer.window + 1 > 0))
+        span = (j >= np.maximum(0, t - layer.sliding_window_size + 1)) & (j <= t - 1) | ((j == 0) & (t - layer.sliding_window_size + 1 > 0))
     span = np.broadcast_to(span, (s.shape[0], length, length))
     if mask is not None:
         span = span & np.asarray(mask)[:, None, :]
@@ -69,7 +69,7 @@ def reference(layer, s, mask=None):
 
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
-@pytest.mark.parametrize("kind", [NARROW, {"window": 40, "hyper": 13.3}, {"wide": True}])
+@pytest.mark.parametrize("kind", [NARROW, {"sliding_window_size": 40, "hyper": 13.3}, {"wide": True}])
 def test_forward_matches_reference(length, kind):
     x = _inputs(length)
     layer, layer64 = _layer(**kind), _layer("float64", **kind)
@@ -158,13 +158,13 @@ def test_padding_mask_keeps_padded_inputs_out(kind):
 def test_bad_inputs():
     with pytest.raises(ValueError, match="multiple of 16.*Received: lowrank_dim=20"):
         TriLinearAttention(lowrank_dim=20)
-    with pytest.raises(ValueError, match="Received: window=1"):
-        TriLinearAttention(window=1)
+    with pytest.raises(ValueError, match="Received: sliding_window_size=1"):
+        TriLinearAttention(sliding_window_size=1)
     with pytest.raises(ValueError, match="Received: query_dim=0"):
         TriLinearAttention(query_dim=0)
     with pytest.raises(ValueError, match="Received: slope=nan"):
         TriLinearAttention(slope=float("nan"))
-    layer = TriLinearAttention(query_dim=4, lowrank_dim=16, window=4)
+    layer = TriLinearAttention(query_dim=4, lowrank_dim=16, sliding_window_size=4)
     with pytest.raises(ValueError, match="ndim=3"):
         layer(tf.zeros([4, 8]))
     layer(tf.zeros([2, 3, 8]))
@@ -181,7 +181,7 @@ def test_trains_with_fit():
     keras.utils.set_random_seed(0)
     tokens = keras.Input((None,), dtype="int32")
     s = keras.layers.Embedding(8, 32)(tokens)
-    s = s + TriLinearAttention(query_dim=16, lowrank_dim=16, window=4, hyper=20.0)(s)  # zero Combiner
+    s = s + TriLinearAttention(query_dim=16, lowrank_dim=16, sliding_window_size=4, hyper=20.0)(s)  # zero Combiner
     model = keras.Model(tokens, keras.layers.Dense(8)(s))
     model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     ids = np.random.default_rng(0).integers(0, 8, size=(256, 17))

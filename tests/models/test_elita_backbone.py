@@ -37,10 +37,10 @@ def test_every_architecture_is_causal_and_round_trips_keras(name, tmp_path):
 
 
 def test_the_config_is_the_architecture():
-    backbone = _backbone("additive", windows=(2, None), dropout=0.1, tied_embeddings=True)
+    backbone = _backbone("additive", sliding_window_sizes=(2, None), dropout=0.1, tie_word_embeddings=True)
     config = backbone.get_config()
     want = architecture_config(
-        "additive", vocabulary_size=24, windows=[2, None], dropout=0.1, tied_embeddings=True, **SMALL
+        "additive", vocabulary_size=24, sliding_window_sizes=[2, None], dropout=0.1, tie_word_embeddings=True, **SMALL
     )
     assert {key: config[key] for key in want} == want
     assert config["blocks"] == ["additive", "additive"] and backbone.blocks == ["additive", "additive"]
@@ -104,17 +104,17 @@ def test_bad_arguments_get_keras_style_errors():
         ({"blocks": "lstm"}, "block types from"),
         ({"ffn": "moe"}, "Received: ffn='moe'"),
         ({"norm": "batch_norm"}, "Received: norm='batch_norm'"),
-        ({"norm_epsilon": 0}, "Received: norm_epsilon=0"),
-        ({"windows": (1, 2, 3)}, "one window (int or None) per layer"),
+        ({"layer_norm_epsilon": 0}, "Received: layer_norm_epsilon=0"),
+        ({"sliding_window_sizes": (1, 2, 3)}, "one size (a positive integer or None) per layer"),
         ({"dropout": 1.0}, "`dropout` must be in [0, 1). Received: dropout=1.0"),
-        ({"scaled_tied_logits": True}, "set `tied_embeddings=True` too"),
+        ({"scaled_tied_logits": True}, "set `tie_word_embeddings=True` too"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             ElitaBackbone(vocabulary_size=40, **kwargs)
 
 
 def test_tied_embeddings_share_the_matrix():
-    backbone = _backbone("elita", tied_embeddings=True)
+    backbone = _backbone("elita", tie_word_embeddings=True)
     assert not any(layer.name == "logits" for layer in backbone.layers)
     assert backbone(_inputs(np.zeros((1, 3), int))).shape == (1, 3, 24)
 
@@ -123,7 +123,7 @@ def test_parameters_without_embeddings_leave_out_the_tables_and_the_head():
     backbone = _backbone("transformer")
     tables = 24 * 32 + 32 * 32 + (32 * 24 + 24)  # token table, position table, head with bias
     assert backbone.count_params_without_embeddings() == backbone.count_params() - tables
-    tied = _backbone("elita", tied_embeddings=True)
+    tied = _backbone("elita", tie_word_embeddings=True)
     assert tied.count_params_without_embeddings() == tied.count_params() - 24 * 32
 
 

@@ -333,7 +333,7 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
 
     backbone.quantize("int8")
     int8 = {w.path.rsplit("/", 1)[0] for w in backbone.weights if w.dtype == "int8"}
-    head = set() if backbone.tied_embeddings else {"logits"}  # a tied head is the embedding
+    head = set() if backbone.tie_word_embeddings else {"logits"}  # a tied head is the embedding
     assert projections | head | {"token_embedding"} <= int8
     got = backbone(x)
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()  # close, and not the float model

@@ -1,4 +1,4 @@
-"""Decoding from the blocks' caches: keras-hub's samplers, mixed precision, carried streams with resets."""
+"""Decoding from the blocks' caches: keras-hub's samplers, mixed precision, carried streams with document_starts."""
 
 import itertools
 
@@ -71,19 +71,19 @@ def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_
     backbone = _backbone(name, position_embedding=False)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 30, size=(2, 70)).astype("int32")
-    resets = np.zeros((2, 70), bool)
-    resets[0, [12, 13, 50]] = True  # a one-token document; a document across the segment boundary at 30
-    resets[1, [30, 64]] = True  # a document starting exactly at a segment boundary
-    whole, _ = backbone.hidden_states(tokens, cache=backbone.get_initial_cache(2), resets=resets)
+    document_starts = np.zeros((2, 70), bool)
+    document_starts[0, [12, 13, 50]] = True  # a one-token document; a document across the segment boundary at 30
+    document_starts[1, [30, 64]] = True  # a document starting exactly at a segment boundary
+    whole, _ = backbone.hidden_states(tokens, cache=backbone.get_initial_cache(2), document_starts=document_starts)
     whole = backbone.logits(whole).numpy()
     cache, pieces = backbone.get_initial_cache(2), []
     for start, stop in [(0, 30), (30, 31), (31, 70)]:
-        hidden, cache = backbone.hidden_states(tokens[:, start:stop], cache=cache, resets=resets[:, start:stop])
+        hidden, cache = backbone.hidden_states(tokens[:, start:stop], cache=cache, document_starts=document_starts[:, start:stop])
         pieces.append(backbone.logits(hidden).numpy())
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, rtol=1e-4, atol=1e-4)
     # Each document equals the model run on it alone: nothing leaks across a reset.
     causal_lm = ElitaCausalLM(backbone)
-    packed = causal_lm({"token_ids": tokens, "padding_mask": np.ones_like(tokens), "resets": resets}).numpy()
+    packed = causal_lm({"token_ids": tokens, "padding_mask": np.ones_like(tokens), "document_starts": document_starts}).numpy()
     np.testing.assert_allclose(packed, whole, rtol=1e-4, atol=1e-4)
     for row, starts in [(0, [0, 12, 13, 50, 70]), (1, [0, 30, 64, 70])]:
         for start, stop in zip(starts[:-1], starts[1:]):
@@ -93,11 +93,11 @@ def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_
     np.testing.assert_array_equal(cache["position"], [20, 6])  # positions restart at each document
 
 
-def test_a_carried_stream_with_resets_is_refused_by_models_with_finite_buffers():
+def test_a_carried_stream_with_document_starts_is_refused_by_models_with_finite_buffers():
     backbone = _backbone("transformer")
     with pytest.raises(ValueError, match="A stream carried in a cache restarts documents"):
         backbone.hidden_states(
-            np.zeros((1, 4), "int32"), cache=backbone.get_initial_cache(1), resets=np.zeros((1, 4), bool)
+            np.zeros((1, 4), "int32"), cache=backbone.get_initial_cache(1), document_starts=np.zeros((1, 4), bool)
         )
 
 

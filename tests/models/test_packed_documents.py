@@ -1,4 +1,4 @@
-"""Packed documents (`resets` without a cache): every architecture gives each document what it gives it alone."""
+"""Packed documents (`document_starts` without a cache): every architecture gives each document what it gives it alone."""
 
 import keras
 import numpy as np
@@ -11,7 +11,7 @@ from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
 SIZE = {"vocabulary_size": 30, "hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8}
 # Every recipe but the one whose positions move with the window's length; additive also windowed.
 PACKABLE = {name: {} for name in sorted(ARCHITECTURES) if name != "elita-reference"}
-PACKABLE["additive-windowed"] = {"windows": [8, None]}
+PACKABLE["additive-windowed"] = {"sliding_window_sizes": [8, None]}
 
 
 def _backbone(name):
@@ -28,27 +28,27 @@ def _backbone(name):
 def _documents():
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, 30, size=(2, 40)).astype("int32")
-    resets = np.zeros((2, 40), bool)
-    resets[0, [0, 9, 10, 33]] = True  # a one-token document at 9
-    resets[1, [17, 35]] = True
-    return tokens, resets
+    document_starts = np.zeros((2, 40), bool)
+    document_starts[0, [0, 9, 10, 33]] = True  # a one-token document at 9
+    document_starts[1, [17, 35]] = True
+    return tokens, document_starts
 
 
-def _bounds(resets, row):
-    starts = sorted({0, *np.flatnonzero(resets[row])}) + [resets.shape[1]]
+def _bounds(document_starts, row):
+    starts = sorted({0, *np.flatnonzero(document_starts[row])}) + [document_starts.shape[1]]
     return list(zip(starts[:-1], starts[1:]))
 
 
 @pytest.mark.parametrize("name", sorted(PACKABLE))
 def test_each_packed_document_gets_the_logits_it_gets_alone_also_under_xla(name):
     backbone = _backbone(name)
-    tokens, resets = _documents()
+    tokens, document_starts = _documents()
     causal_lm = ElitaCausalLM(backbone)
-    inputs = {"token_ids": tokens, "padding_mask": np.ones_like(tokens), "resets": resets}
+    inputs = {"token_ids": tokens, "padding_mask": np.ones_like(tokens), "document_starts": document_starts}
     packed = causal_lm(inputs).numpy()
     compiled = tf.function(lambda x: causal_lm(x), jit_compile=True)(inputs).numpy()
     for row in range(2):
-        for a, b in _bounds(resets, row):
+        for a, b in _bounds(document_starts, row):
             alone = tokens[row : row + 1, a:b]
             alone = backbone({"token_ids": alone, "padding_mask": np.ones_like(alone)}).numpy()[0]
             np.testing.assert_allclose(packed[row, a:b], alone, rtol=1e-4, atol=1e-4)
@@ -64,7 +64,7 @@ def test_the_loss_leaves_out_each_documents_first_token():
     starts[[0, 5, 6, 30, 41, 50, 79]] = True  # 41 is the first token of the second window
     windows, window_starts = packed_windows(ids, starts, 40)
     (x, labels, weights) = next(iter(lm_dataset(windows, 2, shuffle=False, document_starts=window_starts)))
-    np.testing.assert_array_equal(x["resets"][:, 0], True)
+    np.testing.assert_array_equal(x["document_starts"][:, 0], True)
     np.testing.assert_array_equal(weights.numpy() == 0, window_starts[:, 1:])
 
     total, count = 0.0, 0

@@ -1,27 +1,27 @@
-"""Running an op one document at a time: what an op given `resets` must equal."""
+"""Running an op one document at a time: what an op given `document_starts` must equal."""
 
 import numpy as np
 import tensorflow as tf
 
 
-def random_resets(batch, length, seed=0):
+def random_document_starts(batch, length, seed=0):
     """Bool `[B, T]` with documents of 1 to ~20 positions, a reset at 0 in one row, two in a row in another."""
     rng = np.random.default_rng(seed)
-    resets = rng.random((batch, length)) < 0.08
-    resets[0, 0] = True
+    document_starts = rng.random((batch, length)) < 0.08
+    document_starts[0, 0] = True
     if length > 3:
-        resets[-1, 1:3] = True
-    return resets
+        document_starts[-1, 1:3] = True
+    return document_starts
 
 
-def by_document(call, inputs, resets, initial_state):
+def by_document(call, inputs, document_starts, initial_state):
     """Outputs and final states of `call` run on each document of each row apart.
 
     Args:
         call: `(inputs, initial_state) -> (outputs tuple, state tuple)` on one
             row's slices `[1, H, t, ...]` (time on axis 2).
         inputs: tuple of `[B, H, T, ...]` tensors.
-        resets: numpy bool `[B, T]`.
+        document_starts: numpy bool `[B, T]`.
         initial_state: tuple of `[B, ...]` tensors: the first document of a
             row continues from it unless that row starts with a reset.
 
@@ -30,9 +30,9 @@ def by_document(call, inputs, resets, initial_state):
         tensor stacked over rows.
     """
     rows_out, rows_state = [], []
-    for row in range(resets.shape[0]):
-        starts = sorted({0, *np.flatnonzero(resets[row])}) + [resets.shape[1]]
-        state = tuple(t[row : row + 1] for t in initial_state) if initial_state and not resets[row, 0] else None
+    for row in range(document_starts.shape[0]):
+        starts = sorted({0, *np.flatnonzero(document_starts[row])}) + [document_starts.shape[1]]
+        state = tuple(t[row : row + 1] for t in initial_state) if initial_state and not document_starts[row, 0] else None
         pieces = []
         for start, end in zip(starts[:-1], starts[1:]):
             if start > 0:

@@ -63,11 +63,11 @@ def test_gradients_match_reference(length, window):
 
 @pytest.mark.parametrize("window", [None, 2, 5, 40])
 def test_packed_documents_match_the_reference_and_each_document_alone(window):
-    """With `resets`, each document has its own start position and its own distances, in outputs and gradients."""
+    """With `document_starts`, each document has its own start position and its own distances, in outputs and gradients."""
     q, k, v = _inputs(75, seed=4)
-    resets = np.zeros((2, 75), bool)
-    resets[0, [0, 9, 10, 33, 60]] = True  # a one-token document at 9
-    resets[1, [17, 40]] = True
+    document_starts = np.zeros((2, 75), bool)
+    document_starts[0, [0, 9, 10, 33, 60]] = True  # a one-token document at 9
+    document_starts[1, [17, 40]] = True
     mask = np.ones((2, 75), bool)
     mask[1, [20, 40]] = False  # padding, one of it on a document's first position
     cotangent = tf.constant(np.random.default_rng(2).normal(size=v.shape))
@@ -80,13 +80,13 @@ def test_packed_documents_match_the_reference_and_each_document_alone(window):
         return [out] + tape.gradient(loss, [q, k, v])
 
     packed = grads(
-        lambda q, k, v: banded_attention(q, k, v, window=window, mask=mask, resets=resets, chunk_size=CHUNK, **BIAS)[0]
+        lambda q, k, v: banded_attention(q, k, v, window=window, mask=mask, document_starts=document_starts, chunk_size=CHUNK, **BIAS)[0]
     )
-    want = grads(lambda q, k, v: banded_attention_reference(q, k, v, window=window, mask=mask, resets=resets, **BIAS))
+    want = grads(lambda q, k, v: banded_attention_reference(q, k, v, window=window, mask=mask, document_starts=document_starts, **BIAS))
     for got, expected in zip(packed, want):
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-10)
     for row in range(2):
-        bounds = sorted({0, *np.flatnonzero(resets[row])}) + [75]
+        bounds = sorted({0, *np.flatnonzero(document_starts[row])}) + [75]
         for a, b in zip(bounds[:-1], bounds[1:]):
             alone, _ = banded_attention(
                 *(x[row : row + 1, :, a:b] for x in (q, k, v)),
@@ -97,7 +97,7 @@ def test_packed_documents_match_the_reference_and_each_document_alone(window):
             )
             np.testing.assert_allclose(packed[0][row : row + 1, :, a:b], alone, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="do not continue an `initial_state`"):
-        banded_attention(q, k, v, window=window, resets=resets, initial_state=empty_banded_state(2, 2, 4, 3, 8, 80))
+        banded_attention(q, k, v, window=window, document_starts=document_starts, initial_state=empty_banded_state(2, 2, 4, 3, 8, 80))
 
 
 def test_numeric_gradient_check():

@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from elita_tf.ops import causal_softmax_mean, causal_softmax_mean_step, empty_softmax_mean_state
 from elita_tf.ops.reference import causal_softmax_mean_reference
-from tests.ops.documents import by_document, random_resets
+from tests.ops.documents import by_document, random_document_starts
 from tests.ops.low_precision import assert_low_precision_follows_float32
 
 LENGTHS = [1, 63, 100, 257]
@@ -113,10 +113,10 @@ def test_rows_before_any_real_position_stay_causal(window, with_resets):
     logits, values = _inputs(40, seed=10)
     mask = np.ones((2, 40), bool)
     mask[:, :5] = False
-    resets = np.zeros((2, 40), bool) if with_resets else None
+    document_starts = np.zeros((2, 40), bool) if with_resets else None
     if with_resets:
-        resets[:, 20] = True
-    kwargs = dict(window=window, mask=mask, chunk_size=CHUNK, resets=resets)
+        document_starts[:, 20] = True
+    kwargs = dict(window=window, mask=mask, chunk_size=CHUNK, document_starts=document_starts)
     mean, _, _ = causal_softmax_mean(logits, values, **kwargs)
     t = 3
     changed_v = tf.concat([values[:, :, : t + 1], values[:, :, t + 1 :] + 100.0], axis=2)
@@ -293,11 +293,11 @@ def test_100k_tokens_with_drifting_logits(window):
 
 @pytest.mark.parametrize("length", [1, 37, 100])
 @pytest.mark.parametrize("window", [None, 1, 5, 16, 40])
-def test_resets_equal_each_document_run_apart(length, window):
+def test_document_starts_equal_each_document_run_apart(length, window):
     logits, values = _inputs(length, dtype=tf.float64)
     prefix_l, prefix_v = _inputs(9, seed=1, dtype=tf.float64)
     _, _, initial = causal_softmax_mean(prefix_l, prefix_v, window=window, chunk_size=CHUNK)
-    resets = random_resets(2, length)
+    document_starts = random_document_starts(2, length)
     cotangent = tf.constant(np.random.default_rng(2).normal(size=values.shape))
 
     def run(fn):
@@ -313,23 +313,23 @@ def test_resets_equal_each_document_run_apart(length, window):
 
     def together():
         mean, log_z, state = causal_softmax_mean(
-            logits, values, window=window, initial_state=initial, resets=resets, chunk_size=CHUNK
+            logits, values, window=window, initial_state=initial, document_starts=document_starts, chunk_size=CHUNK
         )
         return (mean, log_z), state
 
-    got, want = run(together), run(lambda: by_document(apart, (logits, values), resets, initial))
+    got, want = run(together), run(lambda: by_document(apart, (logits, values), document_starts, initial))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.numpy(), 0.0 if w is None else w.numpy(), atol=1e-10)
 
 
-def test_resets_in_float32_stay_exact_with_large_logits():
+def test_document_starts_in_float32_stay_exact_with_large_logits():
     logits, values = _inputs(100, scale=300.0)
-    resets = random_resets(2, 100)
-    mean, log_z, _ = causal_softmax_mean(logits, values, resets=resets, chunk_size=CHUNK)
+    document_starts = random_document_starts(2, 100)
+    mean, log_z, _ = causal_softmax_mean(logits, values, document_starts=document_starts, chunk_size=CHUNK)
     (want_mean, want_lz), _ = by_document(
         lambda x, s: (causal_softmax_mean(*x, initial_state=s, chunk_size=CHUNK)[:2], ()),
         (tf.cast(logits, tf.float64), tf.cast(values, tf.float64)),
-        resets,
+        document_starts,
         (),
     )
     _assert_finite(mean, log_z)

@@ -8,7 +8,7 @@ from elita_tf.ops.linear_attention import (
     empty_linear_state,
 )
 from elita_tf.ops.reference import causal_linear_attention_reference
-from tests.ops.documents import by_document, random_resets
+from tests.ops.documents import by_document, random_document_starts
 
 CHUNK = 16
 
@@ -83,10 +83,10 @@ def test_empty_sequence():
 
 
 @pytest.mark.parametrize("length", [1, 37, 100])
-def test_resets_equal_each_document_run_apart(length):
+def test_document_starts_equal_each_document_run_apart(length):
     q, k, v = _inputs(length)
     _, initial = causal_linear_attention(*_inputs(9, seed=1), chunk_size=CHUNK)
-    resets = random_resets(2, length)
+    document_starts = random_document_starts(2, length)
     cotangent = tf.constant(np.random.default_rng(2).normal(size=v.shape))
 
     def run(fn):
@@ -101,9 +101,9 @@ def test_resets_equal_each_document_run_apart(length):
         return (outputs,), state
 
     def together():
-        outputs, state = causal_linear_attention(q, k, v, initial_state=initial, resets=resets, chunk_size=CHUNK)
+        outputs, state = causal_linear_attention(q, k, v, initial_state=initial, document_starts=document_starts, chunk_size=CHUNK)
         return (outputs,), state
 
-    got, want = run(together), run(lambda: by_document(apart, (q, k, v), resets, initial))
+    got, want = run(together), run(lambda: by_document(apart, (q, k, v), document_starts, initial))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.numpy(), 0.0 if w is None else w.numpy(), atol=1e-10)

@@ -1,4 +1,4 @@
-"""`elita-train --carry-state`: streams, article resets, the carried state in checkpoints, exact resumption."""
+"""`elita-train --carry-state`: streams, article document_starts, the carried state in checkpoints, exact resumption."""
 
 import csv
 
@@ -14,6 +14,7 @@ from elita_tf.data import (
     token_stream,
     train_sentencepiece,
 )
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.training import latest_checkpoint, train
 from elita_tf.training.run_directory import RunDirectoryError
 from tests.training.test_cli import Interrupt, _args
@@ -24,31 +25,34 @@ CARRY = ["--carry-state", "--batch-size", "128", "--max-steps", "16"]
 
 def test_the_stream_marks_article_starts_and_segments_continue_each_other(tiny_wikitext, tmp_path):
     splits, _ = load_corpus(
-        "wikitext-2-v1", data_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"), document_starts=True
+        CorpusSettings("wikitext-2-v1", data_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds")), document_starts=True
     )
     lines = (line.decode() for line, _ in splits["train"].as_numpy_iterator())
     tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
-    ids, resets = token_stream(splits["train"], tokenizer, vocabulary_size=60)
+    ids, document_starts = token_stream(splits["train"], tokenizer, vocabulary_size=60)
     # The tiny corpus has a ` = Heading k = ` article title every 20 lines: 20 in its 400 lines.
-    assert resets.sum() == 20
+    assert document_starts.sum() == 20
     heading = tokenizer.tokenize("= Heading 3 =").numpy()[:-1]  # without the end-of-line id
-    starts = np.flatnonzero(resets)
+    starts = np.flatnonzero(document_starts)
     np.testing.assert_array_equal(ids[starts[3] : starts[3] + len(heading)], heading)
     batches = [
-        ((x["token_ids"], x["resets"]), y) for x, y in stream_dataset(ids, resets, 4, 16, epochs=2).as_numpy_iterator()
+        ((x["token_ids"], x["document_starts"]), y)
+        for x, y in stream_dataset(ids, document_starts, 4, 16, epochs=2).as_numpy_iterator()
     ]
     per_epoch = (len(ids) // 4 - 1) // 16
     assert len(batches) == 2 * per_epoch
-    (first, first_resets), first_targets = batches[0]
+    (first, first_document_starts), first_targets = batches[0]
     (second, _), _ = batches[1]
     row = len(ids) // 4
     np.testing.assert_array_equal(first[1], ids[row : row + 16])  # row b reads its own part of the stream
     np.testing.assert_array_equal(first_targets[:, -1], second[:, 0])  # step k + 1 continues step k
-    assert first_resets[:, 0].all()  # each row starts a state, and so does each epoch
-    (again, again_resets), _ = batches[per_epoch]
+    assert first_document_starts[:, 0].all()  # each row starts a state, and so does each epoch
+    (again, again_document_starts), _ = batches[per_epoch]
     np.testing.assert_array_equal(again, first)
-    assert again_resets[:, 0].all()
-    np.testing.assert_array_equal(first_resets[:, 1:], resets[np.arange(4)[:, None] * row + np.arange(1, 16)])
+    assert again_document_starts[:, 0].all()
+    np.testing.assert_array_equal(
+        first_document_starts[:, 1:], document_starts[np.arange(4)[:, None] * row + np.arange(1, 16)]
+    )
 
 
 def test_carry_state_trains_checkpoints_its_state_and_resumes_exactly(tiny_wikitext, tmp_path):

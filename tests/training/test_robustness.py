@@ -31,7 +31,7 @@ from elita_tf.training import (
     train,
     verify_checkpoint,
 )
-from elita_tf.training.loop import resolve_position_mode
+from elita_tf.training.model_settings import resolve_position_mode
 from tests.conftest import write_tiny_wikitext
 from tests.training.test_cli import REPO, Interrupt, _args
 

@@ -5,14 +5,14 @@ import tensorflow as tf
 from elita_tf.ops.utils.positions import pad_axis
 
 
-def segment_ids(resets, length_multiple=1):
-    """Per position, how many resets come at or before it: int32 `[B, T']`, `T'` padded to `length_multiple`.
+def document_index(document_starts, length_multiple=1):
+    """Per position, how many document_starts come at or before it: int32 `[B, T']`, `T'` padded to `length_multiple`.
 
-    `resets` is bool `[B, T]`, True where a new document starts (nothing
+    `document_starts` is bool `[B, T]`, True where a new document starts (nothing
     before it is seen from there on). Padding continues the last segment.
     """
-    resets = tf.cast(resets, tf.int32)
-    return tf.cumsum(pad_axis(resets, 1, (-tf.shape(resets)[1]) % length_multiple), axis=1)
+    document_starts = tf.cast(document_starts, tf.int32)
+    return tf.cumsum(pad_axis(document_starts, 1, (-tf.shape(document_starts)[1]) % length_multiple), axis=1)
 
 
 def gated_scan(gates, items, combine, axis):
@@ -62,21 +62,21 @@ def gated_scan(gates, items, combine, axis):
     return tuple(items)
 
 
-def document_positions(length, start=None, resets=None):
+def document_positions(length, start=None, document_starts=None):
     """Each position's index in its sequence, int32 `[B or 1, T]`: `start + t`, restarting at 0 at every reset.
 
     Args:
         length: scalar `T`.
         start: optional int `[B]`, the index of the first position (a continued sequence).
-        resets: optional bool `[B, T]`, True where a new document starts.
+        document_starts: optional bool `[B, T]`, True where a new document starts.
     """
     index = tf.range(length)[None, :]
     if start is not None:
         index = index + start[:, None]
-    if resets is not None:
-        ones = tf.ones_like(resets, tf.int32)
-        (count,) = gated_scan(tf.logical_not(resets), (ones,), lambda a, b: (a[0] + b[0],), axis=1)
-        index = tf.where(tf.cumsum(tf.cast(resets, tf.int32), axis=1) > 0, count - 1, index)
+    if document_starts is not None:
+        ones = tf.ones_like(document_starts, tf.int32)
+        (count,) = gated_scan(tf.logical_not(document_starts), (ones,), lambda a, b: (a[0] + b[0],), axis=1)
+        index = tf.where(tf.cumsum(tf.cast(document_starts, tf.int32), axis=1) > 0, count - 1, index)
     return index
 
 

@@ -5,20 +5,20 @@ from elita_tf.layers.initializers import clone_initializer
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class WideFeedForward(keras.layers.Layer):
-    """A two-layer MLP, and the One Wide FFN (Pires et al. 2023) when shared by every block.
+class FeedForward(keras.layers.Layer):
+    """The position-wise two-layer MLP of a Transformer block, and the One Wide FFN (Pires et al. 2023).
 
         y = W2 act(W1 x + b1) + b2
 
-    With `num_layers=1` it is the usual `4d` MLP of a Transformer block. To
-    share it, give the same instance to every `DecoderBlock` (or call it in
-    every block of a functional model); Keras then holds its weights once,
-    also after `.keras` save/load. The default width `4 * d * num_layers`
-    keeps the parameter count of `num_layers` separate `4d` networks.
+    Alone it is the usual `4d` MLP. The One Wide FFN is one instance shared
+    by every block: give the same instance to every `DecoderBlock` (or call
+    it in every block of a functional model), and Keras holds its weights
+    once, also after `.keras` save/load. With `shared_by=n` its default width
+    `4 * d * n` keeps the parameter count of `n` separate `4d` networks.
 
     Args:
-        width: int or None. Hidden width. Defaults to `4 * d * num_layers`.
-        num_layers: int. Blocks that share it, for the default width. Defaults to `1`.
+        intermediate_dim: int or None. Hidden width. Defaults to `4 * d * shared_by`.
+        shared_by: int. The blocks that share it, for the default width. Defaults to `1`.
         activation: activation of the hidden layer. Defaults to `"relu"`.
         use_bias: bool. Whether both layers have biases. Defaults to `True`.
         kernel_initializer: Defaults to `"glorot_uniform"`.
@@ -34,7 +34,7 @@ class WideFeedForward(keras.layers.Layer):
         `outputs [B, T, d]`.
 
     Example:
-    >>> shared = WideFeedForward(num_layers=6)
+    >>> shared = FeedForward(shared_by=6)
     >>> x = keras.Input((None, 32))
     >>> for _ in range(6):
     ...     x = x + shared(x)  # one set of weights, 4 * 32 * 6 hidden units
@@ -45,8 +45,8 @@ class WideFeedForward(keras.layers.Layer):
 
     def __init__(
         self,
-        width=None,
-        num_layers=1,
+        intermediate_dim=None,
+        shared_by=1,
         activation="relu",
         use_bias=True,
         kernel_initializer="glorot_uniform",
@@ -54,10 +54,10 @@ class WideFeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("width", width, allow_none=True)
-        check_positive_int("num_layers", num_layers)
-        self.width = width
-        self.num_layers = num_layers
+        check_positive_int("intermediate_dim", intermediate_dim, allow_none=True)
+        check_positive_int("shared_by", shared_by)
+        self.intermediate_dim = intermediate_dim
+        self.shared_by = shared_by
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -66,7 +66,7 @@ class WideFeedForward(keras.layers.Layer):
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
-        hidden = self.width or 4 * width * self.num_layers
+        hidden = self.intermediate_dim or 4 * width * self.shared_by
         dense = lambda units, name, activation=None: keras.layers.Dense(  # noqa: E731
             units,
             activation=activation,
@@ -93,8 +93,8 @@ class WideFeedForward(keras.layers.Layer):
         config = super().get_config()
         config.update(
             {
-                "width": self.width,
-                "num_layers": self.num_layers,
+                "intermediate_dim": self.intermediate_dim,
+                "shared_by": self.shared_by,
                 "activation": keras.activations.serialize(self.activation),
                 "use_bias": self.use_bias,
                 "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),

@@ -1,0 +1,8 @@
+"""The layers' named options, without TensorFlow: the command lines and recipes check them before any layer loads."""
+
+# Attention2's positions: the sinusoids run on past `position_scale` ("fixed"), hold the last trained
+# position ("clamped"), or move with the sequence length ("length", the original's; it cannot decode).
+POSITION_MODES = ("fixed", "clamped", "length")
+# DecoderBlock's norms (or None: the identity) and residual forms.
+NORMS = ("layer_norm", "unscaled_layer_norm", "rms_norm", "rms_norm_outer_epsilon")
+RESIDUALS = ("pre_norm", "parallel", "sequential")

@@ -1,0 +1,53 @@
+"""A run's manifest (`run.json`): what makes a run that run, which a resumed run must match field by field.
+
+    {"architecture", "model": the backbone's arguments, "data": {"dataset", "sha256", "corpus"},
+     "training": the settings marked "run" in TrainSettings, "tokenizer_sha256",
+     "init_from": {...} and "tokenizer_from" when fine-tuning}
+"""
+
+import hashlib
+import os
+
+from elita_tf.models.architectures import upgrade_config
+from elita_tf.models.presets import resolve_preset
+from elita_tf.training.settings import fields_marked
+
+# Corpus settings that elita-tf 0.1.0 recorded under other names, old name: new name.
+_RENAMED_CORPUS = {"documents": "document_separator"}
+
+
+def requested_manifest(settings, config, data):
+    """The manifest of the run `settings` asks for, with the model's architecture `config` and its `data`
+    (`load_corpus`'s info), without the tokenizer's hash, which the run adds once it has one."""
+    fine_tuning = {}
+    if settings.init_from is not None:
+        weights = os.path.join(resolve_preset(settings.init_from), "model.weights.h5")
+        with open(weights, "rb") as f:
+            fine_tuning["init_from"] = {
+                "preset": os.path.abspath(settings.init_from),
+                "weights_sha256": hashlib.file_digest(f, "sha256").hexdigest(),
+                "lora_rank": settings.lora_rank,
+            }
+    if settings.tokenizer_from is not None:
+        fine_tuning["tokenizer_from"] = os.path.abspath(settings.tokenizer_from)
+    return {
+        **fine_tuning,
+        "architecture": settings.architecture,
+        "model": config,
+        # WikiText's record is its name and hash; other text also records how it was split.
+        "data": {key: data[key] for key in ("dataset", "sha256", "corpus") if key in data},
+        "training": {name: getattr(settings, name) for name in fields_marked("run")},
+    }
+
+
+def upgrade_manifest(manifest):
+    """A manifest written by an older elita-tf, in today's names (the model's and the corpus settings')."""
+    manifest = dict(manifest)
+    if "model" in manifest:
+        manifest["model"] = upgrade_config(manifest["model"])
+    data = manifest.get("data")
+    if data and "corpus" in data:
+        corpus = {_RENAMED_CORPUS.get(key, key): value for key, value in data["corpus"].items()}
+        corpus.setdefault("data", data["dataset"])
+        manifest["data"] = {**data, "corpus": corpus}
+    return manifest

@@ -1,0 +1,84 @@
+"""A run's data: its corpus read, its tokenizer trained or reused, every split tokenized into files and cut.
+
+Everything is checked before the run directory is written: a split too short for one window or
+one batch stops the run before `run.json` exists, so following the error's advice is not refused
+as another run.
+"""
+
+import hashlib
+import os
+
+import keras
+
+from elita_tf.data import load_corpus, make_tokenizer, sample_text, stream_steps_per_epoch, train_sentencepiece
+from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, write_token_file
+from elita_tf.training.manifest import requested_manifest
+from elita_tf.training.model_settings import model_config, preset_tokenizer
+from elita_tf.training.run_directory import TOKENIZER, RunDirectoryError, write_atomically
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_settings_corpus(settings):
+    """`load_corpus` of the text `settings` names, as `(line, starts_document)` pairs: `(splits, data)`."""
+    return load_corpus(settings.corpus, seed=settings.seed, document_starts=True)
+
+
+def prepare_run(settings, run_dir, splits, data):
+    """Checks the directory against the request, then the tokenizer and the windows of the three splits.
+
+    A new run trains the tokenizer, cuts every split, and only then writes
+    the tokenizer and `run.json`; a resumed one reuses its tokenizer after
+    checking its hash. Returns `(config, windows)`.
+    """
+    config = model_config(settings)
+    manifest = requested_manifest(settings, config, data)
+    stored = run_dir.check_manifest(manifest)
+    tokenizer_path = run_dir.file(TOKENIZER)
+    # The splits hold (line, starts_document) pairs; the tokenizer trains on the lines.
+    pairs, splits = splits, {split: pairs.map(lambda line, _: line) for split, pairs in splits.items()}
+    reused = settings.init_from or settings.tokenizer_from  # fine-tuning keeps the model's own tokenizer
+    if stored is None and reused is not None:
+        proto = preset_tokenizer(reused)
+    elif stored is None:
+        text = sample_text(splits["train"], settings.tokenizer_sample_bytes, seed=settings.seed)
+        proto = train_sentencepiece(text, vocabulary_size=settings.vocabulary_size, seed=settings.seed)
+    else:
+        proto = open(tokenizer_path, "rb").read() if os.path.exists(tokenizer_path) else b""
+        if sha256(proto) != stored["tokenizer_sha256"]:
+            raise RunDirectoryError(
+                f"{tokenizer_path} is missing or is not the tokenizer this run was trained with "
+                f"(sha256 {stored['tokenizer_sha256'][:12]}...). Restore it, or use --force-new."
+            )
+    tokenizer = make_tokenizer(proto)
+    windows = {}
+    for split in pairs:
+        # Each split tokenized once into files, reused by any later run on the same text and tokenizer.
+        directory = os.path.join(cache_root(), fingerprint(data["sha256"], sha256(proto), split))
+        bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
+        try:
+            tokens = write_token_file(
+                pairs[split], tokenizer, directory, settings.vocabulary_size, progress=bar.add if bar else None
+            )
+            cut = FileWindows(tokens, settings.sequence_length + 1)
+            if not len(cut):
+                raise ValueError(f"The corpus is shorter than one window of {settings.sequence_length + 1} tokens.")
+            if split == "train" and settings.carry_state:  # the train split as one stream, with its document starts
+                windows["train_stream"] = tokens.read(0, len(tokens))
+                stream_steps_per_epoch(len(tokens), settings.batch_size, settings.sequence_length)
+            elif len(cut) < settings.batch_size:  # checked before the run writes anything
+                raise ValueError(
+                    f"{len(cut)} windows of {settings.sequence_length + 1} tokens make no full batch of "
+                    f"{settings.batch_size}: lower --batch-size or --sequence-length, or give it more text."
+                )
+        except ValueError as error:
+            source = data.get("corpus", {}).get(f"{split}_data") or data["dataset"]  # the files given for it
+            raise ValueError(f"The {split} split ({source}): {error}") from None
+        # (windows, document starts): `lm_dataset`'s arguments.
+        windows[split] = (cut, True if settings.pack_documents else None)
+    if stored is None:
+        write_atomically(tokenizer_path, proto)
+        run_dir.write_manifest({**manifest, "tokenizer_sha256": sha256(proto)})
+    return config, windows

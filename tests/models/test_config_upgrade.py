@@ -1,0 +1,71 @@
+"""A run written by elita-tf 0.1.0, before the backbone took keras-hub's names, loads with today's code.
+
+`tests/fixtures/run-0.1.0/` is a finished `elita-train` run of `additive-reference` (tied embeddings,
+its own epsilon and windows: the renamed fields) on its own text, with the preset's logits on fixed
+ids (`expected.json`).
+"""
+
+import json
+import os
+import shutil
+
+import keras_hub
+import numpy as np
+import pytest
+
+from elita_tf.export.litert import model_identity
+from elita_tf.models import ElitaBackbone, ElitaCausalLM
+from elita_tf.models.architectures import upgrade_config
+from elita_tf.training.evaluate import evaluate
+from elita_tf.training.run_directory import load_run_model, read_manifest
+
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run-0.1.0")
+
+
+@pytest.fixture
+def old_run(tmp_path, monkeypatch):
+    """A copy of the old run, in a working directory where its relative `--data` names its texts."""
+    shutil.copytree(FIXTURE, tmp_path / "old")
+    monkeypatch.chdir(tmp_path / "old")
+    with open("expected.json") as f:
+        return "run", json.load(f)
+
+
+def _logits(causal_lm, ids):
+    ids = np.asarray(ids, "int32")
+    return np.asarray(causal_lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+
+
+def test_the_old_names_are_upgraded_in_one_place():
+    with open(os.path.join(FIXTURE, "run", "preset", "config.json")) as f:
+        old = json.load(f)["config"]
+    assert {"norm_epsilon", "tied_embeddings", "windows"} <= set(old)
+    new = upgrade_config(old)
+    assert new["layer_norm_epsilon"] == 1e-5 and new["tie_word_embeddings"] is True and new["sliding_window_sizes"] is None
+    assert not {"norm_epsilon", "tied_embeddings", "windows"} & set(new)
+    assert upgrade_config(new) == new
+
+
+def test_an_old_preset_loads_through_every_entry_point_with_its_logits(old_run):
+    run, expected = old_run
+    want = np.asarray(expected["logits"])
+    for causal_lm in (ElitaCausalLM.from_preset(run), keras_hub.models.CausalLM.from_preset(os.path.join(run, "preset"))):
+        assert causal_lm.backbone.tie_word_embeddings and causal_lm.backbone.layer_norm_epsilon == 1e-5
+        np.testing.assert_allclose(_logits(causal_lm, expected["token_ids"]), want, rtol=1e-6, atol=1e-6)
+    backbone = ElitaBackbone.from_preset(run)
+    assert "tie_word_embeddings" in backbone.get_config() and "tied_embeddings" not in backbone.get_config()
+
+
+def test_an_old_run_directory_exports_and_evaluates(old_run):
+    run, expected = old_run
+    # Its checkpoint (what elita-export reads) and its manifest, in today's names.
+    checkpointed = load_run_model(run)
+    np.testing.assert_allclose(
+        _logits(checkpointed, expected["token_ids"]), expected["logits"], rtol=1e-5, atol=1e-5
+    )
+    manifest = read_manifest(run)
+    assert manifest["model"]["tie_word_embeddings"] and manifest["data"]["corpus"]["document_separator"] == "file"
+    assert model_identity(checkpointed)["architecture"]["tie_word_embeddings"]
+    # elita-evaluate reads the run's own held-out text again by its recorded settings.
+    result = evaluate(run, split="validation")
+    assert np.isfinite(result["loss"]) and result["tokens"] > 0
