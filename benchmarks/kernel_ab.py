@@ -2,21 +2,22 @@
 
 `layers.py` runs each subject in a process of its own, and on a shared 2-core machine a process's
 speed moves by up to 30%: more than most changes to the kernel. Here one process times, round after
-round: this checkout's kernel, the other checkout's (its `elita_tf/ops/causal_softmax_mean.py` loaded as a
-module of its own, run against this checkout's `elita_tf.ops.utils` modules), and one elementwise pass over
-the same values (`v * 2`, the memory-bound floor of the issue's goal). Each round takes the fastest
+round: this checkout's kernel, another checkout's (its `elita_tf/` copied as a package named
+`elita_other`, as `step_ab.py` says), and one elementwise pass over the same values (`v * 2`, the memory-bound floor of the issue's goal). Each round takes the fastest
 of `--repeats` calls of each, in an order reversed every round; the table gives the median and the
 fastest round. The ratios (to the elementwise pass, and to this checkout's kernel) are taken within
 each round, so both sides of each ran in the same state of the machine. Forward and forward+backward
 are `layers.py`'s (`reduce_sum` of the mean, and its gradients).
 
     python benchmarks/kernel_ab.py                                   # T = 16K, B = 4, H = 4, D = 64
-    python benchmarks/kernel_ab.py --other ../base                   # against the checkout in ../base
-    python benchmarks/kernel_ab.py --other ../base --shape 128 4 256 16   # ELiTA's seed shape
+    mkdir -p OTHER && cp -r CHECKOUT/elita_tf OTHER/elita_other
+    grep -rl elita_tf OTHER/elita_other | xargs sed -i 's/elita_tf/elita_other/g'
+    PYTHONPATH=OTHER python benchmarks/kernel_ab.py --other         # against that checkout
+    PYTHONPATH=OTHER python benchmarks/kernel_ab.py --other --shape 128 4 256 16   # ELiTA's seed shape
 """
 
 import argparse
-import importlib.util
+import importlib
 import os
 import platform
 import statistics
@@ -25,21 +26,17 @@ import time
 from measure import device_description, kernel_inputs, loss_functions, wait_for
 
 
-def kernel_file(checkout):
-    return os.path.join(checkout, "elita_tf", "ops", "causal_mean.py")
-
-
-def load_kernel(checkout):
-    """`causal_softmax_mean` of another checkout, from its file; the helpers it imports are this checkout's."""
-    spec = importlib.util.spec_from_file_location("other_causal_mean", kernel_file(checkout))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.causal_softmax_mean
+def other_kernel():
+    """`causal_softmax_mean` of the other checkout (`elita_other`), or None when it is not on the path."""
+    try:
+        return importlib.import_module("elita_other.ops").causal_softmax_mean
+    except ImportError:
+        return None
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--other", help="root of another checkout whose kernel to time beside this one's")
+    parser.add_argument("--other", action="store_true", help="also time elita_other's kernel (see above)")
     parser.add_argument("--shape", type=int, nargs=4, default=[4, 4, 16384, 64], metavar=("B", "H", "T", "D"))
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--repeats", type=int, default=5, help="calls a round; the fastest counts")
@@ -49,8 +46,8 @@ def main():
             parser.error(f"--{name} must be at least 1. Received: {getattr(args, name)}")
     if min(args.shape) < 1:
         parser.error(f"--shape needs four positive sizes. Received: {args.shape}")
-    if args.other and not os.path.isfile(kernel_file(args.other)):
-        parser.error(f"--other: no elita_tf/ops/causal_softmax_mean.py under {args.other!r}")
+    if args.other and other_kernel() is None:
+        parser.error("--other: no package elita_other on the path: copy the other checkout as the docstring says.")
 
     import tensorflow as tf
 
@@ -61,7 +58,7 @@ def main():
 
     kernels = {"this checkout": causal_softmax_mean}
     if args.other:
-        kernels[args.other] = load_kernel(args.other)
+        kernels["other checkout"] = other_kernel()
     subjects = {}
     for name, kernel in kernels.items():
         subjects[(name, "fwd")], subjects[(name, "fwd+bwd")] = loss_functions(lambda l, v, k=kernel: k(l, v)[0])

@@ -7,7 +7,8 @@ a constant number of tokens (`--tokens`), so a linear-time layer shows a
 flat time per token.
 
 Subjects:
-  kernel          elita_tf.ops.causal_softmax_mean on [B, H, T] logits, [B, H, T, D] values
+  kernel          elita_tf.ops.causal_softmax_mean on [B, H, T] logits, [B, H, T, D] values (its form chosen by where
+                  it runs: direct under XLA or on a GPU); kernel-factored and kernel-direct force a form
   elementwise     one elementwise pass over the same values tensor (the memory-bound floor)
   attention2      Attention2 at width d
   linear          LinearAttention
@@ -19,6 +20,11 @@ Subjects:
 
     python benchmarks/layers.py                       # the README table
     python benchmarks/layers.py --subjects kernel elementwise --sequence-lengths 16384
+    python benchmarks/layers.py --xla --dtype-policy mixed_bfloat16 --subjects kernel attention2 \
+        --sequence-lengths 8192 --tokens 16384 --heads 8 --head-dim 64 --width 512     # the 25M size's shapes
+
+Under a mixed policy the layers compute in its compute dtype, and the kernel takes its values in it (its logits
+stay float32, as `Attention2` passes them).
 """
 
 import argparse
@@ -36,11 +42,14 @@ from measure import (
     kernel_inputs,
     loss_functions,
     run_measurement,
+    time_left,
     use_gpu_peak,
     wait_for,
 )
 
 SUBJECTS = ["kernel", "elementwise", "attention2", "mha"]
+# The kernel in the form it takes where it runs, and in each form (`causal_softmax_mean(form=...)`).
+KERNELS = {"kernel": None, "kernel-factored": "factored", "kernel-direct": "direct"}
 LAYERS = [
     "attention2",
     "linear",
@@ -62,22 +71,23 @@ def make_layer(subject, args):
 
     from elita_tf import layers
 
-    h, d, c = args.heads, args.head_dim, args.chunk_size
+    h, d, c, dtype = args.heads, args.head_dim, args.chunk_size, args.dtype_policy
     if subject == "attention2":
-        return layers.Attention2(h, d, position_dim=16, chunk_size=c)
+        return layers.Attention2(h, d, position_dim=16, chunk_size=c, dtype=dtype)
     if subject == "linear":
-        return layers.LinearAttention(h, d)
+        return layers.LinearAttention(h, d, dtype=dtype)
     if subject.startswith("additive"):
         window = int(subject.split("-w")[1]) if "-w" in subject else None
-        return layers.AdditiveAttention(h, window=window, chunk_size=c)
+        return layers.AdditiveAttention(h, sliding_window_size=window, chunk_size=c, dtype=dtype)
     if subject == "trilinear":
-        return layers.TriLinearAttention(query_dim=args.width // 2, lowrank_dim=args.width // 4, window=64)
+        return layers.TriLinearAttention(
+            query_dim=args.width // 2, lowrank_dim=args.width // 4, sliding_window_size=64, dtype=dtype
+        )
     if subject == "shaped":
-        return layers.ShapedAttention(h, max_sequence_length=1)
+        return layers.ShapedAttention(h, max_sequence_length=1, dtype=dtype)
     if subject == "feedforward2":
-        return layers.FeedForward2()
-    mha = keras.layers.MultiHeadAttention(h, d)
-    return mha
+        return layers.FeedForward2(dtype=dtype)
+    return keras.layers.MultiHeadAttention(h, d, dtype=dtype)
 
 
 def _rss_mib():
@@ -91,6 +101,7 @@ def _peak_rss_mib():
 
 def run_one(args):
     """Runs one (subject, T) in this process and prints one JSON line."""
+    import keras
     import tensorflow as tf
 
     from elita_tf.ops import causal_softmax_mean
@@ -98,10 +109,12 @@ def run_one(args):
     length, batch = args.sequence_length, max(1, args.tokens // args.sequence_length)
     heads, depth, width = args.heads, args.head_dim, args.width
     base = _rss_mib()
-    if args.subject in ("kernel", "elementwise"):
-        inputs = list(kernel_inputs(batch, heads, length, depth))
-        if args.subject == "kernel":
-            forward = lambda l, v: causal_softmax_mean(l, v, chunk_size=args.chunk_size)[0]  # noqa: E731
+    if args.subject in KERNELS or args.subject == "elementwise":
+        logits, values = kernel_inputs(batch, heads, length, depth)
+        inputs = [logits, tf.cast(values, keras.DTypePolicy(args.dtype_policy).compute_dtype)]
+        if args.subject in KERNELS:
+            form = KERNELS[args.subject]
+            forward = lambda l, v: causal_softmax_mean(l, v, chunk_size=args.chunk_size, form=form)[0]  # noqa: E731
         else:
             forward = lambda l, v: v * 2.0  # noqa: E731
         weights = []
@@ -124,6 +137,7 @@ def run_one(args):
         return time.perf_counter() - start, out
 
     result = {"subject": args.subject, "T": length, "B": batch, "H": heads, "D": depth, "d": width}
+    result.update(dtype_policy=args.dtype_policy, xla=args.xla)
     for name, fn in [("fwd", fwd), ("fwd_bwd", fwd_bwd)]:
         compile_s, out = timed(fn)
         finite = all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tf.nest.flatten(out) if t is not None)
@@ -144,7 +158,7 @@ def run_one(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    subjects = ["kernel", "elementwise"] + LAYERS + POSITION_WISE
+    subjects = [*KERNELS, "elementwise"] + LAYERS + POSITION_WISE
     parser.add_argument("--subjects", nargs="+", default=SUBJECTS, choices=subjects)
     parser.add_argument("--sequence-lengths", nargs="+", type=int, default=[256, 1024, 4096, 16384, 65536])
     parser.add_argument("--tokens", type=int, default=65536, help="tokens per batch: B = tokens // T")
@@ -154,11 +168,15 @@ def main():
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--xla", action="store_true", help="compile with jit_compile=True")
+    parser.add_argument("--dtype-policy", default="float32", help="the layers' Keras dtype policy, e.g. mixed_bfloat16")
     parser.add_argument(
         "--quadratic-max-len", type=int, default=4096, help="longest T for the softmax layers (T^2 memory)"
     )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per measurement")
     parser.add_argument("--out", help="also append the JSON lines to this file")
+    parser.add_argument(
+        "--deadline", type=float, help="a Unix time: every measurement ends by it, none starts in the minute before it"
+    )
     parser.add_argument("--subject", help=argparse.SUPPRESS)
     parser.add_argument("--sequence-length", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -166,7 +184,7 @@ def main():
         return run_one(args)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
-    print(f"# xla={args.xla}")
+    print(f"# xla={args.xla} dtype_policy={args.dtype_policy}")
     print(f"# tokens/batch={args.tokens} H={args.heads} D={args.head_dim} d={args.width} C={args.chunk_size}")
     header = "| subject | T | B | fwd ms | fwd+bwd ms | fwd+bwd tokens/s | peak MiB | compile s | finite |"
     print(header)
@@ -179,8 +197,12 @@ def main():
             cmd = [sys.executable, __file__, "--subject", subject, "--sequence-length", str(length)]
             for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            cmd += ["--xla"] if args.xla else []
-            r, reason = run_measurement(cmd, args.timeout)
+            cmd += ["--dtype-policy", args.dtype_policy] + (["--xla"] if args.xla else [])
+            timeout = time_left(args.deadline, args.timeout)
+            if timeout is None:
+                print(f"| {subject} | {length} | | skipped: past the deadline | | | | | |", flush=True)
+                continue
+            r, reason = run_measurement(cmd, timeout)
             if r is None:
                 print(f"| {subject} | {length} | | {reason} | | | | | |", flush=True)
                 continue

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 
 def run_measurement(cmd, timeout):
@@ -15,21 +16,39 @@ def run_measurement(cmd, timeout):
         `(result, None)` with the parsed dict, or `(None, reason)` when the
         process timed out, was killed or printed no result.
     """
+    results, reason = run_measurements(cmd, timeout)
+    return (results[-1], None) if results else (None, reason)
+
+
+def run_measurements(cmd, timeout):
+    """Runs `cmd`, which prints one JSON line per result; `(results, None)`, or `([], reason)` as `run_measurement`."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as stopped:
         stderr = stopped.stderr or b""
         stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
-        print(f"{' '.join(cmd)}: timed out after {timeout} s; its last output:\n{stderr[-3000:]}", file=sys.stderr)
-        return None, f"timed out after {timeout} s"
+        print(f"{' '.join(cmd)}: timed out after {timeout:.0f} s; its last output:\n{stderr[-3000:]}", file=sys.stderr)
+        return [], f"timed out after {timeout:.0f} s"
     if proc.returncode:
         print(f"{' '.join(cmd)}: exit status {proc.returncode}:\n{proc.stderr[-3000:]}", file=sys.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode < 0:
-        return None, f"killed by signal {-proc.returncode} (out of memory?)"
+        return [], f"killed by signal {-proc.returncode} (out of memory?)"
     if proc.returncode or not lines:
-        return None, (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
-    return json.loads(lines[-1]), None
+        return [], (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
+    return [json.loads(line) for line in lines], None
+
+
+def time_left(deadline, timeout, least=60):
+    """The seconds a measurement may take: `timeout`, cut so that it ends by `deadline` (a Unix time, or None).
+
+    None when less than `least` seconds are left: the measurement is skipped rather than started, so a lent
+    machine's time limit cuts the last (least important) measurements, never one half done.
+    """
+    if deadline is None:
+        return timeout
+    left = deadline - time.time()
+    return None if left < least else min(timeout, left)
 
 
 def device_description():

@@ -66,13 +66,14 @@ def peak_rss_mib():
 def measure_pipeline(glob, proto_path, cache, batches):
     """One process: the corpus through the token files and `lm_dataset`; prints one JSON line."""
     os.environ["ELITA_CACHE_DIR"] = cache
-    from elita_tf.data import lm_dataset, load_corpus, make_tokenizer
+    from elita_tf.data import CorpusSettings, lm_dataset, load_corpus, make_tokenizer
     from elita_tf.data.token_files import FileWindows, write_token_file
 
     with open(proto_path, "rb") as f:
         tokenizer = make_tokenizer(f.read())
     start = time.perf_counter()
-    splits, info = load_corpus(glob, documents="blank-line", document_starts=True, holdout_fraction=0.01)
+    corpus = CorpusSettings(glob, document_separator="blank-line", holdout_fraction=0.01)
+    splits, info = load_corpus(corpus, document_starts=True)
     checked = time.perf_counter()
     tokens = write_token_file(splits["train"], tokenizer, os.path.join(cache, "train"), vocabulary_size=5000)
     tokenized = time.perf_counter()
@@ -98,9 +99,9 @@ def measure_pipeline(glob, proto_path, cache, batches):
 
 
 def train_sentencepiece_once(glob, proto_path):
-    from elita_tf.data import load_corpus, sample_text, train_sentencepiece
+    from elita_tf.data import CorpusSettings, load_corpus, sample_text, train_sentencepiece
 
-    splits, _ = load_corpus(glob, documents="blank-line", holdout_fraction=0.01)
+    splits, _ = load_corpus(CorpusSettings(glob, document_separator="blank-line", holdout_fraction=0.01))
     proto = train_sentencepiece(sample_text(splits["train"], 10**9), vocabulary_size=5000)
     with open(proto_path, "wb") as f:
         f.write(proto)
@@ -140,7 +141,7 @@ def main():
     # elita-train at its defaults on the smallest corpus: the step the pipeline feeds.
     run = os.path.join(args.workdir, "train-run")
     glob = os.path.join(args.workdir, f"corpus-{sizes[0]}mb", "*.txt")
-    command = ["elita-train", "--data", glob, "--documents", "blank-line", "--output-dir", run, "--force-new"]
+    command = ["elita-train", "--data", glob, "--document-separator", "blank-line", "--output-dir", run, "--force-new"]
     command += ["--max-steps", str(args.train_steps), "--eval-batches", "1", "--verbose", "0"]
     subprocess.run(
         command, check=True, env={**os.environ, "ELITA_CACHE_DIR": os.path.join(args.workdir, "cache-train")}

@@ -1,8 +1,8 @@
 """Where a training step's time goes: the TensorFlow profiler's op times, grouped by part of the model.
 
-Runs `--warmup` steps of an architecture at the seed configuration (the same compiled `train_on_batch`
-as `training_step.py`), traces `--steps` more with `tf.profiler`, and reads the trace
-(`*.xplane.pb`) back: every TensorFlow op's time on the executor threads, grouped into the
+Runs `--warmup` steps of an architecture at a size (`--size`, the seed by default; the same compiled
+`train_on_batch` as `training_step.py`), times `--steps` more, traces as many with `tf.profiler`, and reads
+the trace (`*.xplane.pb`) back: every TensorFlow op's time on the executor threads, grouped into the
 token mixers, the feed-forward networks, the norms, the output head with its loss, the
 optimizer and the rest, forward and backward apart, and the most expensive ops. Times are
 op time summed over threads, per step; the wall-clock step is printed beside them.
@@ -14,16 +14,32 @@ forward pass, and the working memory around the peak.
     python benchmarks/profile_step.py --architecture elita
     python benchmarks/profile_step.py --architecture elita --dtype-policy mixed_bfloat16 --memory
     python benchmarks/profile_step.py --architecture transformer --output-head full
+
+`--jit-compile` compiles the step with XLA, and the table is then XLA's own ops and fusions: their time on the
+GPU's timeline (the `/device:GPU:0` plane: kernel time, without the host's launch overhead) or, without a GPU,
+on the host threads that run XLA's CPU code. Each is traced back to the TensorFlow op it came from (the
+`op_name` of XLA's HLO, which the trace carries) and grouped into ELiTA's parts: the token mixers' kernel, the
+projections (every matrix product of a mixer with a weight: the named projections, and the output product that
+is fused with ELiTA's gate), the feed-forward networks, the norms, the output head with its loss, the optimizer
+and the rest. Beside it: the model FLOPs utilisation, 6 x parameters x tokens a step over the untraced step
+time, against the GPU's dense bfloat16 peak.
+
+    python benchmarks/profile_step.py --jit-compile --size 25m --sequence-length 8192 --batch-size 2 \
+        --dtype-policy mixed_bfloat16 --top 20 --out raw.jsonl        # the GPU script's profile
 """
 
 import argparse
 import collections
 import glob
+import json
 import re
+import statistics
 import tempfile
 import time
 
-from measure import training_model
+from measure import environment, training_model
+
+from elita_tf.models import MODEL_SIZES
 
 PARTS = [
     ("mixer norm", r"block_\d+(?:_\d+)?/mixer_norm"),
@@ -109,21 +125,217 @@ def read_op_times(logdir):
     return times
 
 
+# XLA's ops, by the TensorFlow op each came from, in this order (the first match wins). The mixers' matrix
+# products with a weight are told from the kernel's own by their contraction (`_is_projection`).
+XLA_PARTS = [
+    ("norms", r"mixer_norm|ffn_norm|final_norm|layer_norm_gradient"),
+    ("output head and loss", r"cross_entropy|(?:^|/)logits"),
+    ("token mixer", r"block_\d+(?:_\d+)?/mixer|causal_mean_gradient|gated_projection_gradient"),
+    ("feed-forward", r"block_\d+(?:_\d+)?/ffn|wide_ffn|pairwise_product|pairwise_projection"),
+    ("optimizer", r"(?:^|/)adam|optimizer|AssignVariable|ReadVariable"),
+]
+XLA_PART_NAMES = [
+    "token mixer kernel",
+    "projections",
+    "feed-forward",
+    "norms",
+    "output head and loss",
+    "optimizer",
+    "rest",
+]
+# Mixers' projection layers by name: ELiTA's (k1, k2, k3, value, output) and MultiHeadAttention's.
+PROJECTION_LAYERS = (
+    r"/mixer(?:_\d+)?/(?:attention(?:_\d+)?/)?(?:k1|k2|k3|value|output|query|key|attention_output)(?:_\d+)?/"
+)
+# Dense bfloat16 peaks (TFLOP/s) by device name, without sparsity: the model FLOPs utilisation's denominator.
+BF16_PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0)]
+# Control flow that runs other instructions (whose events hold those instructions' time as well).
+_CONTAINERS = ("while", "conditional", "call", "async-start", "async-update", "async-done")
+
+
+def bf16_peak_tflops(device):
+    """The dense bfloat16 peak of `device` (a name such as "NVIDIA H100 80GB HBM3"), or None if not known."""
+    for name, peak in BF16_PEAK_TFLOPS:
+        if name in device:
+            return peak
+    return None
+
+
+def _product_shape(instruction, operands, computations):
+    """`(contraction size, batched)` of the matrix product `instruction` is or fuses, or None for no product.
+
+    A product is an HLO `dot`, a fusion that holds one (XLA's Triton GEMMs), or a cuBLAS custom call, whose
+    dimension numbers are in its backend config. `operands` maps the ids of the instructions of
+    `instruction`'s computation to them; `computations` maps every computation's id to `(computation, operands)`.
+    """
+    if instruction.opcode == "dot":
+        numbers = instruction.dot_dimension_numbers
+        contracting, batch = list(numbers.lhs_contracting_dimensions), list(numbers.lhs_batch_dimensions)
+    elif instruction.opcode == "custom-call" and re.search("gemm|matmul", instruction.custom_call_target, re.I):
+        try:
+            config = json.loads(instruction.backend_config or b"{}")
+        except ValueError:
+            return None
+        numbers = config.get("gemm_backend_config", config).get("dot_dimension_numbers", {})
+        contracting = [int(d) for d in numbers.get("lhs_contracting_dimensions", [])]
+        batch = numbers.get("lhs_batch_dimensions", [])
+    elif instruction.opcode == "fusion":
+        for computation_id in instruction.called_computation_ids:
+            fused, fused_operands = computations[computation_id]
+            for inner in fused.instructions:
+                found = _product_shape(inner, fused_operands, computations)
+                if found:
+                    return found
+        return None
+    else:
+        return None
+    lhs = operands.get(instruction.operand_ids[0]) if instruction.operand_ids else None
+    if lhs is None or not contracting or max(contracting) >= len(lhs.shape.dimensions):
+        return None
+    size = 1
+    for dimension in contracting:
+        size *= lhs.shape.dimensions[dimension]
+    return size, bool(batch)
+
+
+def _is_projection(op_name, product, widths, length):
+    """Whether a mixer's op is a product with a weight: a named projection, or a product over the model width
+    (or the heads' total width), or one over every token without batch dimensions (a weight's gradient)."""
+    if re.search(PROJECTION_LAYERS, op_name):
+        return True
+    if product is None:
+        return False
+    size, batched = product
+    return size in widths or (not batched and size >= length)
+
+
+def xla_instructions(space):
+    """`{(module name, instruction name): (op name, opcode, product)}` from the HLO modules a trace holds.
+
+    A fusion without an op name of its own takes its fused root's (or else its fused instructions' most
+    common one). `product` is `_product_shape`'s.
+    """
+    from tensorflow.compiler.xla.service import hlo_pb2
+
+    instructions = {}
+    for plane in space.planes:
+        if plane.name != "/host:metadata":
+            continue
+        for metadata in plane.event_metadata.values():
+            for stat in metadata.stats:
+                if not stat.bytes_value:
+                    continue
+                proto = hlo_pb2.HloProto()
+                proto.ParseFromString(stat.bytes_value)
+                module = proto.hlo_module
+                computations = {c.id: (c, {i.id: i for i in c.instructions}) for c in module.computations}
+                for computation, by_id in computations.values():
+                    names = {i.id: _own_op_name(i, computations) for i in computation.instructions}
+                    users = collections.defaultdict(list)
+                    for instruction in computation.instructions:
+                        for operand in instruction.operand_ids:
+                            users[operand].append(instruction.id)
+                    for instruction in computation.instructions:
+                        # XLA's own instructions (a copy, a layout change) take their operands' op, or their users'.
+                        op_name = (
+                            names[instruction.id]
+                            or _most_common(names.get(i, "") for i in instruction.operand_ids)
+                            or _most_common(names[i] for i in users[instruction.id])
+                        )
+                        product = _product_shape(instruction, by_id, computations)
+                        instructions[module.name, instruction.name] = (op_name, instruction.opcode, product)
+    return instructions
+
+
+def _most_common(names):
+    counts = collections.Counter(name for name in names if name)
+    return counts.most_common(1)[0][0] if counts else ""
+
+
+def _own_op_name(instruction, computations):
+    """The TensorFlow op an HLO instruction came from; for a fusion without one, its root's or its parts' most
+    common one."""
+    if instruction.metadata.op_name or not instruction.called_computation_ids:
+        return instruction.metadata.op_name
+    fused, fused_by_id = computations[instruction.called_computation_ids[0]]
+    root = fused_by_id.get(fused.root_id)
+    return (root.metadata.op_name if root else "") or _most_common(i.metadata.op_name for i in fused.instructions)
+
+
+def read_xla_times(logdir, device):
+    """`({(module, instruction): picoseconds}, plane name)`: XLA's ops on the GPU's timeline, or the host's.
+
+    On a GPU the time is each kernel's (and copy's) on the device, read from its streams; on a CPU, each
+    XLA instruction's on the threads that ran it.
+    """
+    space = _load_space(logdir)
+    want = "/device:GPU:0" if device == "gpu" else "/host:CPU"
+    times = collections.Counter()
+    for plane in space.planes:
+        if plane.name != want:
+            continue
+        stat_names = {key: value.name for key, value in plane.stat_metadata.items()}
+        lines = [line for line in plane.lines if line.name.startswith("Stream")] or list(plane.lines)
+        for line in lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                stats = {stat_names.get(s.metadata_id): _stat_value(plane, s) for s in event.stats}
+                if "hlo_op" in stats:
+                    times[str(stats.get("hlo_module", "")), str(stats["hlo_op"])] += event.duration_ps
+                elif device == "gpu":  # a kernel or copy outside XLA's compiled step
+                    times["", name] += event.duration_ps
+    return times, want, space
+
+
+def xla_profile(logdir, device, widths, length):
+    """Per XLA op: `[(part, direction, op name, opcode, picoseconds)]`, from the trace in `logdir`."""
+    times, plane, space = read_xla_times(logdir, device)
+    instructions = xla_instructions(space)
+    by_name = {name: value for (_, name), value in instructions.items()}
+    # A kernel without XLA's annotation is still named after its fusion ("loop_add_fusion.3": "loop_add_fusion_3").
+    by_kernel = {re.sub(r"[.-]", "_", name): value for name, value in by_name.items()}
+    rows = []
+    for (module, name), ps in times.items():
+        op_name, opcode, product = (
+            instructions.get((module, name)) or by_name.get(name) or by_kernel.get(name) or ("", "", None)
+        )
+        if opcode in _CONTAINERS or name.startswith("end: "):
+            continue
+        part = "rest"
+        for candidate, pattern in XLA_PARTS:
+            if re.search(pattern, op_name):
+                part = candidate
+                break
+        if part == "token mixer":
+            part = "projections" if _is_projection(op_name, product, widths, length) else "token mixer kernel"
+        direction = "backward" if "gradient" in op_name else "forward"
+        rows.append((part, direction, op_name or name, opcode or "kernel", ps))
+    return rows, plane
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--architecture", default="elita")
+    parser.add_argument("--size", default="seed", choices=sorted(MODEL_SIZES), help="width, depth and heads")
     parser.add_argument("--sequence-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--vocabulary-size", type=int, default=5000)
-    parser.add_argument("--hidden-dim", type=int, default=64)
-    parser.add_argument("--num-layers", type=int, default=6)
+    parser.add_argument("--hidden-dim", type=int)
+    parser.add_argument("--num-layers", type=int)
+    parser.add_argument("--num-heads", type=int)
+    parser.add_argument("--head-dim", type=int)
     parser.add_argument("--output-head", choices=["chunked", "full"], default="chunked")
     parser.add_argument("--dtype-policy", default="float32")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--jit-compile", action="store_true", help="compile the step with XLA and list XLA's ops")
+    parser.add_argument("--warmup", type=int, default=2, help="steps before the timed ones (the first compiles)")
+    parser.add_argument("--steps", type=int, default=3, help="steps timed without the profiler, then traced")
     parser.add_argument("--top", type=int, default=15, help="how many of the most expensive ops to list")
     parser.add_argument("--memory", action="store_true", help="also list the tensors alive at the memory peak")
+    parser.add_argument("--out", help="also append the results to this file as one JSON line")
     args = parser.parse_args()
+    for name, value in MODEL_SIZES[args.size].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
     import numpy as np
     import tensorflow as tf
@@ -132,9 +344,12 @@ def main():
         args.architecture,
         args.output_head,
         args.dtype_policy,
+        jit_compile=args.jit_compile,
         vocabulary_size=args.vocabulary_size,
         hidden_dim=args.hidden_dim,
         num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        head_dim=args.head_dim,
         max_sequence_length=args.sequence_length,
     )
     rng = np.random.default_rng(0)
@@ -142,49 +357,148 @@ def main():
     token_ids = tf.constant(rng.integers(0, args.vocabulary_size, size=shape), tf.int32)
     x = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}  # elita-train's batches
     y = tf.constant(rng.integers(0, args.vocabulary_size, size=shape), tf.int32)
+    start = time.perf_counter()
     for _ in range(args.warmup):
         model.train_on_batch(x, y)
+    compile_s = time.perf_counter() - start
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        float(model.train_on_batch(x, y))  # waits for the step
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
     logdir = tempfile.mkdtemp(prefix="elita-profile-")
     # Host tracer level 3 records the allocator's events (`--memory`).
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3 if args.memory else 2)
     tf.profiler.experimental.start(logdir, options)
     start = time.perf_counter()
     for _ in range(args.steps):
-        model.train_on_batch(x, y)
+        loss = float(model.train_on_batch(x, y))
     wall = (time.perf_counter() - start) / args.steps
     tf.profiler.experimental.stop()
-
-    times = read_op_times(logdir)
-    total = sum(times.values())
-    per_part = collections.Counter()
-    for (name, _), ps in times.items():
-        direction = "backward" if "gradient" in name else "forward"  # tape gradients and custom ones
-        per_part[part_of(name), direction] += ps
     ms = lambda ps: ps / 1e9 / args.steps  # noqa: E731  (per step)
 
+    result = {
+        "profile": args.architecture,
+        "size": args.size,
+        "T": args.sequence_length,
+        "B": args.batch_size,
+        "dtype_policy": args.dtype_policy,
+        "jit_compile": args.jit_compile,
+        "output_head": args.output_head,
+        "params": model.backbone.count_params(),
+        "warmup_s": compile_s,
+        "step_s": step_s,
+        "profiled_step_s": wall,
+        "loss": loss,
+        **environment(),
+    }
     print(
         f"# {args.architecture}, B={args.batch_size} T={args.sequence_length} V={args.vocabulary_size} "
-        f"d={args.hidden_dim} L={args.num_layers}, {args.output_head} head, {args.dtype_policy}"
+        f"d={args.hidden_dim} L={args.num_layers} H={args.num_heads} D={args.head_dim}, {args.output_head} head, "
+        f"{args.dtype_policy}{', XLA' if args.jit_compile else ''}, on {result['device']}"
     )
-    print(f"# wall-clock step (profiled) {wall * 1000:.0f} ms; op time over all threads {ms(total):.0f} ms a step")
-    print("| part | forward ms | backward ms | share of op time |")
-    print("|---|---|---|---|")
-    for part in [p for p, _ in PARTS] + ["other"]:
-        forward, backward = per_part[part, "forward"], per_part[part, "backward"]
-        if forward + backward:
-            share = 100 * (forward + backward) / total
-            print(f"| {part} | {ms(forward):.0f} | {ms(backward):.0f} | {share:.0f}% |")
-    print(f"\nThe {args.top} most expensive ops (numbered copies of one op summed):")
-    by_op = collections.Counter()
-    for (name, kind), ps in times.items():
-        by_op[_any_block(re.sub(r"_\d+(?=/|$)", "", name)), kind] += ps
-    for (name, kind), ps in by_op.most_common(args.top):
-        print(f"{ms(ps):7.1f} ms  {kind:28s} {name}")
+    if args.jit_compile:
+        on = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+        widths = {args.hidden_dim, args.num_heads * args.head_dim}
+        rows, plane = xla_profile(logdir, on, widths, args.sequence_length)
+        _print_xla(args, result, rows, plane, ms)
+    else:
+        _print_executor(args, result, read_op_times(logdir), wall, ms)
     if args.memory:
         peak, by_op = read_peak_tensors(logdir)
         print(f"\n{peak / 2**20:.0f} MiB of tensors alive at the traced steps' peak; the {args.top} largest by op:")
         for name, (size, shape) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[: args.top]:
             print(f"{size / 2**20:7.1f} MiB  {name}  {shape}")
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+
+
+def _print_executor(args, result, times, wall, ms):
+    """The TensorFlow executor's op times (a step without XLA), grouped into `PARTS`."""
+    total = sum(times.values())
+    per_part = collections.Counter()
+    for (name, _), ps in times.items():
+        direction = "backward" if "gradient" in name else "forward"  # tape gradients and custom ones
+        per_part[part_of(name), direction] += ps
+    print(f"# wall-clock step (profiled) {wall * 1000:.0f} ms; op time over all threads {ms(total):.0f} ms a step")
+    print("| part | forward ms | backward ms | share of op time |")
+    print("|---|---|---|---|")
+    parts = {}
+    for part in [p for p, _ in PARTS] + ["other"]:
+        forward, backward = per_part[part, "forward"], per_part[part, "backward"]
+        if forward + backward:
+            share = 100 * (forward + backward) / total
+            print(f"| {part} | {ms(forward):.0f} | {ms(backward):.0f} | {share:.0f}% |")
+            parts[part] = {"forward_ms": ms(forward), "backward_ms": ms(backward)}
+    print(f"\nThe {args.top} most expensive ops (numbered copies of one op summed):")
+    by_op = collections.Counter()
+    for (name, kind), ps in times.items():
+        by_op[_any_block(re.sub(r"_\d+(?=/|$)", "", name)), kind] += ps
+    top = by_op.most_common(args.top)
+    for (name, kind), ps in top:
+        print(f"{ms(ps):7.1f} ms  {kind:28s} {name}")
+    result.update(
+        plane="executor threads",
+        op_ms=ms(total),
+        parts=parts,
+        top=[{"op": name, "kind": kind, "ms": ms(ps)} for (name, kind), ps in top],
+    )
+
+
+def _print_xla(args, result, rows, plane, ms):
+    """XLA's op times on `plane`, grouped into `XLA_PART_NAMES`, the most expensive ops, and the FLOPs utilisation."""
+    total = sum(row[-1] for row in rows)
+    tokens = args.batch_size * args.sequence_length
+    flop = 6 * result["params"] * tokens
+    peak = bf16_peak_tflops(result["device"])
+    achieved = flop / result["step_s"] / 1e12
+    result.update(
+        plane=plane,
+        op_ms=ms(total),
+        tokens=tokens,
+        model_tflop=flop / 1e12,
+        tflops=achieved,
+        peak_tflops=peak,
+        floor_ms=flop / (peak * 1e12) * 1e3 if peak else None,
+        mfu=achieved / peak if peak else None,
+    )
+    print(
+        f"# step {result['step_s'] * 1e3:.1f} ms untraced (median of {args.steps}), "
+        f"{result['profiled_step_s'] * 1e3:.1f} ms traced; XLA op time on {plane} {ms(total):.1f} ms a step"
+    )
+    print(
+        f"# {result['params']:,} parameters x {tokens:,} tokens a step: 6 x params x tokens = {flop / 1e12:.2f} TFLOP, "
+        f"{achieved:.1f} TFLOP/s"
+        + (
+            f"; at {peak:.0f} TFLOP/s (dense bfloat16) the matrix products alone take {result['floor_ms']:.2f} ms: "
+            f"model FLOPs utilisation {100 * result['mfu']:.1f}%"
+            if peak
+            else f"; no dense bfloat16 peak known for {result['device']}"
+        )
+    )
+    per_part = collections.Counter()
+    for part, direction, _, _, ps in rows:
+        per_part[part, direction] += ps
+    print("| part | forward ms | backward ms | share of op time |")
+    print("|---|---|---|---|")
+    parts = {}
+    for part in XLA_PART_NAMES:
+        forward, backward = per_part[part, "forward"], per_part[part, "backward"]
+        parts[part] = {"forward_ms": ms(forward), "backward_ms": ms(backward)}
+        share = 100 * (forward + backward) / total if total else 0.0
+        print(f"| {part} | {ms(forward):.2f} | {ms(backward):.2f} | {share:.0f}% |")
+    print(f"\nThe {args.top} most expensive XLA ops (the same op of every block summed):")
+    by_op = collections.Counter()
+    for part, _, name, opcode, ps in rows:
+        by_op[part, opcode, _any_block(re.sub(r"_\d+(?=/|$)", "", name))] += ps
+    top = by_op.most_common(args.top)
+    print("| ms a step | share | part | XLA op | TensorFlow op |")
+    print("|---|---|---|---|---|")
+    for (part, opcode, name), ps in top:
+        print(f"| {ms(ps):.3f} | {100 * ps / total:.1f}% | {part} | {opcode} | {name} |")
+    result.update(parts=parts, top=[{"op": n, "kind": o, "part": p, "ms": ms(ps)} for (p, o, n), ps in top])
 
 
 if __name__ == "__main__":

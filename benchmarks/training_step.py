@@ -23,8 +23,8 @@ import statistics
 import sys
 import time
 
-from elita_tf.models.architectures import MODEL_SIZES
-from measure import describe_environment, environment, run_measurement, training_model, use_gpu_peak
+from elita_tf.models import MODEL_SIZES
+from measure import describe_environment, environment, run_measurement, time_left, training_model, use_gpu_peak
 
 
 def run_one(args):
@@ -107,7 +107,9 @@ def main():
     parser.add_argument("--jit-compile", action="store_true", help="compile the training step with XLA")
     parser.add_argument("--dtype-policy", default="float32", help="e.g. mixed_bfloat16")
     parser.add_argument("--out", help="also append the JSON lines to this file")
-    parser.add_argument("--deadline", type=float, help="a Unix time: no measurement starts in the minute before it")
+    parser.add_argument(
+        "--deadline", type=float, help="a Unix time: every measurement ends by it, none starts in the minute before it"
+    )
     parser.add_argument("--architecture", help=argparse.SUPPRESS)
     parser.add_argument("--sequence-length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--output-head", help=argparse.SUPPRESS)
@@ -132,7 +134,8 @@ def main():
     for length in args.sequence_lengths:
         for head in args.output_heads:
             for name in args.architectures:
-                if args.deadline and time.time() + 60 > args.deadline:
+                timeout = time_left(args.deadline, args.timeout)
+                if timeout is None:
                     print(f"| {name} | {head} | {length} | | skipped: past the deadline | | | | | |", flush=True)
                     continue
                 cmd = [sys.executable, __file__, "--architecture", name, "--sequence-length", str(length)]
@@ -148,7 +151,7 @@ def main():
                 ]:
                     cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
                 cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
-                r, reason = run_measurement(cmd, args.timeout)
+                r, reason = run_measurement(cmd, timeout)
                 if r is None:
                     print(f"| {name} | {head} | {length} | | {reason} | | | | | |", flush=True)
                     continue

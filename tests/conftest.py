@@ -76,5 +76,5 @@ def choice_form(request, monkeypatch):
     if request.param == "select":
         from elita_tf.ops.utils import xla
 
-        monkeypatch.setattr(xla, "_in_xla_or_on_gpu", lambda: True)
+        monkeypatch.setattr(xla, "compiled_or_on_gpu", lambda: True)
     return request.param

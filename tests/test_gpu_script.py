@@ -45,7 +45,7 @@ def test_the_gpu_script_runs_every_measurement_in_quick_mode(tmp_path):
     assert summary.count("| seed | 32 | 2 |") >= 2, summary
 
     layers = [r for r in rows if "subject" in r and r.get("framework") != "pytorch"]
-    assert {r["subject"] for r in layers} == {"kernel", "attention2"}
+    assert {r["subject"] for r in layers} == {"kernel-factored", "kernel-direct", "attention2"}
     assert all(r["dtype_policy"] == "mixed_bfloat16" and r["fwd_bwd_finite"] for r in layers), layers
 
     (profile,) = [r for r in rows if "profile" in r]

@@ -88,3 +88,68 @@ def test_a_class_imported_from_its_package_is_registered_with_keras():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[True, True, True, True]", out
+
+
+# Which packages each package may import at module level: data flows one way (STYLE.md).
+LAYERS = {
+    "ops": {"ops", "private_apis"},
+    "layers": {"ops", "layers", "private_apis", "lazy"},
+    "models": {"ops", "layers", "models", "private_apis", "lazy"},
+    "data": {"data", "lazy"},
+    "export": {"ops", "layers", "models", "data", "export", "lazy"},
+    "training": {"ops", "layers", "models", "data", "export", "training", "schedules", "optimizers", "lazy"},
+    "cli": {"cli", "data", "layers", "models", "training", "export"},
+}
+
+
+def test_each_package_imports_only_the_ones_below_it():
+    for module, imports in _module_imports().items():
+        package = module.split(".")[1] if module.count(".") else ""
+        if package not in LAYERS:
+            continue
+        for imported in imports:
+            parts = imported.split(".")
+            target = parts[1] if len(parts) > 1 else ""
+            assert target in LAYERS[package], f"{module} imports {imported}"
+
+
+def _module_level_assignments():
+    """`{(module, name): value node}` of every module-level assignment of the package."""
+    found = {}
+    for directory, _, files in os.walk(PACKAGE):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                module = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].replace(os.sep, ".")
+                for node in ast.parse(open(path).read()).body:
+                    targets = node.targets if isinstance(node, ast.Assign) else []
+                    for target in targets:
+                        if isinstance(target, ast.Name):
+                            found[(module, target.id)] = node.value
+    return found
+
+
+def test_every_enumeration_and_default_is_defined_once():
+    # A constant (an upper-case module-level name) is defined by one module and imported by the others,
+    # and no two modules spell out the same enumeration (a tuple of strings) under different names.
+    owners, spelled = {}, {}
+    for (module, name), value in _module_level_assignments().items():
+        if name.isupper() or (name.startswith("_") and name[1:].isupper()):
+            owners.setdefault(name.lstrip("_"), []).append(module)
+        if isinstance(value, ast.Tuple) and len(value.elts) > 1:
+            if all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts):
+                spelled.setdefault(tuple(sorted(e.value for e in value.elts)), []).append(f"{module}.{name}")
+    assert {name: modules for name, modules in owners.items() if len(modules) > 1} == {}
+    assert {names: where for names, where in spelled.items() if len(where) > 1} == {}
+
+
+def test_private_keras_and_tensorflow_apis_are_imported_in_one_module():
+    private = ("keras.src", "keras_hub.src", "tensorflow.python")
+    for directory, _, files in os.walk(PACKAGE):
+        for name in files:
+            if not name.endswith(".py") or name == "private_apis.py":
+                continue
+            for node in ast.walk(ast.parse(open(os.path.join(directory, name)).read())):
+                modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                modules += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+                assert not [m for m in modules if m.startswith(private)], (name, modules)

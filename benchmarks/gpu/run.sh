@@ -1,75 +1,139 @@
 #!/usr/bin/env bash
-# Every GPU figure the docs quote, as one prepared command: the correctness check, ELiTA's training step
-# against the Transformer's (seed and 25M sizes, T = 2048 and 8192, XLA, float32 and mixed_bfloat16, then the
-# same with XLA's command buffers also taking conditionals and loops), and the layers at T = 16K.
+# Every GPU figure the docs quote, as one prepared command, most important first: the correctness check; ELiTA's
+# XLA training step (25M, mixed_bfloat16) against a PyTorch GPT of the Transformer's shape (SDPA causal, bfloat16
+# autocast, fused AdamW, torch.compile'd) at T = 8192 and 2048; the attention ops alone at T = 8192 (Attention2
+# and its kernel against SDPA and fla's chunk_linear_attn); the profile of ELiTA's step on the GPU's timeline;
+# T = 32768 steps and T = 65536 ops; the GPT eager; then ELiTA against the Keras Transformer at 25M and the seed
+# size, in float32, and with XLA's command buffers also taking conditionals and loops.
 #
 #   bash benchmarks/gpu/run.sh [--quick] [OUTPUT_DIR]      (from anywhere; OUTPUT_DIR: benchmarks/gpu/results)
 #
-# It writes OUTPUT_DIR/raw.jsonl (one JSON line per measurement, appended as each ends), OUTPUT_DIR/log.txt
-# (each benchmark's own table) and prints the summary table (benchmarks/gpu/summary.py). The most important
-# settings run first, and a measurement that could end past ELITA_GPU_BUDGET_S seconds is
-# skipped, not started, so a lent GPU's time limit cuts the least important figures (its default, 450,
-# leaves an 8-minute call room for the last measurement). --quick runs the same
-# steps at toy sizes in about a minute on a CPU: CI runs it, so the script cannot break unseen.
+# PYTHON runs the TensorFlow side, TORCH_PYTHON (a Python with PyTorch and without TensorFlow) the PyTorch side;
+# both default to python3. fla's wheels, if benchmarks/gpu/wheels holds them (fetch_wheels.sh), are installed
+# into a scratch folder that only the PyTorch processes see.
+#
+# It writes OUTPUT_DIR/raw.jsonl (one JSON line per measurement, appended as each ends), OUTPUT_DIR/log.txt (each
+# benchmark's own table) and OUTPUT_DIR/summary.md (benchmarks/gpu/summary.py: the ratios and the goals). Every
+# measurement ends by ELITA_GPU_BUDGET_S seconds after the start (default 540) and none starts in its last
+# minute, so a lent GPU's 10-minute call cuts the least important figures, never the summary. --quick runs the
+# same steps at toy sizes on a CPU in about two minutes (CI runs it, so the script cannot break unseen):
+# torch.compile and fla, which need CUDA, are reported skipped, and without PyTorch the PyTorch side is.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 out="$(mkdir -p "${1:-$root/benchmarks/gpu/results}" && cd "${1:-$root/benchmarks/gpu/results}" && pwd)"
 python="${PYTHON:-python3}"
+torch_python="${TORCH_PYTHON:-python3}"
 raw="$out/raw.jsonl"
 log="$out/log.txt"
 : > "$raw"
 : > "$log"
 cd "$root/benchmarks"
-deadline=$(( $(date +%s) + ${ELITA_GPU_BUDGET_S:-450} ))
+deadline=$(( $(date +%s) + ${ELITA_GPU_BUDGET_S:-540} ))
 # XLA's GPU command buffers by default, plus conditionals and loops (flags are GPU-only; a CPU ignores them).
 command_buffers="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,CONDITIONAL,WHILE"
 # Autotuning results kept per fusion and shared by every process: a setting measured again with other flags
 # (the command buffers) autotunes nothing twice. It changes no kernel XLA picks, only when it picks it.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=${TMPDIR:-/tmp}/elita-xla-autotune"
 
+# The PyTorch side: its own Python, without TensorFlow's folders on its paths (setup_tensorflow.sh keeps the
+# library path it found), fla from the carried wheels.
+torch_env=(env -u PYTHONPATH)
+if [ -n "${ELITA_LD_LIBRARY_PATH+set}" ]; then torch_env+=(LD_LIBRARY_PATH="$ELITA_LD_LIBRARY_PATH"); fi
+if "${torch_env[@]}" "$torch_python" -c "import torch" 2>/dev/null; then
+  wheels="${ELITA_FLA_WHEELS:-$root/benchmarks/gpu/wheels}"
+  if compgen -G "$wheels/*.whl" >/dev/null; then
+    fla_site="${TMPDIR:-/tmp}/elita-fla-site"
+    if "${torch_env[@]}" "$torch_python" -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$fla_site" \
+      "$wheels"/*.whl >>"$log" 2>&1; then
+      torch_env+=(PYTHONPATH="$fla_site")
+    fi
+  fi
+  torch=1
+else
+  torch=0
+  reason="torch does not import in $torch_python"
+  echo "PyTorch: skipped, $reason" | tee -a "$log"
+  echo "{\"skipped\": \"pytorch\", \"reason\": \"$reason\"}" >> "$raw"
+fi
+
 if [ $quick = 1 ]; then
   check=(--quick)
   size_flags=(--num-layers 1 --hidden-dim 32 --num-heads 2 --head-dim 16 --vocabulary-size 500)
-  lengths=(32)
-  step=(--tokens 64 --repeats 1 --timeout 60)
-  layer=(--sequence-lengths 64 --tokens 128 --heads 2 --head-dim 16 --width 32 --repeats 1 --timeout 60)
-  sizes=(seed)
+  step=(--tokens 64 --repeats 1 --timeout 120)
+  ops=(--heads 2 --head-dim 16 --repeats 1 --timeout 120)
+  layer=(--width 32 "${ops[@]}")
+  profile=(--size seed "${size_flags[@]}" --sequence-length 32 --batch-size 2 --warmup 2 --steps 2)
 else
   check=()
   size_flags=()
-  lengths=(8192 2048)
   step=(--tokens 16384 --repeats 5 --timeout 150)
-  layer=(--sequence-lengths 16384 --tokens 32768 --quadratic-max-len 16384 --repeats 10 --timeout 120)
-  sizes=(25m seed)
+  ops=(--heads 8 --head-dim 64 --repeats 10 --timeout 120)
+  layer=(--width 512 "${ops[@]}")
+  profile=(--size 25m --sequence-length 8192 --batch-size 2 --warmup 2 --steps 5)
 fi
 
-check() { "$python" gpu/check.py "${check[@]}" --out "$raw" 2>>"$log.check" >"$log.check.out"; }
-steps() {  # steps SIZE DTYPE_POLICY [XLA_FLAGS]
-  XLA_FLAGS="$(echo ${XLA_FLAGS:-} ${3:-})" "$python" training_step.py --size "$1" "${size_flags[@]}" --jit-compile \
-    --dtype-policy "$2" --sequence-lengths "${lengths[@]}" "${step[@]}" --deadline "$deadline" --out "$raw"
+check() { "$python" gpu/check.py "${check[@]}" --out "$raw"; }
+steps() {  # steps SIZE DTYPE_POLICY "ARCHITECTURES" "LENGTHS" [XLA_FLAGS]
+  XLA_FLAGS="$(echo ${XLA_FLAGS:-} ${5:-})" "$python" training_step.py --size "$1" "${size_flags[@]}" --jit-compile \
+    --dtype-policy "$2" --architectures $3 --sequence-lengths $4 "${step[@]}" --deadline "$deadline" --out "$raw"
 }
-layers() {
-  if [ $(( $(date +%s) + 120 )) -le $deadline ]; then
-    "$python" layers.py --xla --subjects kernel attention2 mha "${layer[@]}" --out "$raw"
-  else
-    echo "layers: skipped, past the deadline"
-  fi
+gpt() {  # gpt SIZE "LENGTHS" "MODES": the PyTorch GPT, torch.compile'd and/or eager
+  [ $torch = 1 ] || return 0
+  "${torch_env[@]}" "$torch_python" gpu/torch_gpt.py steps --size "$1" "${size_flags[@]}" --modes $3 \
+    --sequence-lengths $2 "${step[@]}" --timeout 240 --deadline "$deadline" --out "$raw"
+}
+layers() {  # layers T TOKENS: Attention2 and its kernel, XLA, mixed_bfloat16
+  "$python" layers.py --xla --dtype-policy mixed_bfloat16 --subjects kernel-factored kernel-direct attention2 \
+    --sequence-lengths "$1" --tokens "$2" "${layer[@]}" --deadline "$deadline" --out "$raw"
+}
+attention_ops() {  # attention_ops T TOKENS: SDPA causal and fla, bfloat16
+  [ $torch = 1 ] || return 0
+  "${torch_env[@]}" "$torch_python" gpu/torch_gpt.py ops --subjects sdpa fla \
+    --sequence-lengths "$1" --tokens "$2" "${ops[@]}" --deadline "$deadline" --out "$raw"
+}
+profile() {  # where ELiTA's XLA step goes on the GPU's timeline (the host's without a GPU)
+  local left=$(( deadline - $(date +%s) ))
+  if [ $left -lt 90 ]; then echo "profile: skipped, past the deadline"; return; fi
+  timeout $(( left < 240 ? left : 240 )) "$python" profile_step.py --jit-compile --dtype-policy mixed_bfloat16 \
+    "${profile[@]}" --top 20 --out "$raw" || echo "profile: failed or timed out (exit status $?)"
 }
 
-if [ $quick = 1 ]; then  # each setting once, two at a time: the script's every path, in about a minute
-  check & steps seed mixed_bfloat16 >"$log.1" 2>&1 & wait
-  steps seed float32 "$command_buffers" >"$log.2" 2>&1 & layers >"$log.3" 2>&1 & wait
-  cat "$log.check.out" "$log.check" "$log.1" "$log.2" "$log.3" >>"$log" && rm "$log".*
+if [ $quick = 1 ]; then  # every function once, in two lanes: the script's every path, in about two minutes
+  {
+    check
+    steps seed mixed_bfloat16 "elita transformer" 32
+    layers 64 128
+  } >"$log.1" 2>&1 &
+  {
+    gpt seed 32 "compiled eager"
+    attention_ops 64 128
+    profile
+    steps seed float32 "elita transformer" 32 "$command_buffers"
+  } >"$log.2" 2>&1 &
+  wait
+  cat "$log.1" "$log.2" >>"$log" && rm "$log".*
   grep -q "all .* checks passed" "$log" || { cat "$log"; exit 1; }
-else  # one at a time, the goal's figures first
-  check; cat "$log.check.out" "$log.check" >>"$log"; rm "$log".*
-  for size in "${sizes[@]}"; do steps "$size" mixed_bfloat16 2>>"$log" | tee -a "$log"; done
-  for size in "${sizes[@]}"; do steps "$size" mixed_bfloat16 "$command_buffers" 2>>"$log" | tee -a "$log"; done
-  layers 2>>"$log" | tee -a "$log"
-  for size in "${sizes[@]}"; do steps "$size" float32 2>>"$log" | tee -a "$log"; done
-  for size in "${sizes[@]}"; do steps "$size" float32 "$command_buffers" 2>>"$log" | tee -a "$log"; done
+else  # one at a time, the goals' figures first
+  run() { "$@" 2>>"$log" | tee -a "$log" || echo "$1: exit status $?" | tee -a "$log"; }
+  run check
+  run steps 25m mixed_bfloat16 elita 8192
+  run gpt 25m 8192 compiled
+  run steps 25m mixed_bfloat16 elita 2048
+  run gpt 25m 2048 compiled
+  run layers 8192 16384
+  run attention_ops 8192 16384
+  run profile
+  run steps 25m mixed_bfloat16 elita 32768
+  run gpt 25m 32768 compiled
+  run layers 65536 65536
+  run attention_ops 65536 65536
+  run gpt 25m "8192 2048 32768" eager
+  run steps 25m mixed_bfloat16 transformer "8192 2048"
+  run steps seed mixed_bfloat16 "elita transformer" "8192 2048"
+  run steps 25m float32 "elita transformer" "8192 2048"
+  run steps 25m mixed_bfloat16 "elita transformer" "8192 2048" "$command_buffers"
 fi
 
 echo

@@ -64,7 +64,9 @@ def main(argv=None):
         parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
     corpus = None
     if args.data is not None:
-        given = {name: getattr(args, name) for name in ("data", "data_dir", "tfds_dir", "document_separator", "text_field")}
+        given = {
+            name: getattr(args, name) for name in ("data", "data_dir", "tfds_dir", "document_separator", "text_field")
+        }
         try:
             corpus = CorpusSettings(**{name: value for name, value in given.items() if value is not None})
             if data_kind(corpus.data) in ("text", "jsonl"):

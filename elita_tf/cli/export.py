@@ -21,7 +21,7 @@ from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
 from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, QUANTIZATIONS
 
 FORMATS = ("saved_model", "litert", "preset")
-_NAMES = {"saved_model": "SavedModel", "litert": "LiteRT", "preset": "keras-hub preset"}
+_FORMAT_NAMES = {"saved_model": "SavedModel", "litert": "LiteRT", "preset": "keras-hub preset"}
 
 
 def _is_export(path, format):
@@ -58,8 +58,8 @@ def check_output(path, format):
     elif os.path.isdir(path) and (not os.listdir(path) or _is_export(path, format)):
         return
     raise ValueError(
-        f"--output {path} exists and is not an earlier {_NAMES[format]} export: elita-export writes over its own "
-        f"exports only. Choose a new path, or move it away. Received: output={path}"
+        f"--output {path} exists and is not an earlier {_FORMAT_NAMES[format]} export: elita-export writes over "
+        f"its own exports only. Choose a new path, or move it away. Received: output={path}"
     )
 
 

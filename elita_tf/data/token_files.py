@@ -1,7 +1,7 @@
 """A split tokenized once into flat files on disk, and read back a window at a time.
 
-    (line, starts_document) --SentencePiece, parallel in tf.data--> DIR/ids.bin     int32, every token in order
-                                                                   DIR/document_starts.bin  uint8, 1 at a document's first token
+    (line, starts_document) --SentencePiece, in tf.data--> DIR/ids.bin              int32, every token in order
+                                                          DIR/document_starts.bin  uint8, 1 at a document's first token
     window i of length W = tokens [i W, (i + 1) W): one positioned read of each file
 
 Training reads windows in a seeded order without holding the split: memory
@@ -26,7 +26,7 @@ import numpy as np
 
 FORMAT = 3  # 2: checksums in index.json; 3: document_starts.bin
 CACHE_ENV = "ELITA_CACHE_DIR"
-_NAMES = ("ids.bin", "document_starts.bin")
+_FILES = ("ids.bin", "document_starts.bin")
 _BYTES_PER_TOKEN = {"ids.bin": 4, "document_starts.bin": 1}
 _BLOCK = 1 << 24
 
@@ -81,7 +81,7 @@ class TokenFile:
         except (OSError, ValueError, KeyError, TypeError):
             raise CorruptTokenFileError(f"The token cache {directory} has a missing or damaged index.json.") from None
         self._files = self._open()
-        for name, fd in zip(_NAMES, self._files):
+        for name, fd in zip(_FILES, self._files):
             size = os.fstat(fd).st_size
             if size != tokens * _BYTES_PER_TOKEN[name]:
                 self.close()
@@ -104,7 +104,7 @@ class TokenFile:
 
     def _open(self):
         try:
-            return tuple(os.open(os.path.join(self.directory, name), os.O_RDONLY) for name in _NAMES)
+            return tuple(os.open(os.path.join(self.directory, name), os.O_RDONLY) for name in _FILES)
         except OSError as error:
             raise CorruptTokenFileError(
                 f"The token cache {self.directory} cannot be read: {error.strerror} ({error.filename})."
@@ -202,10 +202,10 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
     scratch = tempfile.mkdtemp(prefix=".writing-", dir=parent)
     try:
         count, low, high = 0, None, None
-        checksums = dict.fromkeys(_NAMES, 0)
+        checksums = dict.fromkeys(_FILES, 0)
         with (
-            open(os.path.join(scratch, _NAMES[0]), "wb") as ids_file,
-            open(os.path.join(scratch, _NAMES[1]), "wb") as starts_file,
+            open(os.path.join(scratch, _FILES[0]), "wb") as ids_file,
+            open(os.path.join(scratch, _FILES[1]), "wb") as starts_file,
         ):
             for ids, starts in batches.prefetch(tf.data.AUTOTUNE).as_numpy_iterator():
                 if not len(ids):
@@ -213,7 +213,9 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
                 low = int(ids.min()) if low is None else min(low, int(ids.min()))
                 high = int(ids.max()) if high is None else max(high, int(ids.max()))
                 _check_ids(low, high, vocabulary_size)
-                for name, file, data in zip(_NAMES, (ids_file, starts_file), (ids.astype("<i4"), starts.astype(np.uint8))):
+                for name, file, data in zip(
+                    _FILES, (ids_file, starts_file), (ids.astype("<i4"), starts.astype(np.uint8))
+                ):
                     data = data.tobytes()
                     file.write(data)
                     checksums[name] = zlib.crc32(data, checksums[name])

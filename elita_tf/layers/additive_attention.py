@@ -196,7 +196,9 @@ class AdditiveAttention(CausalMixer):
         query = self.query_dense(inputs)
         keys = self.key_dense(inputs)
         values = self.value_dense(inputs)
-        pooled_query, query_state = self._pool(query, self.query_pooling, padding_mask, query_state, step, document_starts)
+        pooled_query, query_state = self._pool(
+            query, self.query_pooling, padding_mask, query_state, step, document_starts
+        )
         pooled_query = self.output_dense(self.pooling_dropout(pooled_query, training=training))
         mixed = pooled_query * keys
         mid = self.mid_norm(inputs + mixed)
@@ -209,7 +211,7 @@ class AdditiveAttention(CausalMixer):
 
     @property
     def cache_names(self):
-        # A global pooling keeps its running normaliser and mean, a windowed one a ring of the last `sliding_window_size`.
+        # A global pooling keeps its running normaliser and mean, a windowed one a ring of its last positions.
         parts = ("log_z", "mean") if self.sliding_window_size is None else ("logits", "values")
         return tuple(f"{pooling}_{part}" for pooling in ("query", "key") for part in parts)
 

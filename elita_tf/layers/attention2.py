@@ -213,15 +213,37 @@ class Attention2(CausalMixer):
         return self.time_scale * index / denominator
 
     def _position_terms(self, u):
-        """`(P1, P2)`, each `[B or 1, H, T]`."""
+        """`(P1, P2)`, each `[B or 1, H, T]`: both sinusoid sums in one pass (`[2, H, p]` frequencies and phases)."""
         dtype = u.dtype
+        a, b = (tf.stack([tf.cast(w, dtype) for w in pair]) for pair in ((self.a1, self.a2), (self.b1, self.b2)))
+        phase = a[:, None, :, :, None] * u[None, :, None, None, :] + b[:, None, :, :, None]  # [2, B, H, p, T]
+        p1, p2 = tf.unstack(tf.einsum("hp,sbhpt->sbht", tf.cast(self.c, dtype), tf.sin(phase)))
+        return p1, p2
 
-        def sinusoids(a, b):
-            a, b, c = (tf.cast(w, dtype) for w in (a, b, self.c))
-            phase = a[None, :, :, None] * u[:, None, None, :] + b[None, :, :, None]  # [B, H, p, T]
-            return tf.einsum("hp,bhpt->bht", c, tf.sin(phase))
+    def _project(self, inputs):
+        """`(kappa, delta, rho, values)`: the three logit projections and the values, as one matrix product.
 
-        return sinusoids(self.a1, self.b1), sinusoids(self.a2, self.b2)
+        One product of the inputs with the four kernels side by side, not four: its gradients are two
+        products, not eight, and the layer a few kernels shorter on a GPU. Each kernel is its layer's
+        own (`kernel` includes a LoRA update); int8 layers take their own calls, which dequantize.
+        """
+        acc = accumulator_dtype(self.compute_dtype)
+        layers = (self.k1_dense, self.k2_dense, self.k3_dense, self.value_dense)
+        if any(layer.quantization_mode is not None for layer in layers):
+            logits = (tf.cast(layer(inputs), acc) for layer in layers[:3])
+            return (*logits, tf.transpose(self.value_dense(inputs), [0, 2, 1, 3]))
+        heads, width, depth = self.value_dense.kernel.shape
+        kernel = tf.concat(
+            [tf.transpose(layer.kernel) for layer in layers[:3]]
+            + [tf.reshape(tf.transpose(self.value_dense.kernel, [1, 0, 2]), [width, heads * depth])],
+            axis=1,
+        )  # [d, 3H + H D]
+        projected = tf.matmul(tf.reshape(inputs, [-1, width]), tf.cast(kernel, self.compute_dtype))
+        shape = tf.shape(inputs)
+        logits = tf.reshape(projected[:, : 3 * heads], [shape[0], shape[1], 3, heads])
+        kappa, delta, rho = tf.unstack(tf.cast(tf.transpose(logits, [2, 0, 3, 1]), acc))  # [B, H, T] each
+        values = tf.reshape(projected[:, 3 * heads :], [shape[0], shape[1], heads, depth])
+        return kappa, delta, rho, tf.transpose(values, [0, 2, 1, 3])
 
     document_starts_with_cache = True
 
@@ -237,13 +259,10 @@ class Attention2(CausalMixer):
         p1, p2 = self._position_terms(self._positions(index, length))
 
         acc = p1.dtype
-        kappa, delta, rho = (
-            tf.cast(k(inputs), acc) for k in (self.k1_dense, self.k2_dense, self.k3_dense)
-        )  # [B, H, T]
+        kappa, delta, rho, values = self._project(inputs)  # [B, H, T] (accumulator dtype) each, [B, H, T, D]
         kappa, rho = kappa + p1, rho + p2
         if self.logit_clip is not None:
             kappa, delta, rho = (tf.clip_by_value(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))
-        values = tf.transpose(self.value_dense(inputs), [0, 2, 1, 3])  # [B, H, T, D]
 
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]

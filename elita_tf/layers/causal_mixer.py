@@ -72,17 +72,22 @@ class CausalMixer(keras.layers.Layer):
             if document_starts is not None:  # a step that starts a document starts from the empty cache
                 dtype = cache[self.cache_names[0]].dtype
                 empty = self.get_initial_cache(tf.shape(inputs)[0], dtype)
-                cache = {name: _select_rows(document_starts[:, 0], empty[name], cache[name]) for name in self.cache_names}
+                cache = {
+                    name: _select_rows(document_starts[:, 0], empty[name], cache[name]) for name in self.cache_names
+                }
                 document_starts = None
             # One decoding step has no earlier row to protect, and a non-finite input makes the
             # cache non-finite by itself; padded steps are selected out by the step ops.
             return self.mix(inputs, padding_mask, cache, training, document_starts)
-        return contain_nonfinite(lambda x: self.mix(x, padding_mask, cache, training, document_starts), inputs, padding_mask)
+        return contain_nonfinite(
+            lambda x: self.mix(x, padding_mask, cache, training, document_starts), inputs, padding_mask
+        )
 
     def _check_document_starts(self, inputs, document_starts, cache):
         if cache is not None and inputs.shape[1] != 1 and not self.document_starts_with_cache:
             raise ValueError(
-                f"{type(self).__name__} '{self.name}' cannot take `document_starts` with a cache over several positions: "
+                f"{type(self).__name__} '{self.name}' cannot take `document_starts` with a cache over several "
+                "positions: "
                 "only the mixers with a constant-size state (Attention2, LinearAttention, AdditiveAttention) "
                 "restart inside a carried stream. Without a cache every mixer takes them (packed documents). "
                 f"Received: inputs with shape {inputs.shape}, document_starts={document_starts!r}"
@@ -90,7 +95,8 @@ class CausalMixer(keras.layers.Layer):
         document_starts = tf.convert_to_tensor(document_starts)
         if document_starts.dtype != tf.bool or document_starts.shape.rank != 2:
             raise ValueError(
-                f"`document_starts` must be a bool tensor [B, T]. Received: document_starts with dtype {document_starts.dtype} "
+                "`document_starts` must be a bool tensor [B, T]. "
+                f"Received: document_starts with dtype {document_starts.dtype} "
                 f"and shape {document_starts.shape}"
             )
         for axis, (got, want) in enumerate(zip(document_starts.shape, inputs.shape[:2])):

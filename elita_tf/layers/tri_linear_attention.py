@@ -7,12 +7,8 @@ import tensorflow as tf
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.ops.banded_attention import (
-    BANDED_CHUNK_SIZE,
-    banded_attention,
-    banded_attention_step,
-    empty_banded_state,
-)
+from elita_tf.ops.banded_attention import BANDED_CHUNK_SIZE, banded_attention, empty_banded_state
+from elita_tf.ops.banded_attention_step import banded_attention_step
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 # Products of the Combiner: kv[b * tt + k] = k_t[k xor b] * att_t[k], b < 16.

@@ -108,7 +108,9 @@ def check_architecture(config):
     if sizes is not None:
         sizes = config["sliding_window_sizes"] = list(sizes)
         if len(sizes) != num_layers or any(size is not None and (not _is_int(size) or size < 1) for size in sizes):
-            _fail("sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})")
+            _fail(
+                "sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})"
+            )
     if not isinstance(config["dropout"], (int, float)) or not 0.0 <= config["dropout"] < 1.0:
         _fail("dropout", config["dropout"], "in [0, 1)")
     if config["norm"] is not None and config["norm"] not in NORMS:

@@ -105,7 +105,9 @@ class ChunkedLossTraining:
         backbone = self.backbone
         token_ids, padding_mask = x["token_ids"], padding_mask_of(x)
         if not carry:
-            hidden = backbone.hidden_states(token_ids, padding_mask, document_starts=x.get("document_starts"), training=training)
+            hidden = backbone.hidden_states(
+                token_ids, padding_mask, document_starts=x.get("document_starts"), training=training
+            )
         else:
             cache = tf.nest.map_structure(lambda v: v.read_value(), self.carried_state)
             hidden, cache = backbone.hidden_states(
@@ -150,7 +152,8 @@ class ChunkedLossTraining:
             return super().train_step(data)
         if self.carried_state is not None and not (isinstance(x, dict) and "document_starts" in x):
             raise ValueError(
-                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'document_starts'}, labels)` batches "
+                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'document_starts'}, labels)` "
+                "batches "
                 f"(elita_tf.data.stream_dataset). Received: inputs {x!r}"
             )
         with tf.GradientTape() as tape:

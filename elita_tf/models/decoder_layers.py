@@ -114,9 +114,7 @@ def _make_ffn(config, index, shared_ffn, dtype):
         return FeedForward2(config["intermediate_dim"], factor=config["ffn_factor"], name="ffn", dtype=dtype)
     if block == "simplified":  # the Simplified Transformer's MLP: ReLU, no biases, N(0, 0.02)
         init = keras.initializers.RandomNormal(stddev=0.02)
-        return FeedForward(
-            config["intermediate_dim"], use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype
-        )
+        return FeedForward(config["intermediate_dim"], use_bias=False, kernel_initializer=init, name="ffn", dtype=dtype)
     stddev = config["ffn_init_stddev"]
     init = "glorot_uniform" if stddev is None else keras.initializers.RandomNormal(stddev=stddev)
     return FeedForward(

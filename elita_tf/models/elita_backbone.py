@@ -41,7 +41,9 @@ from elita_tf.ops.utils.positions import real_extent
 from elita_tf.private_apis import in_symbolic_scope
 
 
-def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None):
+def _run_layers(
+    config, layers, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None
+):
     """Final hidden states `[B, T, d]` (and the new cache, with `cache`) of the layers on token ids.
 
     `intercept(x, i)`, if given, sees and may replace the activations: the embedded tokens (`i = -1`)
@@ -85,7 +87,9 @@ def _run_layers(config, layers, token_ids, padding_mask=None, cache=None, docume
 def _logits(config, layers, hidden):
     # In the compute dtype, as keras-hub's heads: the training loss takes float32 logits a chunk at a time
     # (`ElitaBackbone.token_losses`), not these.
-    logits = layers["token_embedding"](hidden, reverse=True) if config["tie_word_embeddings"] else layers["logits"](hidden)
+    logits = (
+        layers["token_embedding"](hidden, reverse=True) if config["tie_word_embeddings"] else layers["logits"](hidden)
+    )
     return logits * config["hidden_dim"] ** -0.5 if config["scaled_tied_logits"] else logits
 
 
@@ -264,7 +268,9 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
         cache["position"] = tf.zeros([batch_size], tf.int32)
         return cache
 
-    def hidden_states(self, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None):
+    def hidden_states(
+        self, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None
+    ):
         """The final hidden states `[B, T, d]` on token ids, continuing `cache` when given.
 
         Args:
@@ -288,14 +294,26 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
             `hidden [B, T, d]`, or `(hidden, new_cache)` with a cache.
         """
         token_ids = check_integer_ids(token_ids, self.vocabulary_size)
-        if document_starts is not None and cache is not None and token_ids.shape[1] != 1 and self.decode_limit is not None:
+        if (
+            document_starts is not None
+            and cache is not None
+            and token_ids.shape[1] != 1
+            and self.decode_limit is not None
+        ):
             raise ValueError(
-                "A stream carried in a cache restarts documents (`document_starts`) only in blocks that keep a constant-size "
-                "state and no learned positions (elita, linear, additive). "
+                "A stream carried in a cache restarts documents (`document_starts`) only in blocks that keep a "
+                "constant-size state and no learned positions (elita, linear, additive). "
                 f"Received: blocks={sorted(set(self.blocks))}, position_embedding={self.position_embedding}"
             )
         return _run_layers(
-            self._architecture, self._layers_by_name, token_ids, padding_mask, cache, document_starts, training, intercept
+            self._architecture,
+            self._layers_by_name,
+            token_ids,
+            padding_mask,
+            cache,
+            document_starts,
+            training,
+            intercept,
         )
 
     def logits(self, hidden):
@@ -403,7 +421,7 @@ def architecture_config(name, **overrides):
 
 # The backbone's arguments that are its architecture: its signature, less Keras' and LoRA's.
 ARCHITECTURE_FIELDS = tuple(
-    name for name in inspect.signature(ElitaBackbone.__init__).parameters if name not in ("self", "lora_rank", "dtype", "kwargs")
+    name
+    for name in inspect.signature(ElitaBackbone.__init__).parameters
+    if name not in ("self", "lora_rank", "dtype", "kwargs")
 )
-
-

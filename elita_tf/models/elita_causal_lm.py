@@ -67,7 +67,10 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         if isinstance(inputs, dict) and "document_starts" in inputs:  # packed documents: outside the functional graph
             backbone = self.backbone
             hidden = backbone.hidden_states(
-                inputs["token_ids"], padding_mask_of(inputs), document_starts=inputs["document_starts"], training=training
+                inputs["token_ids"],
+                padding_mask_of(inputs),
+                document_starts=inputs["document_starts"],
+                training=training,
             )
             return backbone.logits(hidden)
         if not in_symbolic_scope() and isinstance(inputs, dict) and "token_ids" in inputs:
@@ -92,7 +95,9 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
             if not len(inputs):
                 raise ValueError("There are no prompts to continue. Received: inputs=[]")
             inputs = [x.decode("utf-8") if isinstance(x, bytes) else x for x in inputs]
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
             raise ValueError(f"`max_length` must be a positive integer. Received: max_length={max_length!r}")
         limit = self.backbone.decode_limit
         prompts = [inputs] if isinstance(inputs, str) else inputs
@@ -157,7 +162,8 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
             raise ValueError(f"`scoring_mode` must be 'logits' or 'loss'. Received: scoring_mode={scoring_mode!r}")
         if isinstance(token_ids, (list, tuple)) and not len(token_ids):
             raise ValueError(
-                "There is nothing to score: pass a string, a list of strings or token ids [B, T]. Received: token_ids=[]"
+                "There is nothing to score: pass a string, a list of strings or token ids [B, T]. "
+                "Received: token_ids=[]"
             )
         if isinstance(token_ids, str) or (
             isinstance(token_ids, (list, tuple)) and token_ids and all(isinstance(t, str) for t in token_ids)

@@ -20,8 +20,15 @@ _REGISTERED_NAME = "elita_tf>ElitaBackbone"
 
 
 # What every ElitaBackbone config holds: without them a preset's weights cannot be placed.
-_REQUIRED_FIELDS = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "max_sequence_length", "blocks")
-
+_REQUIRED_FIELDS = (
+    "vocabulary_size",
+    "num_layers",
+    "num_heads",
+    "hidden_dim",
+    "head_dim",
+    "max_sequence_length",
+    "blocks",
+)
 
 
 def resolve_preset(preset, load_weights=True):
@@ -55,7 +62,6 @@ def resolve_preset(preset, load_weights=True):
     return preset
 
 
-
 def read_preset_config(preset):
     """The `ElitaBackbone` arguments a local preset's `config.json` holds (its `"config"` entry), in today's names.
 
@@ -81,7 +87,6 @@ def read_preset_config(preset):
     if missing:
         raise ValueError(f"{path} lacks the architecture fields {missing}: the preset is damaged or incomplete.")
     return upgrade_config(config)
-
 
 
 def _check_preset_files(preset, load_weights):

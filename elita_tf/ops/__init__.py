@@ -4,7 +4,8 @@ Each op has a parallel form for training and a one-step form for decoding, both 
 state; `reference` holds the naive O(T²) definitions the tests check them against.
 """
 
-from elita_tf.ops.banded_attention import banded_attention, banded_attention_step, empty_banded_state
+from elita_tf.ops.banded_attention import banded_attention, empty_banded_state
+from elita_tf.ops.banded_attention_step import banded_attention_step
 from elita_tf.ops.causal_softmax_mean import (
     causal_softmax_mean,
     causal_softmax_mean_step,

@@ -28,7 +28,7 @@ Forms (every tensor `[B, H, T, ...]`; fold 3Lin's single head as `H = 1`):
   memory, no `[T, T]` tensor. With `window=None` (3Lin's "wide" layers) it is
   plain masked attention, O(T^2): bilinear logits `q_t·k_j` have no O(T)
   form.
-- `banded_attention_step`: one decoding step from the state.
+- `banded_attention_step` (`banded_attention_step.py`): one decoding step from the state.
 - `elita_tf.ops.reference.banded_attention_reference`: the naive O(T^2) definition, for tests.
 
 State (functional, fixed shape): `(keys [B, H, S, Dk], values [B, H, S, Dv],
@@ -50,7 +50,7 @@ from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after, wr
 BANDED_CHUNK_SIZE = 32
 
 
-def _check_window(window):
+def check_window(window):
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
         raise ValueError(
             "`window` must be None or an integer >= 2 (the current position is never attended, "
@@ -76,7 +76,7 @@ def empty_banded_state(
         `(keys [B, H, S, Dk], values [B, H, S, Dv], valid [B, S], index [B])`,
         zeros, all slots invalid, `S = window` or `max_sequence_length`.
     """
-    _check_window(window)
+    check_window(window)
     if window is None and (
         isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1
     ):
@@ -125,7 +125,9 @@ def _null_softmax(scores, values_fn, extra=None):
     return numerator / denominator[..., None]
 
 
-def _dense(queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale, same_document=None):
+def dense_attention(
+    queries, keys, values, key_valid, query_pos, key_pos, window, slope, hyper, scale, same_document=None
+):
     """Masked attention of `[B, H, T, Dk]` queries at `query_pos [B, T]` over `[B, H, S, *]` keys at `key_pos [B, S]`.
 
     O(T * S): the form without a window, and one decoding step. `same_document`,
@@ -212,7 +214,7 @@ def _banded(
     return tf.reshape(out, [batch, heads, chunks * size, value_dim])[:, :, :length]
 
 
-def _prepare(queries, keys, values, mask, scale):
+def prepare_inputs(queries, keys, values, mask, scale):
     dtype = accumulator_dtype(values.dtype)
     queries, keys, values = (tf.cast(x, dtype) for x in (queries, keys, values))
     if scale is None:
@@ -274,13 +276,13 @@ def banded_attention(
         without `initial_state`, the state's buffer holds exactly these `T`
         positions.
     """
-    _check_window(window)
+    check_window(window)
     if document_starts is not None and initial_state is not None:
         raise ValueError(
             "`document_starts` (packed documents) start each document afresh; they do not continue an `initial_state`. "
             f"Received: document_starts={document_starts!r} with an initial_state"
         )
-    queries, keys, values, valid, scale = _prepare(queries, keys, values, mask, scale)
+    queries, keys, values, valid, scale = prepare_inputs(queries, keys, values, mask, scale)
     batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
     length = tf.shape(keys)[2]
     if document_starts is not None:
@@ -301,7 +303,7 @@ def banded_attention(
             buffer_keys = write_positions(buffer_keys, keys, index, axis=2)
             buffer_values = write_positions(buffer_values, values, index, axis=2)
             buffer_valid = write_positions(buffer_valid, valid, index, axis=1)
-        out = _dense(
+        out = dense_attention(
             queries,
             buffer_keys,
             buffer_values,
@@ -373,12 +375,14 @@ def _packed(queries, keys, values, valid, document_starts, window, slope, hyper,
     """
     batch, length = tf.shape(keys)[0], tf.shape(keys)[2]
     document_starts = tf.cast(document_starts, tf.bool)
-    position = document_positions(length, None, document_starts) * tf.ones([batch, 1], tf.int32)  # [B, T] from the start
+    position = document_positions(length, None, document_starts) * tf.ones(
+        [batch, 1], tf.int32
+    )  # [B, T] from the start
     document = tf.cumsum(tf.cast(document_starts, tf.int32), axis=1)
     if window is None:
         at = tf.tile(tf.range(length)[None, :], [batch, 1])
         same = tf.equal(document[:, :, None], document[:, None, :])
-        return _dense(queries, keys, values, valid, at, at, None, slope, hyper, scale, same_document=same)
+        return dense_attention(queries, keys, values, valid, at, at, None, slope, hyper, scale, same_document=same)
 
     start_index = tf.range(length)[None, :] - position  # each query's document start
     heads = tf.shape(keys)[1]
@@ -405,53 +409,3 @@ def _packed(queries, keys, values, valid, document_starts, window, slope, hyper,
         chunk_size,
         document_indices=(document, key_document),
     )
-
-
-def banded_attention_step(state, query, key, value, window=None, slope=0.0, hyper=0.0, scale=None, mask=None):
-    """One decoding step of `banded_attention`.
-
-    Args:
-        state: from `empty_banded_state()`, `banded_attention` or a previous step.
-        query: float `[B, H, Dk]`, the new position's query.
-        key: float `[B, H, Dk]`.
-        value: float `[B, H, Dv]`.
-        window, slope, hyper, scale: as in `banded_attention`; must match the state.
-        mask: optional bool `[B]`; False makes the new position no key of later rows.
-
-    Returns:
-        `(out [B, H, Dv], new_state)`, equal to the last row of
-        `banded_attention` over all positions so far. Costs O(window) with a
-        window, O(max_sequence_length) without.
-    """
-    _check_window(window)
-    query, key, value, valid, scale = _prepare(
-        query[:, :, None], key[:, :, None], value[:, :, None], None if mask is None else mask[:, None], scale
-    )
-    keys, values, slot_valid, index = state
-    keys, values = tf.cast(keys, key.dtype), tf.cast(values, value.dtype)
-    batch = tf.shape(keys)[0]
-    if window is None:
-        tf.debugging.assert_less(
-            tf.reduce_max(index), tf.shape(keys)[2], message="The state holds fewer positions than needed"
-        )
-        keys = write_positions(keys, key, index, axis=2)
-        values = write_positions(values, value, index, axis=2)
-        slot_valid = write_positions(slot_valid, valid, index, axis=1)
-        key_pos = tf.tile(tf.range(tf.shape(keys)[2])[None, :], [batch, 1])
-        out = _dense(query, keys, values, slot_valid, index[:, None], key_pos, None, slope, hyper, scale)
-        return out[:, :, 0], (keys, values, slot_valid, index + 1)
-
-    # Slot 0 is position 0; slot s >= 1 is position index - window + s. Ring
-    # slots at positions <= 0 are empty or repeat the start position.
-    key_pos = tf.concat([tf.zeros([batch, 1], tf.int32), index[:, None] - window + tf.range(1, window)[None, :]], 1)
-    key_valid = slot_valid & ((key_pos >= 1) | (tf.range(window) == 0)[None, :])
-    out = _dense(query, keys, values, key_valid, index[:, None], key_pos, window, slope, hyper, scale)
-    fresh = tf.equal(index, 0)
-    fresh_keys = fresh[:, None, None, None]
-    new_state = (
-        tf.concat([tf.where(fresh_keys, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
-        tf.concat([tf.where(fresh_keys, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
-        tf.concat([tf.where(fresh[:, None], valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
-        index + 1,
-    )
-    return out[:, :, 0], new_state

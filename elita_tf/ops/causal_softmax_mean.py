@@ -45,13 +45,17 @@ from elita_tf.ops.decayed_prefix import (
     logaddexp,
     static_size,
 )
+from elita_tf.ops.direct_softmax_mean import direct_softmax_mean
 from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
 from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after
+from elita_tf.ops.utils import xla
 from elita_tf.ops.utils.xla import branch_or_select
 from elita_tf.ops.windowed_softmax_mean import banded_mean, merge_means, pad_time, windowed_mean
 
 SOFTMAX_MEAN_CHUNK_SIZE = 32
+# The forms of the global mean (`causal_softmax_mean(form=...)`); None chooses by where the graph runs.
+MEAN_FORMS = (None, "factored", "direct")
 
 
 def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype=tf.float32):
@@ -119,11 +123,20 @@ def _global_chunked(logits, values, chunk_size):
     return leading(mean, length), leading(log_z, length)
 
 
-def _global(logits, values, chunk_size):
-    """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values."""
+def _global(logits, values, chunk_size, form):
+    """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values, in the `form` given (or chosen)."""
     shape = tf.shape(values)
-    length, depth = static_size(values, 2), static_size(values, 3)  # static where known, so pads and slices can be left out
-    mean, log_z = _global_chunked(tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth]), chunk_size)
+    length, depth = (
+        static_size(values, 2),
+        static_size(values, 3),
+    )  # static where known, so pads and slices can be left out
+    if form is None:  # under XLA or on a GPU, the fewest kernels; elsewhere the least arithmetic
+        form = "direct" if isinstance(length, int) and xla.compiled_or_on_gpu() else "factored"
+    flat_logits, flat_values = tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth])
+    if form == "direct":
+        mean, log_z = direct_softmax_mean(flat_logits, flat_values, chunk_size)
+    else:
+        mean, log_z = _global_chunked(flat_logits, flat_values, chunk_size)
     return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
 
 
@@ -174,6 +187,7 @@ def causal_softmax_mean(
     initial_state=None,
     chunk_size=SOFTMAX_MEAN_CHUNK_SIZE,
     document_starts=None,
+    form=None,
 ):
     """Causal (windowed) softmax-weighted mean, parallel over time.
 
@@ -194,6 +208,13 @@ def causal_softmax_mean(
             seen, and the returned state holds the last document alone.
             Windows longer than `C` then take banded chunks of the window's
             length (cost growing with the window).
+        form: the global mean's form, both exact: `"factored"` (each chunk's
+            weights as a product of row and key factors, exponentials where a
+            logit rises too far: the least arithmetic), `"direct"` (each
+            chunk's weights as exponentials, `direct_softmax_mean`: the fewest
+            operations, for XLA and GPUs; the length must be known at
+            tracing), or None (the default: `"direct"` under XLA or with a GPU,
+            else `"factored"`).
 
     Returns:
         `(mean, log_z, state)`: `mean [B, H, T, D]` in the accumulator dtype
@@ -201,6 +222,10 @@ def causal_softmax_mean(
         state after the last position, to continue from.
     """
     _check_window(window)
+    if form not in MEAN_FORMS:
+        raise ValueError(f"`form` must be one of {MEAN_FORMS}. Received: form={form!r}")
+    if form == "direct" and logits.shape[-1] is None:
+        raise ValueError(f"form='direct' needs a length known at tracing. Received: logits of shape {logits.shape}")
     end = real_extent(mask, tf.shape(logits)[-1])
     logits, values = _prepare(logits, values, mask)
     if document_starts is not None:
@@ -211,7 +236,7 @@ def causal_softmax_mean(
         logits = tf.concat([tf.cast(buf_l, logits.dtype), logits], axis=-1)
         values = tf.concat([tf.cast(buf_v, values.dtype), values], axis=-2)
     if window is None:
-        mean, log_z = _global(logits, values, chunk_size)
+        mean, log_z = _global(logits, values, chunk_size, form)
     else:
         mean, log_z = windowed_mean(logits, values, window, chunk_size)
 

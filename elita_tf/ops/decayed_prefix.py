@@ -26,12 +26,10 @@ _TINY = 1e-30
 UNSEEN_LOGIT = 1e8 * NEG_INF
 
 
-
 def logaddexp(a, b):
     """`log(exp(a) + exp(b))`, broadcasting, with the right gradient at ties."""
     a, b = a + tf.zeros_like(b), b + tf.zeros_like(a)
     return tf.reduce_logsumexp(tf.stack([a, b], axis=-1), axis=-1)
-
 
 
 def static_size(x, axis):
@@ -39,13 +37,11 @@ def static_size(x, axis):
     return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
 
 
-
 def leading(x, length):
     """`x[:, :length]`, or `x` itself when that is all of it at tracing: no slice, whose gradient is a full copy."""
     if isinstance(length, int) and x.shape[1] == length:
         return x
     return x[:, :length]
-
 
 
 def shift_right(x, axis, fill=0.0, steps=1):
@@ -64,7 +60,6 @@ def shift_right(x, axis, fill=0.0, steps=1):
 _SPAN = {tf.float32: 80.0, tf.float64: 700.0}
 
 
-
 class _Factors(NamedTuple):
     """A chunked sequence's `L = logcumsumexp(l)` and the factors of its chunk weights (`chunk_factors`)."""
 
@@ -73,7 +68,6 @@ class _Factors(NamedTuple):
     keys: tf.Tensor  # [N, K, C], exp(l_j - r)
     within: tf.Tensor  # scalar bool: every row's factors are exact
     exact_rows: Callable  # () -> bool [N, K, C], the rows whose factors are exact
-
 
 
 def chunk_factors(logits):
@@ -114,7 +108,6 @@ def chunk_factors(logits):
 
     within = tf.logical_not(tf.reduce_any(too_high))
     return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, within, exact_rows)
-
 
 
 def chunk_products(log_w, log_norm, items, block_size, factors=None):
@@ -164,7 +157,6 @@ def chunk_products(log_w, log_norm, items, block_size, factors=None):
         return tf.matmul(weights(log_w, log_norm), items), grad
 
     return products(log_w, log_norm, items)
-
 
 
 def decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factors=None):

@@ -109,7 +109,7 @@ def causal_linear_attention(
 
 
 def _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size):
-    """The chunked form where documents start at `document_starts`: the numerator `[B, H, N, C, Dv + 1]` and the final state.
+    """The chunked form with documents starting at `document_starts`: the numerator `[B, H, N, C, Dv + 1]`, the state.
 
     Inside a chunk a key is seen from its own document only; a chunk's state
     holds its last document's keys, and the state carried between chunks

@@ -21,7 +21,6 @@ def pad_time(logits, values, multiple):
     return pad_axis(logits, 2, pad, NEG_INF), pad_axis(values, 2, pad)
 
 
-
 def banded_mean(logits, values, window, chunk_size, document_starts=None):
     """Windowed mean for `window <= chunk_size`: each chunk sees itself and the one before.
 
@@ -51,14 +50,12 @@ def banded_mean(logits, values, window, chunk_size, document_starts=None):
     return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
 
 
-
 def merge_means(parts):
     """`(log_z, mean)` of the union of disjoint key sets, from each set's `(log_z, mean)`."""
     log_z = tf.reduce_logsumexp(tf.stack([lz for lz, _ in parts], axis=-1), axis=-1)
     # add_n, not sum(): one op, without sum()'s extra pass of `0 + first`.
     mean = tf.add_n([tf.exp(lz - log_z)[..., None] * m for lz, m in parts])
     return log_z, mean
-
 
 
 def block_banded_mean(logits, values, window, chunk_size):
@@ -123,7 +120,6 @@ def block_banded_mean(logits, values, window, chunk_size):
     log_z, mean = merge_means([(pre_lz, pre_mean), suffix, span])
     mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
     return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
-
 
 
 def windowed_mean(logits, values, window, chunk_size):

@@ -1,8 +1,8 @@
 """A run's manifest (`run.json`): what makes a run that run, which a resumed run must match field by field.
 
-    {"architecture", "model": the backbone's arguments, "data": {"dataset", "sha256", "corpus"},
-     "training": the settings marked "run" in TrainSettings, "tokenizer_sha256",
-     "init_from": {...} and "tokenizer_from" when fine-tuning}
+{"architecture", "model": the backbone's arguments, "data": {"dataset", "sha256", "corpus"},
+ "training": the settings marked "run" in TrainSettings, "tokenizer_sha256",
+ "init_from": {...} and "tokenizer_from" when fine-tuning}
 """
 
 import hashlib

@@ -195,9 +195,7 @@ class RunDirectory:
         comparable = {key: value for key, value in stored.items() if key != "tokenizer_sha256"}
         differences = manifest_differences(comparable, requested)
         if differences and not self.has_progress():
-            print(
-                f"The run in {self.path!r} saved no checkpoint: starting it again with these arguments.", flush=True
-            )
+            print(f"The run in {self.path!r} saved no checkpoint: starting it again with these arguments.", flush=True)
             self._remove_run(present)
             return None
         if differences:

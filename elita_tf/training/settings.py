@@ -197,7 +197,9 @@ class TrainSettings:
 
 def model_fields():
     """`{TrainSettings field: ElitaBackbone argument}` of the fields that shape the model."""
-    return {field.name: field.metadata["model"] for field in dataclasses.fields(TrainSettings) if "model" in field.metadata}
+    return {
+        field.name: field.metadata["model"] for field in dataclasses.fields(TrainSettings) if "model" in field.metadata
+    }
 
 
 def fields_marked(mark):

@@ -121,5 +121,7 @@ def test_bad_arguments_name_the_value():
         DecoderBlock(ShapedAttention(2), norm="batch_norm")
     with pytest.raises(ValueError, match="dropout=1.0"):
         DecoderBlock(ShapedAttention(2), dropout=1.0)
-    wide = FeedForward(intermediate_dim=33, shared_by=2, activation="gelu", use_bias=False, kernel_initializer="he_normal")
+    wide = FeedForward(
+        intermediate_dim=33, shared_by=2, activation="gelu", use_bias=False, kernel_initializer="he_normal"
+    )
     assert FeedForward.from_config(wide.get_config()).get_config() == wide.get_config()

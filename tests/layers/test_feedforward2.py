@@ -75,7 +75,9 @@ def test_position_wise():
 
 
 def test_config_round_trip_and_keras_save(tmp_path):
-    layer = FeedForward2(intermediate_dim=7, factor=3, kernel_initializer="he_uniform", bias_initializer="ones", name="ff")
+    layer = FeedForward2(
+        intermediate_dim=7, factor=3, kernel_initializer="he_uniform", bias_initializer="ones", name="ff"
+    )
     config = layer.get_config()
     assert FeedForward2.from_config(config).get_config() == config
     inputs = keras.Input((None, 6))

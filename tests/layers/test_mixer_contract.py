@@ -59,7 +59,10 @@ MIXERS = {
         ShapedAttention(2, max_sequence_length=128), FeedForward(), norm="rms_norm", residual="sequential"
     ),
     "block_3lin": lambda: DecoderBlock(
-        TriLinearAttention(16, 16, sliding_window_size=8, max_sequence_length=128, combiner_initializer="glorot_uniform"), norm=None
+        TriLinearAttention(
+            16, 16, sliding_window_size=8, max_sequence_length=128, combiner_initializer="glorot_uniform"
+        ),
+        norm=None,
     ),
 }
 # Long inputs for the mixed-precision check: linear-time layers at 16K, quadratic ones shorter.
@@ -372,7 +375,9 @@ RESETTING = [name for name in sorted(MIXERS) if _takes_document_starts(name)]
 def _packed_document_starts(length):
     document_starts = np.zeros((2, length), bool)
     document_starts[0, [0, 9, 10, 33]] = True  # a one-token document at 9
-    document_starts[1, [17, 40]] = True  # row 1's first document starts at 0 with no reset: the empty state all the same
+    document_starts[1, [17, 40]] = (
+        True  # row 1's first document starts at 0 with no reset: the empty state all the same
+    )
     return document_starts
 
 

@@ -51,7 +51,9 @@ def reference(layer, s, mask=None):
         span = j <= t - 1
     else:
         # Span(t) = {j : max(0, t - w + 1) <= j <= t - 1} ∪ {0 if t - w + 1 > 0}
-        span = (j >= np.maximum(0, t - layer.sliding_window_size + 1)) & (j <= t - 1) | ((j == 0) & (t - layer.sliding_window_size + 1 > 0))
+        span = (j >= np.maximum(0, t - layer.sliding_window_size + 1)) & (j <= t - 1) | (
+            (j == 0) & (t - layer.sliding_window_size + 1 > 0)
+        )
     span = np.broadcast_to(span, (s.shape[0], length, length))
     if mask is not None:
         span = span & np.asarray(mask)[:, None, :]

@@ -41,7 +41,9 @@ def test_the_old_names_are_upgraded_in_one_place():
         old = json.load(f)["config"]
     assert {"norm_epsilon", "tied_embeddings", "windows"} <= set(old)
     new = upgrade_config(old)
-    assert new["layer_norm_epsilon"] == 1e-5 and new["tie_word_embeddings"] is True and new["sliding_window_sizes"] is None
+    assert (
+        new["layer_norm_epsilon"] == 1e-5 and new["tie_word_embeddings"] is True and new["sliding_window_sizes"] is None
+    )
     assert not {"norm_epsilon", "tied_embeddings", "windows"} & set(new)
     assert upgrade_config(new) == new
 
@@ -49,7 +51,10 @@ def test_the_old_names_are_upgraded_in_one_place():
 def test_an_old_preset_loads_through_every_entry_point_with_its_logits(old_run):
     run, expected = old_run
     want = np.asarray(expected["logits"])
-    for causal_lm in (ElitaCausalLM.from_preset(run), keras_hub.models.CausalLM.from_preset(os.path.join(run, "preset"))):
+    for causal_lm in (
+        ElitaCausalLM.from_preset(run),
+        keras_hub.models.CausalLM.from_preset(os.path.join(run, "preset")),
+    ):
         assert causal_lm.backbone.tie_word_embeddings and causal_lm.backbone.layer_norm_epsilon == 1e-5
         np.testing.assert_allclose(_logits(causal_lm, expected["token_ids"]), want, rtol=1e-6, atol=1e-6)
     backbone = ElitaBackbone.from_preset(run)
@@ -60,9 +65,7 @@ def test_an_old_run_directory_exports_and_evaluates(old_run):
     run, expected = old_run
     # Its checkpoint (what elita-export reads) and its manifest, in today's names.
     checkpointed = load_run_model(run)
-    np.testing.assert_allclose(
-        _logits(checkpointed, expected["token_ids"]), expected["logits"], rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(_logits(checkpointed, expected["token_ids"]), expected["logits"], rtol=1e-5, atol=1e-5)
     manifest = read_manifest(run)
     assert manifest["model"]["tie_word_embeddings"] and manifest["data"]["corpus"]["document_separator"] == "file"
     assert model_identity(checkpointed)["architecture"]["tie_word_embeddings"]

@@ -78,12 +78,16 @@ def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_
     whole = backbone.logits(whole).numpy()
     cache, pieces = backbone.get_initial_cache(2), []
     for start, stop in [(0, 30), (30, 31), (31, 70)]:
-        hidden, cache = backbone.hidden_states(tokens[:, start:stop], cache=cache, document_starts=document_starts[:, start:stop])
+        hidden, cache = backbone.hidden_states(
+            tokens[:, start:stop], cache=cache, document_starts=document_starts[:, start:stop]
+        )
         pieces.append(backbone.logits(hidden).numpy())
     np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, rtol=1e-4, atol=1e-4)
     # Each document equals the model run on it alone: nothing leaks across a reset.
     causal_lm = ElitaCausalLM(backbone)
-    packed = causal_lm({"token_ids": tokens, "padding_mask": np.ones_like(tokens), "document_starts": document_starts}).numpy()
+    packed = causal_lm(
+        {"token_ids": tokens, "padding_mask": np.ones_like(tokens), "document_starts": document_starts}
+    ).numpy()
     np.testing.assert_allclose(packed, whole, rtol=1e-4, atol=1e-4)
     for row, starts in [(0, [0, 12, 13, 50, 70]), (1, [0, 30, 64, 70])]:
         for start, stop in zip(starts[:-1], starts[1:]):

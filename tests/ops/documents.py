@@ -32,7 +32,9 @@ def by_document(call, inputs, document_starts, initial_state):
     rows_out, rows_state = [], []
     for row in range(document_starts.shape[0]):
         starts = sorted({0, *np.flatnonzero(document_starts[row])}) + [document_starts.shape[1]]
-        state = tuple(t[row : row + 1] for t in initial_state) if initial_state and not document_starts[row, 0] else None
+        state = (
+            tuple(t[row : row + 1] for t in initial_state) if initial_state and not document_starts[row, 0] else None
+        )
         pieces = []
         for start, end in zip(starts[:-1], starts[1:]):
             if start > 0:

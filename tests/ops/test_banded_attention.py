@@ -2,11 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.ops.banded_attention import (
-    banded_attention,
-    banded_attention_step,
-    empty_banded_state,
-)
+from elita_tf.ops.banded_attention import banded_attention, empty_banded_state
+from elita_tf.ops.banded_attention_step import banded_attention_step
 from elita_tf.ops.reference import banded_attention_reference
 from tests.ops.low_precision import assert_low_precision_follows_float32
 
@@ -80,9 +77,15 @@ def test_packed_documents_match_the_reference_and_each_document_alone(window):
         return [out] + tape.gradient(loss, [q, k, v])
 
     packed = grads(
-        lambda q, k, v: banded_attention(q, k, v, window=window, mask=mask, document_starts=document_starts, chunk_size=CHUNK, **BIAS)[0]
+        lambda q, k, v: banded_attention(
+            q, k, v, window=window, mask=mask, document_starts=document_starts, chunk_size=CHUNK, **BIAS
+        )[0]
     )
-    want = grads(lambda q, k, v: banded_attention_reference(q, k, v, window=window, mask=mask, document_starts=document_starts, **BIAS))
+    want = grads(
+        lambda q, k, v: banded_attention_reference(
+            q, k, v, window=window, mask=mask, document_starts=document_starts, **BIAS
+        )
+    )
     for got, expected in zip(packed, want):
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-10)
     for row in range(2):
@@ -97,7 +100,9 @@ def test_packed_documents_match_the_reference_and_each_document_alone(window):
             )
             np.testing.assert_allclose(packed[0][row : row + 1, :, a:b], alone, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="do not continue an `initial_state`"):
-        banded_attention(q, k, v, window=window, document_starts=document_starts, initial_state=empty_banded_state(2, 2, 4, 3, 8, 80))
+        banded_attention(
+            q, k, v, window=window, document_starts=document_starts, initial_state=empty_banded_state(2, 2, 4, 3, 8, 80)
+        )
 
 
 def test_numeric_gradient_check():

@@ -335,3 +335,43 @@ def test_document_starts_in_float32_stay_exact_with_large_logits():
     _assert_finite(mean, log_z)
     np.testing.assert_allclose(mean.numpy(), want_mean.numpy(), atol=2e-5)
     np.testing.assert_allclose(log_z.numpy(), want_lz.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["factored", "direct"])
+@pytest.mark.parametrize("length, chunk", [(1, 16), (63, 16), (100, 16), (257, 16), (1100, 2)])
+@pytest.mark.parametrize("scale", [3.0, 80.0])
+def test_each_form_matches_the_reference_outputs_and_gradients(form, length, chunk, scale):
+    # 1,100 positions in chunks of 2 are 550 chunks: past the direct form's one-level carry (512), one level more.
+    logits, values = _inputs(length, scale=scale, dtype=tf.float64, seed=5)
+    mask = tf.constant(np.random.default_rng(6).random((2, length)) > 0.1)
+    rng = np.random.default_rng(7)
+    cot_mean = tf.constant(rng.normal(size=values.shape), tf.float64)
+    cot_lz = tf.constant(rng.normal(size=logits.shape), tf.float64)
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([logits, values])
+            mean, log_z = fn(logits, values)[:2]
+            # Padded rows are left finite, not meaningful: compared at real positions only.
+            real = tf.cast(mask, tf.float64)[:, None, :]
+            loss = tf.reduce_sum(mean * cot_mean * real[..., None]) + tf.reduce_sum(log_z * cot_lz * real)
+        return [mean * real[..., None], log_z * real, *tape.gradient(loss, [logits, values])]
+
+    got = run(lambda l, v: causal_softmax_mean(l, v, mask=mask, chunk_size=chunk, form=form))
+    want = run(lambda l, v: causal_softmax_mean_reference(l, v, mask=mask))
+    for g, w in zip(got, want):
+        _assert_finite(g)
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9 * scale)
+
+
+def test_the_direct_form_is_causal_to_the_bit_and_refuses_an_unknown_length():
+    logits, values = _inputs(70, scale=30.0)
+    later = tf.concat([logits[..., :40], logits[..., 40:] + 200.0], axis=-1)  # a jump far above, after row 39
+    before, _, _ = causal_softmax_mean(logits, values, form="direct")
+    after, _, _ = causal_softmax_mean(later, values, form="direct")
+    np.testing.assert_array_equal(before[:, :, :40], after[:, :, :40])
+    with pytest.raises(ValueError, match=r"`form` must be one of .*Received: form='fast'"):
+        causal_softmax_mean(logits, values, form="fast")
+    unknown = tf.function(lambda l, v: causal_softmax_mean(l, v, form="direct")[0])
+    with pytest.raises(ValueError, match="needs a length known at tracing"):
+        unknown.get_concrete_function(tf.TensorSpec([2, 3, None]), tf.TensorSpec([2, 3, None, 4]))

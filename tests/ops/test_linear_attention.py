@@ -101,7 +101,9 @@ def test_document_starts_equal_each_document_run_apart(length):
         return (outputs,), state
 
     def together():
-        outputs, state = causal_linear_attention(q, k, v, initial_state=initial, document_starts=document_starts, chunk_size=CHUNK)
+        outputs, state = causal_linear_attention(
+            q, k, v, initial_state=initial, document_starts=document_starts, chunk_size=CHUNK
+        )
         return (outputs,), state
 
     got, want = run(together), run(lambda: by_document(apart, (q, k, v), document_starts, initial))

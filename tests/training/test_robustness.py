@@ -121,7 +121,9 @@ def test_a_run_that_saved_no_checkpoint_starts_again_with_other_arguments(tiny_w
     capsys.readouterr()
     results = _run(tiny_wikitext, out, "--architecture", "linear", "--max-steps", "2")
     assert "saved no checkpoint: starting it again" in capsys.readouterr().out
-    assert results["architecture"] == "linear" and json.loads((out / "run.json").read_text())["architecture"] == "linear"
+    assert (
+        results["architecture"] == "linear" and json.loads((out / "run.json").read_text())["architecture"] == "linear"
+    )
 
 
 def test_results_record_the_data_hash(tiny_wikitext, tmp_path):

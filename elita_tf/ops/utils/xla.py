@@ -5,7 +5,7 @@ import tensorflow as tf
 from elita_tf.private_apis import in_xla_context
 
 
-def _in_xla_or_on_gpu():
+def compiled_or_on_gpu():
     """Whether the graph being traced is compiled by XLA, or a GPU is visible to TensorFlow."""
     return in_xla_context(tf.compat.v1.get_default_graph()) or bool(tf.config.list_logical_devices("GPU"))
 
@@ -19,6 +19,6 @@ def branch_or_select(usual, fast, general):
       predicate to the host, and under XLA ends the GPU's command buffer there: on a GPU that costs
       more than the extra pass, which XLA fuses into its neighbours.
     """
-    if _in_xla_or_on_gpu():
+    if compiled_or_on_gpu():
         return general()
     return tf.cond(usual, fast, general)

@@ -1,0 +1,61 @@
+"""The decoding form of `banded_attention`: one position at a time from a fixed-size state.
+
+With a window the state is a ring buffer: slot 0 the start position, slots `1 .. window - 1` the
+last `window - 1` positions; without, one slot a position up to `max_sequence_length`. Each step
+equals the last row of `banded_attention` over all positions so far.
+"""
+
+import tensorflow as tf
+
+from elita_tf.ops.banded_attention import check_window, dense_attention, prepare_inputs
+from elita_tf.ops.utils.positions import write_positions
+
+
+def banded_attention_step(state, query, key, value, window=None, slope=0.0, hyper=0.0, scale=None, mask=None):
+    """One decoding step of `banded_attention`.
+
+    Args:
+        state: from `empty_banded_state()`, `banded_attention` or a previous step.
+        query: float `[B, H, Dk]`, the new position's query.
+        key: float `[B, H, Dk]`.
+        value: float `[B, H, Dv]`.
+        window, slope, hyper, scale: as in `banded_attention`; must match the state.
+        mask: optional bool `[B]`; False makes the new position no key of later rows.
+
+    Returns:
+        `(out [B, H, Dv], new_state)`, equal to the last row of
+        `banded_attention` over all positions so far. Costs O(window) with a
+        window, O(max_sequence_length) without.
+    """
+    check_window(window)
+    query, key, value, valid, scale = prepare_inputs(
+        query[:, :, None], key[:, :, None], value[:, :, None], None if mask is None else mask[:, None], scale
+    )
+    keys, values, slot_valid, index = state
+    keys, values = tf.cast(keys, key.dtype), tf.cast(values, value.dtype)
+    batch = tf.shape(keys)[0]
+    if window is None:
+        tf.debugging.assert_less(
+            tf.reduce_max(index), tf.shape(keys)[2], message="The state holds fewer positions than needed"
+        )
+        keys = write_positions(keys, key, index, axis=2)
+        values = write_positions(values, value, index, axis=2)
+        slot_valid = write_positions(slot_valid, valid, index, axis=1)
+        key_pos = tf.tile(tf.range(tf.shape(keys)[2])[None, :], [batch, 1])
+        out = dense_attention(query, keys, values, slot_valid, index[:, None], key_pos, None, slope, hyper, scale)
+        return out[:, :, 0], (keys, values, slot_valid, index + 1)
+
+    # Slot 0 is position 0; slot s >= 1 is position index - window + s. Ring
+    # slots at positions <= 0 are empty or repeat the start position.
+    key_pos = tf.concat([tf.zeros([batch, 1], tf.int32), index[:, None] - window + tf.range(1, window)[None, :]], 1)
+    key_valid = slot_valid & ((key_pos >= 1) | (tf.range(window) == 0)[None, :])
+    out = dense_attention(query, keys, values, key_valid, index[:, None], key_pos, window, slope, hyper, scale)
+    fresh = tf.equal(index, 0)
+    fresh_keys = fresh[:, None, None, None]
+    new_state = (
+        tf.concat([tf.where(fresh_keys, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
+        tf.concat([tf.where(fresh_keys, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
+        tf.concat([tf.where(fresh[:, None], valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
+        index + 1,
+    )
+    return out[:, :, 0], new_state
