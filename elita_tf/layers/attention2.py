@@ -12,6 +12,7 @@ from elita_tf.ops.causal_softmax_mean import (
     empty_softmax_mean_state,
 )
 from elita_tf.ops.gated_projection import gate_and_mix, gated_output_projection
+from elita_tf.ops.utils import xla
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 from elita_tf.ops.utils.positions import real_extent
@@ -223,13 +224,15 @@ class Attention2(CausalMixer):
     def _project(self, inputs):
         """`(kappa, delta, rho, values)`: the three logit projections and the values, as one matrix product.
 
-        One product of the inputs with the four kernels side by side, not four: its gradients are two
-        products, not eight, and the layer a few kernels shorter on a GPU. Each kernel is its layer's
-        own (`kernel` includes a LoRA update); int8 layers take their own calls, which dequantize.
+        Under XLA or on a GPU, one product of the inputs with the four kernels side by side, not four:
+        its gradients are two products, not eight, and the layer a few kernels shorter. Each kernel is
+        its layer's own (`kernel` includes a LoRA update).
         """
         acc = accumulator_dtype(self.compute_dtype)
         layers = (self.k1_dense, self.k2_dense, self.k3_dense, self.value_dense)
-        if any(layer.quantization_mode is not None for layer in layers):
+        # On a CPU without XLA four products cost less than gathering the kernels for one; int8 layers
+        # take their own calls, which dequantize.
+        if not xla.compiled_or_on_gpu() or any(layer.quantization_mode is not None for layer in layers):
             logits = (tf.cast(layer(inputs), acc) for layer in layers[:3])
             return (*logits, tf.transpose(self.value_dense(inputs), [0, 2, 1, 3]))
         heads, width, depth = self.value_dense.kernel.shape
