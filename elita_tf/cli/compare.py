@@ -22,6 +22,11 @@ def parse_args(argv=None):
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="train every architecture with each seed")
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--plot", help="PNG to write (default: OUTPUT_DIR/ELiTA.png)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        help="skip a run that would end past this many seconds from the start (never a model's first seed)",
+    )
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     # The elita-train flags, left unset unless given: each run then takes elita-train's default.
     add_flags(parser, TrainSettings, exclude=_PER_RUN, defaults=False)
@@ -31,7 +36,8 @@ def parse_args(argv=None):
 def main(argv=None):
     parser, args = parse_args(argv)
     options = {key: value for key, value in vars(args).items() if value is not None and value is not False}
-    fixed = {key: options.pop(key, None) for key in ["architectures", "seeds", "output_dir", "plot", "debug"]}
+    fixed = {key: options.pop(key, None) for key in ["architectures", "seeds", "output_dir", "plot", "budget_seconds"]}
+    fixed["debug"] = options.pop("debug", False)
     try:  # the settings, checked before the first run
         train_settings(output_dir=fixed["output_dir"], **options)
     except ValueError as error:
@@ -40,7 +46,14 @@ def main(argv=None):
     def body():
         from elita_tf.training.compare import compare  # TensorFlow, once the arguments are parsed
 
-        compare(fixed["output_dir"], fixed["architectures"], fixed["seeds"], fixed["plot"], **options)
+        compare(
+            fixed["output_dir"],
+            fixed["architectures"],
+            fixed["seeds"],
+            fixed["plot"],
+            fixed["budget_seconds"],
+            **options,
+        )
         return 0
 
     resume = f"Run the same command to resume: finished runs in {fixed['output_dir']} are kept."

@@ -4,7 +4,8 @@
     compare("runs/compare", architectures=["elita", "transformer"], seeds=[0, 1, 2], epochs=2)
 
 Each architecture and seed trains in its own process (`elita-train`, so its peak memory is its
-own), one after the other, under `OUTPUT_DIR/ARCHITECTURE/seed-S`; a finished run is not trained
+own), one after the other (every architecture's first seed, then every second), under
+`OUTPUT_DIR/ARCHITECTURE/seed-S`; a finished run is not trained
 again, an interrupted one resumes. Then the plot (each architecture's train loss, averaged over
 seeds, against wall-clock time; test losses dashed; insets of average step time and peak memory)
 `OUTPUT_DIR/results.md` (mean ± sample standard deviation over the seeds) and
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from elita_tf.models import ARCHITECTURES
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
@@ -61,7 +63,7 @@ def _check_outputs(output_dir, default_plot):
         )
 
 
-def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, **settings):
+def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, budget_s=None, **settings):
     """Trains every architecture with every seed (skipping finished runs), then writes the plot and the tables.
 
     Args:
@@ -69,6 +71,9 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
         architectures: names from `elita_tf.models.ARCHITECTURES`.
         seeds: distinct non-negative ints.
         plot: the PNG to write. Defaults to `output_dir/ELiTA.png`.
+        budget_s: float or None. Seconds from the start: a run that the longest run so far says
+            would end past them is skipped, never a model's first seed. The runs go seed by seed
+            (every model's first seed, then every model's second), so a budget cuts seeds evenly.
         **settings: other `TrainSettings` and `CorpusSettings` fields (`train_settings`), the same for every run.
 
     Returns:
@@ -86,15 +91,21 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
     _check_outputs(output_dir, plot is None and plot_path)
     os.makedirs(output_dir, exist_ok=True)
     runs = {name: [] for name in architectures}
-    for name in architectures:
-        for seed in seeds:
+    start, longest = time.monotonic(), 0.0
+    for seed in seeds:
+        for name in architectures:
             directory = run_dir(output_dir, name, seed)
             results = os.path.join(directory, "results.json")
             if os.path.exists(results):
                 print(f"{name}, seed {seed}: already trained ({results})", flush=True)
+            elif budget_s is not None and runs[name] and time.monotonic() - start + longest > budget_s:
+                print(f"{name}, seed {seed}: skipped, it would end past the budget of {budget_s:.0f} s", flush=True)
+                continue
             else:
                 print(f"{name}, seed {seed}: training", flush=True)
+                began = time.monotonic()
                 subprocess.run(train_command(output_dir, name, seed, settings), check=True)
+                longest = max(longest, time.monotonic() - began)
             runs[name].append(directory)
 
     plot_comparison(runs, plot_path)

@@ -39,6 +39,7 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from elita_tf.data import lm_dataset, steps_per_epoch, stream_dataset, stream_steps_per_epoch
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
@@ -230,6 +231,8 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         results["step_time_s"] = sum(step_log.step_times) / len(step_log.step_times)
         results["tokens_per_s"] = settings.batch_size * settings.sequence_length / results["step_time_s"]
     results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if tf.config.list_logical_devices("GPU"):  # the accelerator's own peak, beside the host's
+        results["peak_gpu_memory_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
     # A figure taken while other work shared the cores says so here.
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}

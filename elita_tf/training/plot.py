@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 import os
 import statistics
 
@@ -70,8 +71,11 @@ def plot_comparison(runs, path, title="WikiText-2"):
         spread = f" ± {test_sd:.3f}" if len(read) > 1 else ""
         ax.axhline(test, color=colour, linestyle="--", linewidth=1, label=f"{label} test {test:.3f}{spread}")
         step_time = _mean_sd([r.get("step_time_s", float("nan")) for _, r in read])[0]
-        memory = _mean_sd([r["peak_memory_mib"] for _, r in read])[0] / 1024
+        # On a GPU its own peak memory; elsewhere the process's.
+        on_gpu = all("peak_gpu_memory_mib" in r for _, r in read)
+        memory = _mean_sd([r["peak_gpu_memory_mib" if on_gpu else "peak_memory_mib"] for _, r in read])[0] / 1024
         summary[label] = (step_time, memory, colour)
+        memory_name = "Peak GPU memory" if on_gpu else "Peak RAM"
     ax.set_xlabel("Training time (s)")
     ax.set_ylabel("Loss (nats/token)")
     ax.set_title(f"{title}: train loss against wall-clock time, test loss dashed")
@@ -79,7 +83,7 @@ def plot_comparison(runs, path, title="WikiText-2"):
     ax.grid(alpha=0.3)
 
     labels = list(summary)
-    for position, (index, name, unit) in zip([0.56, 0.8], [(0, "Avg step time", "s"), (1, "Peak RAM", "GB")]):
+    for position, (index, name, unit) in zip([0.56, 0.8], [(0, "Avg step time", "s"), (1, memory_name, "GB")]):
         inset = ax.inset_axes([position, 0.58, 0.17, 0.3])
         values = [summary[k][index] for k in labels]
         inset.bar(range(len(labels)), values, color=[summary[k][2] for k in labels])
@@ -91,7 +95,15 @@ def plot_comparison(runs, path, title="WikiText-2"):
     plt.close(fig)
 
 
-METRICS = ("test_loss", "test_perplexity", "validation_loss", "step_time_s", "tokens_per_s", "peak_memory_mib")
+METRICS = (
+    "test_loss",
+    "test_perplexity",
+    "validation_loss",
+    "step_time_s",
+    "tokens_per_s",
+    "peak_memory_mib",
+    "peak_gpu_memory_mib",
+)
 
 
 def summarize(runs):
@@ -126,12 +138,14 @@ def results_table(runs):
     """
     formats = [("test_loss", ".4f"), ("test_perplexity", ".1f"), ("validation_loss", ".4f")]
     formats += [("step_time_s", ".3f"), ("tokens_per_s", ",.0f"), ("peak_memory_mib", ",.0f")]
-    lines = [
-        "| model | seeds | params | params without embeddings | test loss | test perplexity | validation loss "
-        "| step time (s) | tokens/s | peak memory (MiB) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for label, entry in summarize(runs).items():
+    header = "| model | seeds | params | params without embeddings | test loss | test perplexity | validation loss "
+    header += "| step time (s) | tokens/s | peak memory (MiB) |"
+    summary = summarize(runs)
+    if any(not math.isnan(entry["mean"]["peak_gpu_memory_mib"]) for entry in summary.values()):
+        formats.append(("peak_gpu_memory_mib", ",.0f"))  # runs on a GPU: its peak too
+        header += " peak GPU memory (MiB) |"
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for label, entry in summary.items():
         several = len(entry["seeds"]) > 1
         cells = [
             f"{entry['mean'][metric]:{fmt}}" + (f" ± {entry['sd'][metric]:{fmt}}" if several else "")
