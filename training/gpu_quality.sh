@@ -14,7 +14,8 @@
 #
 # WikiText-2 is read from ELITA_WIKITEXT_DIR (a lent machine has no internet: copy ../shared/data/wikitext-2 into
 # the working tree, e.g. .wikitext-2/, carry it, and point ELITA_WIKITEXT_DIR there). --quick runs the same path
-# at a toy size, a few steps a run, on a CPU (CI runs it, so the command cannot break unseen).
+# at a toy size, a few steps a run, on a CPU (CI runs it, so the command cannot break unseen);
+# ELITA_VOCABULARY_SIZE sets its vocabulary (default 512).
 set -euo pipefail
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -24,7 +25,8 @@ budget="${ELITA_GPU_BUDGET_S:-540}"
 start=$(date +%s)
 
 if [ $quick = 1 ]; then
-  vocabulary=60
+  # WikiText-2 has 276 distinct characters, and a tiny corpus (the test's) too few pieces for 512: it sets this.
+  vocabulary="${ELITA_VOCABULARY_SIZE:-512}"
   model=(--size seed --hidden-dim 16 --num-layers 1 --num-heads 2 --head-dim 8)
   schedule=(--sequence-length 32 --batch-size 8 --epochs 1 --max-steps 3 --eval-batches 2)
 else
