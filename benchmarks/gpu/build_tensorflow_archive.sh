@@ -10,7 +10,7 @@
 #
 # --training adds what elita-train reads data with and the image lacks (training/gpu_quality.sh):
 # tensorflow-text (SentencePiece in the tf.data graph), tensorflow-datasets and their small dependencies, about
-# 25 MiB more in the archive.
+# 20 MiB more in the archive (300 MiB in six parts).
 #
 # Writes WORK_DIR/parts/part00, part01, ... and prints the unpacked and packed sizes. Needs pip (any Python:
 # the wheels are chosen for CPython 3.12 on x86-64 Linux), unzip, strip, xz and split; about 600 MB of downloads,
