@@ -13,6 +13,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "CausalMixer": "causal_mixer",
         "CausalSelfAttention": "causal_self_attention",
         "DecoderBlock": "decoder_block",
+        "FeedForward": "feed_forward",
         "FeedForward2": "feedforward2",
         "LinearAttention": "linear_attention",
         "OuterEpsilonRMSNormalization": "outer_epsilon_rms_normalization",
@@ -21,6 +22,5 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "TokenEmbedding": "token_embedding",
         "TriLinearAttention": "tri_linear_attention",
         "UnscaledLayerNormalization": "unscaled_layer_norm",
-        "FeedForward": "feed_forward",
     },
 )

@@ -26,6 +26,21 @@ def _assert_finite(*tensors):
         assert np.all(np.isfinite(t.numpy())), "non-finite values"
 
 
+def _outputs_and_gradients(fn, logits, values, seed, real=None):
+    """`fn`'s mean and log-normaliser and the gradients of a random projection of them; `real` (`[B, T]`
+    0/1) keeps those positions only."""
+    rng = np.random.default_rng(seed)
+    cot_mean = tf.constant(rng.normal(size=values.shape), values.dtype)
+    cot_lz = tf.constant(rng.normal(size=logits.shape), logits.dtype)
+    real = tf.ones([logits.shape[0], logits.shape[2]], logits.dtype) if real is None else tf.cast(real, logits.dtype)
+    real = real[:, None, :]
+    with tf.GradientTape() as tape:
+        tape.watch([logits, values])
+        mean, log_z = fn(logits, values)[:2]
+        loss = tf.reduce_sum(mean * cot_mean * real[..., None]) + tf.reduce_sum(log_z * cot_lz * real)
+    return [mean * real[..., None], log_z * real, *tape.gradient(loss, [logits, values])]
+
+
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("window", WINDOWS)
 def test_forward_matches_reference_float64(length, window):
@@ -40,19 +55,12 @@ def test_forward_matches_reference_float64(length, window):
 @pytest.mark.parametrize("window", WINDOWS)
 def test_gradients_match_reference(length, window):
     logits, values = _inputs(length, dtype=tf.float64, seed=1)
-    rng = np.random.default_rng(2)
-    cot_mean = tf.constant(rng.normal(size=values.shape), tf.float64)
-    cot_lz = tf.constant(rng.normal(size=logits.shape), tf.float64)
-
-    def grads(fn):
-        with tf.GradientTape() as tape:
-            tape.watch([logits, values])
-            mean, log_z = fn(logits, values)[:2]
-            loss = tf.reduce_sum(mean * cot_mean) + tf.reduce_sum(log_z * cot_lz)
-        return tape.gradient(loss, [logits, values])
-
-    got = grads(lambda l, v: causal_softmax_mean(l, v, window=window, chunk_size=CHUNK))
-    want = grads(lambda l, v: causal_softmax_mean_reference(l, v, window=window))
+    got = _outputs_and_gradients(
+        lambda l, v: causal_softmax_mean(l, v, window=window, chunk_size=CHUNK), logits, values, seed=2
+    )[2:]
+    want = _outputs_and_gradients(
+        lambda l, v: causal_softmax_mean_reference(l, v, window=window), logits, values, seed=2
+    )[2:]
     for g, w in zip(got, want):
         _assert_finite(g)
         np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-8)
@@ -344,21 +352,11 @@ def test_each_form_matches_the_reference_outputs_and_gradients(form, length, chu
     # 1,100 positions in chunks of 2 are 550 chunks: past the direct form's one-level carry (512), one level more.
     logits, values = _inputs(length, scale=scale, dtype=tf.float64, seed=5)
     mask = tf.constant(np.random.default_rng(6).random((2, length)) > 0.1)
-    rng = np.random.default_rng(7)
-    cot_mean = tf.constant(rng.normal(size=values.shape), tf.float64)
-    cot_lz = tf.constant(rng.normal(size=logits.shape), tf.float64)
-
-    def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch([logits, values])
-            mean, log_z = fn(logits, values)[:2]
-            # Padded rows are left finite, not meaningful: compared at real positions only.
-            real = tf.cast(mask, tf.float64)[:, None, :]
-            loss = tf.reduce_sum(mean * cot_mean * real[..., None]) + tf.reduce_sum(log_z * cot_lz * real)
-        return [mean * real[..., None], log_z * real, *tape.gradient(loss, [logits, values])]
-
-    got = run(lambda l, v: causal_softmax_mean(l, v, mask=mask, chunk_size=chunk, form=form))
-    want = run(lambda l, v: causal_softmax_mean_reference(l, v, mask=mask))
+    # Padded rows are left finite, not meaningful: compared at real positions only.
+    got = _outputs_and_gradients(
+        lambda l, v: causal_softmax_mean(l, v, mask=mask, chunk_size=chunk, form=form), logits, values, 7, mask
+    )
+    want = _outputs_and_gradients(lambda l, v: causal_softmax_mean_reference(l, v, mask=mask), logits, values, 7, mask)
     for g, w in zip(got, want):
         _assert_finite(g)
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9 * scale)
