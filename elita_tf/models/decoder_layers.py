@@ -45,7 +45,7 @@ def alibi_v1(layer_index):
 
 def _sliding_window_size(config, index, default):
     sizes = config["sliding_window_sizes"]
-    return default if sizes is None or sizes[index] is None and default is not None else sizes[index]
+    return default if sizes is None else sizes[index]
 
 
 def _make_mixer(config, index, dtype):
@@ -95,7 +95,8 @@ def _make_mixer(config, index, dtype):
         # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
         query_dim=max(16, width // 2),
         lowrank_dim=max(16, width // 4 // 16 * 16),
-        sliding_window_size=_sliding_window_size(config, index, 64),
+        # 3Lin has no global form: a None entry is its default window too.
+        sliding_window_size=_sliding_window_size(config, index, 64) or 64,
         slope=slope,
         hyper=hyper,
         wide=wide,

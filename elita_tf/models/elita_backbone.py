@@ -142,7 +142,8 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
         position_dim: int. Sinusoid components of ELiTA's position terms. Defaults to `16`.
         position_embedding: bool. Add learned absolute position embeddings. Defaults to `False`.
         sliding_window_sizes: None or one size (int or None) per layer: the
-            positions an additive or 3Lin block sees. None picks the originals'
+            positions an additive or 3Lin block sees; a None entry makes an
+            additive block global and gives a 3Lin block 64. None picks the originals'
             defaults: `4 * 2**l` with the last layer global for additive, 64 for 3Lin.
         dropout: float. Residual dropout. Defaults to `0.0`.
         tie_word_embeddings: bool. The head uses the token embedding matrix. Defaults to `False`.

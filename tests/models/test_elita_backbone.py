@@ -47,6 +47,16 @@ def test_the_config_is_the_architecture():
     assert set(config) - set(want) <= {"name", "trainable", "dtype"}  # Keras' own fields, nothing re-mapped
 
 
+def test_a_none_window_is_global_for_additive_and_the_default_for_3lin():
+    def windows(name, sizes):
+        backbone = _backbone(name, sliding_window_sizes=sizes)
+        return [backbone.get_layer(f"block_{i}").mixer.sliding_window_size for i in range(2)]
+
+    assert windows("additive", (None, 3)) == [None, 3]
+    assert windows("additive", None) == [4, None]
+    assert windows("3lin", (None, 5)) == [64, 5]
+
+
 def test_mixed_blocks_and_wide_ffn_is_shared():
     backbone = ElitaBackbone(
         vocabulary_size=24,
