@@ -178,7 +178,8 @@ def corpus_of_record(dataset, record, data_dir=None, tfds_dir=None):
     """`(CorpusSettings, seed)` of a run's recorded data (`info["dataset"]`, `info.get("corpus")`), read again."""
     record = dict(record or {})
     seed = record.pop("seed", 0)
-    method = record.pop("holdout_method", HOLDOUT_METHOD)
+    # A record without a method comes from before it was recorded, when a SHA-256 threshold held documents out.
+    method = record.pop("holdout_method", "sha256-threshold" if record else HOLDOUT_METHOD)
     if method != HOLDOUT_METHOD:
         raise ValueError(
             f"This elita-tf holds documents out by {HOLDOUT_METHOD!r} only: the run's splits cannot be read "

@@ -271,6 +271,10 @@ def test_the_holdout_method_is_part_of_the_settings_and_of_the_fingerprint(tmp_p
     assert info["sha256"] == corpus.check()["sha256"] and info["corpus"] == corpus.settings()
     with pytest.raises(ValueError, match=r"Received: holdout_method='threshold'"):
         corpus_of_record(glob, {**corpus.settings(), "holdout_method": "threshold"})
+    # A run recorded before the method was (elita-tf 0.1.0 at first) held documents out another way.
+    older = {key: value for key, value in corpus.settings().items() if key != "holdout_method"}
+    with pytest.raises(ValueError, match=r"Received: holdout_method='sha256-threshold'"):
+        corpus_of_record(glob, older)
 
 
 class RetoldText(tfds.core.GeneratorBasedBuilder):
