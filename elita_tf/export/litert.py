@@ -51,6 +51,7 @@ from tensorflow.lite.tools import flatbuffer_utils
 
 from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.models import ElitaBackbone
+from elita_tf.models.architectures import upgrade_config
 
 IDENTITY_KEY = "elita_tf_identity"  # the flatbuffer metadata entry that holds `model_identity`
 _KERAS_FIELDS = ("name", "trainable", "dtype")  # get_config() fields that are not the architecture
@@ -111,7 +112,7 @@ def check_identity(path, causal_lm):
     differs = []
     for key, value in want.items():
         if key == "architecture":
-            theirs = found.get(key) or {}
+            theirs = upgrade_config(found.get(key) or {})  # a file exported by elita-tf 0.1.0: its names
             differs += [
                 f"{name}={theirs.get(name)!r} (the run's: {value[name]!r})"
                 for name in value

@@ -13,9 +13,9 @@ import sentencepiece
 from elita_tf.cli.export import main as export_main
 from elita_tf.cli.train import parse_args
 from elita_tf.data.corpus_settings import CorpusSettings
-from elita_tf.export import LiteRTModel, export_litert
+from elita_tf.export import LiteRTModel, export_litert, litert
 from elita_tf.export.litert import flatten_state, model_identity, read_identity
-from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
+from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM, architectures
 from elita_tf.training import train
 from elita_tf.training.evaluate import evaluate
 from elita_tf.training.run_directory import load_run_model
@@ -156,11 +156,19 @@ def test_bad_requests_are_refused_with_the_value(trained, tmp_path, capsys):
         evaluate(str(run), litert=files[None], quantize="int8")
 
 
-def test_the_file_carries_its_run_and_another_run_s_file_is_refused(trained, tiny_wikitext, tmp_path):
+def test_the_file_carries_its_run_and_another_run_s_file_is_refused(trained, tiny_wikitext, tmp_path, monkeypatch):
     run, _, _, files = trained
     causal_lm = load_run_model(str(run))
     assert read_identity(files[None]) == model_identity(causal_lm)
     assert read_identity(files["int8"])["quantize"] == "int8"
+    # A file of elita-tf 0.1.0 names the architecture's fields as it did, and is its run's.
+    identity = model_identity(causal_lm)
+    old_names = {new: old for old, new in architectures._RENAMED.items()}
+    identity["architecture"] = {old_names.get(k, k): v for k, v in identity["architecture"].items()}
+    assert "tied_embeddings" in identity["architecture"]
+    with monkeypatch.context() as patch:
+        patch.setattr(litert, "read_identity", lambda path: identity)
+        litert.check_identity(files[None], causal_lm)
     # The same architecture and tokenizer, other weights: the report of `elita-evaluate --litert` would be wrong.
     weight = causal_lm.backbone.get_layer("block_0").mixer.k1_dense.kernel
     weight.assign(weight + 0.01)
