@@ -54,8 +54,11 @@ def plot_comparison(runs, path, title="WikiText-2"):
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     summary = {}
-    for colour, (label, run_dirs) in zip(colours, runs.items()):
-        read = [read_run(d) for d in _as_list(run_dirs)]
+    reads = {label: [read_run(d) for d in _as_list(run_dirs)] for label, run_dirs in runs.items()}
+    # On a GPU its own peak memory; elsewhere the process's. One kind for every bar of the inset.
+    on_gpu = all("peak_gpu_memory_mib" in r for read in reads.values() for _, r in read)
+    memory_key, memory_name = ("peak_gpu_memory_mib", "Peak GPU memory") if on_gpu else ("peak_memory_mib", "Peak RAM")
+    for colour, (label, read) in zip(colours, reads.items()):
         steps = min(len(rows) for rows, _ in read)
         # Training time: the steps' own time, validation passes left out.
         times, total = [], 0.0
@@ -71,11 +74,8 @@ def plot_comparison(runs, path, title="WikiText-2"):
         spread = f" ± {test_sd:.3f}" if len(read) > 1 else ""
         ax.axhline(test, color=colour, linestyle="--", linewidth=1, label=f"{label} test {test:.3f}{spread}")
         step_time = _mean_sd([r.get("step_time_s", float("nan")) for _, r in read])[0]
-        # On a GPU its own peak memory; elsewhere the process's.
-        on_gpu = all("peak_gpu_memory_mib" in r for _, r in read)
-        memory = _mean_sd([r["peak_gpu_memory_mib" if on_gpu else "peak_memory_mib"] for _, r in read])[0] / 1024
+        memory = _mean_sd([r[memory_key] for _, r in read])[0] / 1024
         summary[label] = (step_time, memory, colour)
-        memory_name = "Peak GPU memory" if on_gpu else "Peak RAM"
     ax.set_xlabel("Training time (s)")
     ax.set_ylabel("Loss (nats/token)")
     ax.set_title(f"{title}: train loss against wall-clock time, test loss dashed")
