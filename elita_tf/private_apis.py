@@ -1,6 +1,7 @@
-"""Every private Keras, keras-hub and TensorFlow API the package uses, in one place.
+"""Every private Keras, keras-hub and TensorFlow module the package imports, in one place.
 
-A Keras, keras-hub or TensorFlow release that moves one of these breaks this module alone.
+A release that moves one of these breaks this module alone. (Private attributes of public
+objects, such as a Keras layer's `_convert_input_args`, stay where they are used.)
 """
 
 from keras.src.backend.common import global_state  # noqa: F401  (Keras' shared-object map while saving)

@@ -90,7 +90,7 @@ def test_a_class_imported_from_its_package_is_registered_with_keras():
     assert out.strip().splitlines()[-1] == "[True, True, True, True]", out
 
 
-# Which packages each package may import at module level: data flows one way (STYLE.md).
+# Which packages each package may import at module level: data flows one way (docs/contributing.md).
 LAYERS = {
     "ops": {"ops", "private_apis"},
     "layers": {"ops", "layers", "private_apis", "lazy"},

@@ -2,8 +2,8 @@
 
     elita-compare --architectures elita transformer --seeds 0 1 2 --output-dir runs/compare --epochs 2
 
-The library function is `elita_tf.training.compare.compare`; every other flag is an `elita-train`
-flag passed to each run.
+The library function is `elita_tf.training.compare.compare`; every flag but `--budget-seconds` and
+`--debug` is an `elita-train` flag passed to each run.
 """
 
 import sys

@@ -267,9 +267,9 @@ class Attention2(CausalMixer):
         if self.logit_clip is not None:
             kappa, delta, rho = (tf.clip_by_value(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))
 
+        state = None if cache is None else (cache["log_z"], cache["mean"])
         if cache is not None and inputs.shape[1] == 1:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
-            state = (cache["log_z"], cache["mean"])
             mean, log_z, state = causal_softmax_mean_step(state, kappa[..., 0], values[:, :, 0], mask=step_mask)
             mean, log_z = mean[:, :, None], log_z[..., None]
         else:
@@ -277,7 +277,7 @@ class Attention2(CausalMixer):
                 kappa,
                 values,
                 mask=padding_mask,
-                initial_state=None if cache is None else (cache["log_z"], cache["mean"]),
+                initial_state=state,
                 chunk_size=self.chunk_size,
                 document_starts=document_starts,
             )
@@ -293,7 +293,6 @@ class Attention2(CausalMixer):
             return outputs
         # Right padding is not part of the sequence: the next position follows the last real one.
         end = real_extent(padding_mask, length)
-        start = cache["position"]
         position = start + end if document_starts is None else position_after(index, start, end)
         return outputs, {"log_z": state[0], "mean": state[1], "position": position}
 

@@ -1,7 +1,7 @@
 """Pure TensorFlow ops: stable causal scans, no Keras state.
 
-Each op has a parallel form for training and a one-step form for decoding, both returning their
-state; `reference` holds the naive O(T²) definitions the tests check them against.
+Each causal scan has a parallel form for training and a one-step form for decoding, both returning
+their state; `reference` holds the naive O(T²) definitions the tests check them against.
 """
 
 from elita_tf.ops.banded_attention import banded_attention, empty_banded_state

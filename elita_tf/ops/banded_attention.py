@@ -157,7 +157,7 @@ def _banded(
     excludes position 0, which is the separate `start = (key, value, valid)`:
     `[B, H, Dk]`, `[B, H, Dv]`, `[B]`, or one start per query (`[B, H, T, Dk]`,
     `[B, H, T, Dv]`, `[B, T]`) with packed documents. `position [B, T]` is
-    each query's distance from its start. `same_document`, optional
+    each query's distance from its start. `document_indices`, optional
     `(query [B, T], key [B, W - 1 + T])` int ids, keeps each query to the keys
     of its own document.
     The query at offset `i` of chunk `c` sits at key index `cC + i + W - 1`

@@ -25,9 +25,11 @@ Forms:
   are combined with `C x C` matrix products; chunks are linked by the same
   scheme one level up (chunks of chunks), and the few top-level blocks by
   one more product. Inside a chunk, `L` and the weights are factored around
-  the chunk's first normaliser (`_chunk_factors`), exact while no logit
-  rises more than a span above it; rows past one take the exponential
-  forms. Time and memory are O(T * C * D) for the global
+  the chunk's first normaliser (`decayed_prefix.chunk_factors`), exact while
+  no logit rises more than a span above it; rows past one take the
+  exponential forms. Under XLA and on a GPU the global case takes the direct
+  form instead (`direct_softmax_mean`): each chunk's weights as exponentials
+  against a causal running maximum, fewer operations. Time and memory are O(T * C * D) for the global
   case and for every window size (windowed: banded chunks for
   `window <= C`; beyond, a prefix and a suffix inside chunks with a
   windowed mean over the whole chunks between, the same cost).
@@ -50,7 +52,6 @@ from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
 from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after
 from elita_tf.ops.utils import xla
-from elita_tf.ops.utils.xla import branch_or_select
 from elita_tf.ops.windowed_softmax_mean import banded_mean, merge_means, pad_time, windowed_mean
 
 SOFTMAX_MEAN_CHUNK_SIZE = 32
@@ -110,7 +111,7 @@ def _global_chunked(logits, values, chunk_size):
     values = pad_axis(values, 1, pad)
     factors = chunk_factors(tf.reshape(logits, [-1, (length + pad) // chunk_size, chunk_size]))
     factored_log_z = tf.reshape(factors.log_z, tf.shape(logits))  # [N, T']
-    log_z = branch_or_select(
+    log_z = xla.branch_or_select(
         factors.within,
         lambda: factored_log_z,
         lambda: tf.where(

@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "verify_checkpoint": "checkpoints",
         "DistributedSetupError": "distributed",
         "make_strategy": "distributed",
-        "StepLog": "loop",
+        "StepLog": "callbacks",
         "train": "loop",
         "RunDirectory": "run_directory",
         "RunDirectoryError": "run_directory",

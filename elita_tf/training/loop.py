@@ -25,7 +25,7 @@ A run directory (`RunDirectory`) keeps the training state apart from the model i
 Training again into the same directory resumes exactly where the last intact checkpoint left
 off: same step, same data position, same result as an uninterrupted run. A directory holding
 another run (other settings, data or tokenizer), or one another process is writing, is refused
-before anything in it changes. `elita-train` (`elita_tf.cli.train`) is the command line.
+before anything in it changes, unless that run saved nothing yet: then it starts over, with a notice. `elita-train` (`elita_tf.cli.train`) is the command line.
 """
 
 import dataclasses

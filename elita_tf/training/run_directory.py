@@ -4,7 +4,8 @@
   settings that shape it, the data's SHA-256 and the tokenizer's. It is
   written once, when the run starts. Resuming compares the request with it
   field by field and stops, naming every difference, before anything in the
-  directory is touched.
+  directory is touched; a run that saved nothing yet (no checkpoint, results
+  or preset) starts over instead, with a notice.
 - `.lock`: held (`flock`) by the process that trains, with its PID inside. A
   second writer stops with that PID; a lock left by a killed process is taken
   over, with a notice.
