@@ -20,7 +20,15 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.data.corpus_settings import CorpusSettings
-from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, TextCorpus, data_kind, holdout_codes
+from elita_tf.data.text_files import (
+    HOLDOUT_METHOD,
+    SPLITS,
+    TextCorpus,
+    data_kind,
+    hash_file,
+    holdout_codes,
+    split_settings,
+)
 from elita_tf.data.wikitext import is_article_title, load_wikitext
 
 # Other names TFDS datasets give their validation split.
@@ -69,8 +77,7 @@ def prepared_sha256(directory):
             continue
         digest.update(f"{name}\0".encode())
         with tf.io.gfile.GFile(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+            hash_file(digest, f)
     return digest.hexdigest()
 
 
@@ -99,11 +106,10 @@ def _load_tfds(corpus, seed, document_starts):
     train = builder.as_dataset(split="train", shuffle_files=False).map(lambda example: example[field])
     # The split of each train example by its position in TFDS' order, as `TextCorpus` splits documents;
     # a split TFDS provides takes nothing from train.
-    codes = holdout_codes(builder.info.splits["train"].num_examples, seed, corpus.holdout_fraction)
-    for code, split in enumerate(SPLITS):
-        if split != "train" and given[split]:
-            codes[codes == code] = SPLITS.index("train")
-    codes = tf.constant(codes)
+    provided = [split for split in SPLITS if given.get(split)]
+    codes = tf.constant(
+        holdout_codes(builder.info.splits["train"].num_examples, seed, corpus.holdout_fraction, provided)
+    )
     splits = {}
     for code, split in enumerate(SPLITS):
         if split != "train" and given[split]:
@@ -112,7 +118,7 @@ def _load_tfds(corpus, seed, document_starts):
             texts_ds = train.enumerate().filter(lambda index, _, code=code: tf.equal(tf.gather(codes, index), code))
             texts_ds = texts_ds.map(lambda _, text: text)
         splits[split] = _lines_of(texts_ds, document_starts)
-    settings = {**corpus.record(), "text_field": field, "seed": seed, "holdout_method": HOLDOUT_METHOD}
+    settings = split_settings(corpus, seed, text_field=field)
     described = {
         "name": builder.info.full_name,
         "splits": {split: given[split] for split in SPLITS},

@@ -180,6 +180,12 @@ def documents_of(paths, document_separator="file", text_field="text"):
             raise ValueError(f"{path}: the file holds no text.")
 
 
+def hash_file(digest, f):
+    """Feeds the open binary file `f` into `digest` (a `hashlib` hash) a MiB at a time."""
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+
+
 def _splitmix64(x):
     """SplitMix64's finalizer on a uint64 array: a bijection, the same on every numpy and platform."""
     import numpy as np
@@ -189,19 +195,21 @@ def _splitmix64(x):
     return x ^ (x >> np.uint64(31))
 
 
-def holdout_codes(count, seed, holdout_fraction):
+def holdout_codes(count, seed, holdout_fraction, provided=()):
     """The split of each of `count` documents: 0 train, 1 validation, 2 test (`SPLITS` order).
 
     Each document's position is hashed with the seed (SplitMix64); the `k` smallest hashes go to
     test and the next `k` to validation, with `k = floor(holdout_fraction * count + 0.5)`, at least
     one when `count >= 3` and `holdout_fraction > 0`, and never so many that train is left empty.
     The counts are exact whatever the seed, and a document's split depends only on
-    `(seed, index, count, holdout_fraction)`.
+    `(seed, index, count, holdout_fraction)`. A split `provided` otherwise takes nothing: its
+    documents train.
 
     Args:
         count: int. The number of documents.
         seed: int. Which documents are held out.
         holdout_fraction: float in `[0, 0.5)`. The share of documents for each of test and validation.
+        provided: the splits (`"validation"`, `"test"`) given as data of their own.
 
     Returns:
         `np.ndarray` of `int8`, shape `[count]`.
@@ -225,14 +233,17 @@ def holdout_codes(count, seed, holdout_fraction):
     # Distinct positions have distinct hashes (a bijection), so the 2k smallest are one set.
     smallest = np.argpartition(hashes, 2 * k - 1)[: 2 * k]
     ranked = smallest[np.argsort(hashes[smallest])]
-    codes[ranked[:k]] = SPLITS.index("test")
-    codes[ranked[k : 2 * k]] = SPLITS.index("validation")
+    if "test" not in provided:
+        codes[ranked[:k]] = SPLITS.index("test")
+    if "validation" not in provided:
+        codes[ranked[k : 2 * k]] = SPLITS.index("validation")
     return codes
 
 
-def split_of(index, seed, holdout_fraction, count):
-    """The split of document `index` of `count` (`holdout_codes`): `"train"`, `"validation"` or `"test"`."""
-    return SPLITS[holdout_codes(count, seed, holdout_fraction)[index]]
+def split_settings(corpus, seed, **fields):
+    """What, besides the data's content, decides a corpus' splits (`CorpusSettings.record`, the seed, the
+    holdout method, `fields`): recorded with a run, read again by `corpus_of_record`."""
+    return {**corpus.record(), **fields, "seed": seed, "holdout_method": HOLDOUT_METHOD}
 
 
 class TextCorpus:
@@ -268,7 +279,7 @@ class TextCorpus:
 
     def settings(self):
         """What, besides the files' content, decides the splits: recorded with a run to read it again."""
-        return {**self.corpus.record(), "seed": self.seed, "holdout_method": HOLDOUT_METHOD}
+        return split_settings(self.corpus, self.seed)
 
     def _documents(self, source):
         return documents_of(self.paths[source], self.corpus.document_separator, self.corpus.text_field)
@@ -278,10 +289,7 @@ class TextCorpus:
         if self._codes is None or (count is not None and count != len(self._codes)):
             if count is None:
                 count = sum(1 for _ in self._documents("train"))
-            codes = holdout_codes(count, self.seed, self.corpus.holdout_fraction)
-            for split in self.paths.keys() - {"train"}:
-                codes[codes == SPLITS.index(split)] = SPLITS.index("train")
-            self._codes = codes
+            self._codes = holdout_codes(count, self.seed, self.corpus.holdout_fraction, provided=self.paths)
         return self._codes
 
     def split_documents(self, split):
@@ -318,8 +326,7 @@ class TextCorpus:
             for path in paths:
                 digest.update(f"{source}:{os.path.basename(path)}".encode())
                 with open(path, "rb") as f:
-                    for block in iter(lambda: f.read(1 << 20), b""):
-                        digest.update(block)
+                    hash_file(digest, f)
         codes = self._split_codes(sum(1 for _ in self._documents("train"))).tolist()
         counts = {split: codes.count(code) for code, split in enumerate(SPLITS)}
         for split in self.paths.keys() - {"train"}:

@@ -28,7 +28,7 @@ import tensorflow_datasets as tfds
 
 from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV, VARIANTS, fetch_wikitext, split_files
 from elita_tf.data.sources import SPLIT_FILES as SPLITS
-from elita_tf.data.text_files import read_lines
+from elita_tf.data.text_files import hash_file, read_lines
 
 
 class WikitextConfig(tfds.core.BuilderConfig):
@@ -54,8 +54,7 @@ def files_sha256(paths):
     for split in SPLITS:
         digest.update(split.encode())
         with open(paths[split], "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+            hash_file(digest, f)
     return digest.hexdigest()
 
 

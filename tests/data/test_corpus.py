@@ -6,10 +6,10 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from elita_tf.data import TextCorpus, load_corpus, sample_text
+from elita_tf.data import TextCorpus, load_corpus, sample_text, text_files
 from elita_tf.data.corpus import corpus_of_record
 from elita_tf.data.corpus_settings import CorpusSettings
-from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, data_kind, expand, holdout_codes, read_lines, split_of
+from elita_tf.data.text_files import HOLDOUT_METHOD, SPLITS, _splitmix64, data_kind, expand, holdout_codes, read_lines
 from tests.conftest import WORDS, write_documents
 
 
@@ -33,7 +33,8 @@ def test_text_files_are_documents_held_out_by_a_seeded_hash(tmp_path):
         (tmp_path / f"{i:02d}.txt").write_text("\n".join(doc) + "\n\n")
     corpus = TextCorpus(CorpusSettings(str(tmp_path / "*.txt"), holdout_fraction=0.2), seed=3)
     checked = corpus.check()
-    want = {split: [docs[i] for i in range(40) if split_of(i, 3, 0.2, 40) == split] for split in checked["documents"]}
+    codes = holdout_codes(40, 3, 0.2)
+    want = {split: [docs[i] for i in range(40) if SPLITS[codes[i]] == split] for split in checked["documents"]}
     assert {split: len(d) for split, d in want.items()} == checked["documents"]
     assert checked["documents"] == {"train": 24, "validation": 8, "test": 8}
     for split, documents in want.items():
@@ -251,9 +252,15 @@ def test_held_out_documents_are_chosen_by_rank(tmp_path, count, fraction, want):
     counts = corpus.check(required=("train",))["documents"]
     assert (counts["train"], counts["validation"], counts["test"]) == want
     codes = holdout_codes(count, 5, fraction)  # what the TFDS loader looks up
+    # By rank: the documents' seeded hashes in order, the k smallest test, the next k validation.
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array([5], np.uint64))
+        ranked = np.argsort(_splitmix64(np.arange(count, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + key))
+    k = want[2]
+    assert sorted(np.flatnonzero(codes == 2)) == sorted(ranked[:k])
+    assert sorted(np.flatnonzero(codes == 1)) == sorted(ranked[k : 2 * k])
     for code, split in enumerate(SPLITS):
-        held = [i for i in range(count) if split_of(i, 5, fraction, count) == split]
-        assert held == list(np.flatnonzero(codes == code))
+        held = np.flatnonzero(codes == code)
         assert list(corpus.split_documents(split)) == [_document(i) for i in held]
     # The k smallest hashes go to test, the next k to validation: the test documents stay when the fraction grows.
     if fraction:
@@ -261,10 +268,14 @@ def test_held_out_documents_are_chosen_by_rank(tmp_path, count, fraction, want):
         assert set(np.flatnonzero(codes == 2)) <= set(np.flatnonzero(larger == 2))
 
 
-def test_the_holdout_method_is_part_of_the_settings_and_of_the_fingerprint(tmp_path):
+def test_the_holdout_method_is_part_of_the_settings_and_of_the_fingerprint(tmp_path, monkeypatch):
     glob = write_documents(tmp_path / "texts", 8)
     corpus = TextCorpus(CorpusSettings(glob, holdout_fraction=0.2), seed=3)
     assert corpus.settings()["holdout_method"] == HOLDOUT_METHOD
+    fingerprint = corpus.check()["sha256"]
+    with monkeypatch.context() as patch:
+        patch.setattr(text_files, "HOLDOUT_METHOD", "another")
+        assert TextCorpus(CorpusSettings(glob, holdout_fraction=0.2), seed=3).check()["sha256"] != fingerprint
     # A run's recorded settings read the corpus again (elita-evaluate).
     again, seed = corpus_of_record(glob, corpus.settings())
     splits, info = load_corpus(again, seed=seed)
