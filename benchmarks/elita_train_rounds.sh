@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # elita-train at the seed configuration, 8 steps, float32: ELiTA at a previous checkout ($PREVIOUS),
 # ELiTA and the Transformer at the current one ($CURRENT), rounds alternating. Nothing else running.
-# PREVIOUS and CURRENT: clean checkouts (PREVIOUS's elita-train takes --preset, the flag's name before
-# --architecture); PYTHON: an environment with the package's dependencies.
+# PREVIOUS and CURRENT: clean checkouts (a PREVIOUS before 25e50bf names the model --preset); PYTHON: an
+# environment with the package's dependencies.
 #
-#   PREVIOUS=../old CURRENT=. bash benchmarks/elita_train_rounds.sh [OUTPUT_DIR]   (OUTPUT_DIR: benchmarks/results/elita_train_rounds)
+#   PREVIOUS=../old CURRENT=. bash benchmarks/elita_train_rounds.sh [OUTPUT_DIR]   (OUTPUT_DIR: runs/elita_train_rounds)
 #
 # Each process's run directory and log go under OUTPUT_DIR; the summary (step time, peak memory, load
 # average and commit of each process) is printed.
@@ -12,12 +12,14 @@ set -u
 export ELITA_WIKITEXT_DIR=${ELITA_WIKITEXT_DIR:?the WikiText-2 directory} TF_CPP_MIN_LOG_LEVEL=3
 py=${PYTHON:-python}
 root="$(cd "$(dirname "$0")/.." && pwd)"
-out="$(mkdir -p "${1:-$root/benchmarks/results/elita_train_rounds}" && cd "${1:-$root/benchmarks/results/elita_train_rounds}" && pwd)"
+out="$(mkdir -p "${1:-$root/runs/elita_train_rounds}" && cd "${1:-$root/runs/elita_train_rounds}" && pwd)"
 previous="$(cd "${PREVIOUS:?a clean checkout of the previous commit}" && pwd)"
 current="$(cd "${CURRENT:?a clean checkout of the current commit}" && pwd)"
+flag=--architecture
+grep -q '"preset": ' "$previous/elita_tf/cli/train.py" && flag=--preset
 cd /tmp  # python -m puts the working directory first on sys.path, before PYTHONPATH
 for round in 1 2 3; do
-  PYTHONPATH="$previous" $py -m elita_tf.cli.train --preset elita --output-dir "$out/old-elita-$round" \
+  PYTHONPATH="$previous" $py -m elita_tf.cli.train $flag elita --output-dir "$out/old-elita-$round" \
     --max-steps 8 --eval-batches 1 --force-new --verbose 0 > "$out/old-elita-$round.log" 2>&1
   PYTHONPATH="$current" $py -m elita_tf.cli.train --architecture elita --output-dir "$out/new-elita-$round" \
     --max-steps 8 --eval-batches 1 --force-new --verbose 0 > "$out/new-elita-$round.log" 2>&1

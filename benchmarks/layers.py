@@ -41,6 +41,7 @@ from measure import (
     environment,
     kernel_inputs,
     loss_functions,
+    rss_mib,
     run_measurement,
     time_left,
     use_gpu_peak,
@@ -90,11 +91,6 @@ def make_layer(subject, args):
     return keras.layers.MultiHeadAttention(h, d, dtype=dtype)
 
 
-def _rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -108,7 +104,7 @@ def run_one(args):
 
     length, batch = args.sequence_length, max(1, args.tokens // args.sequence_length)
     heads, depth, width = args.heads, args.head_dim, args.width
-    base = _rss_mib()
+    base = rss_mib()
     if args.subject in KERNELS or args.subject == "elementwise":
         logits, values = kernel_inputs(batch, heads, length, depth)
         inputs = [logits, tf.cast(values, keras.DTypePolicy(args.dtype_policy).compute_dtype)]

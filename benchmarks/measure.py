@@ -1,9 +1,16 @@
 """Runs one measurement in its own process, so that its peak memory is its own."""
 
 import json
+import os
 import subprocess
 import sys
 import time
+
+
+def rss_mib():
+    """The process's resident memory now, in MiB (Linux): the baseline a peak is measured from."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def run_measurement(cmd, timeout):

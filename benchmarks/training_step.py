@@ -23,16 +23,24 @@ import statistics
 import sys
 import time
 
+from measure import (
+    describe_environment,
+    environment,
+    rss_mib,
+    run_measurement,
+    time_left,
+    training_model,
+    use_gpu_peak,
+)
+
 from elita_tf.models import MODEL_SIZES
-from measure import describe_environment, environment, run_measurement, time_left, training_model, use_gpu_peak
 
 
 def run_one(args):
     import numpy as np
     import tensorflow as tf
 
-    with open("/proc/self/statm") as f:
-        base = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    base = rss_mib()
     batch = max(1, args.tokens // args.sequence_length)
     model = training_model(
         args.architecture,

@@ -44,6 +44,10 @@ def write_tiny_wikitext(directory, lines_per_split=(400, 60, 60), seed=0):
     return directory
 
 
+# elita-train's flags for a model small enough to train in seconds on its own text (`write_documents`).
+TINY_RUN = ["--vocabulary-size", "40", "--sequence-length", "16", "--batch-size", "8", "--hidden-dim", "16"]
+TINY_RUN += ["--num-layers", "1", "--num-heads", "2", "--head-dim", "8", "--verbose", "0"]
+
 WORDS = (
     "the cat dog sees a house river tree walks near big small old young red green blue stone bridge under over "
     "bird sings loud quiet night day sun moon rain snow wind field city road king queen garden apple window door "

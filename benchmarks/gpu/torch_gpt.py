@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
-from measure import run_measurements, time_left  # noqa: E402  (after the path)
+from measure import rss_mib, run_measurements, time_left  # noqa: E402  (after the path)
 
 from elita_tf.models import MODEL_SIZES  # noqa: E402
 
@@ -107,11 +107,6 @@ def _environment(device):
     return {"framework": "pytorch", "device": name, "torch": torch.__version__}
 
 
-def _baseline_rss_mib():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def _peak_mib(device, base_rss):
     """The most memory the measured work held: PyTorch's allocator peak on a GPU, else the resident set's."""
     import torch
@@ -126,7 +121,7 @@ def run_step(args):
     import torch
 
     device = _device()
-    base = _baseline_rss_mib()
+    base = rss_mib()
     torch.manual_seed(0)
     torch.set_float32_matmul_precision("high")
     batch = max(1, args.tokens // args.sequence_length)
@@ -212,7 +207,7 @@ def _time_op(subject, args):
 
     device = _device()
     batch = max(1, args.tokens // args.sequence_length)
-    base = _baseline_rss_mib()
+    base = rss_mib()
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)

@@ -12,6 +12,7 @@ The library function is `elita_tf.training.evaluate.evaluate`. Prints one JSON o
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -24,6 +25,9 @@ from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
 from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.layers.options import POSITION_MODES
 
+# CorpusSettings' fields that other text has no use for: it is scored whole, or by --split.
+_NOT_FLAGS = ("validation_data", "test_data", "holdout_fraction")
+
 
 def main(argv=None):
     parser = ArgumentParser(prog="elita-evaluate", description=__doc__.split("\n\n")[0])
@@ -31,7 +35,7 @@ def main(argv=None):
     parser.add_argument("--split", default="test", choices=SPLITS)
     # Other text, instead of the run's own: its flags are CorpusSettings' (text files and JSON Lines are
     # scored whole, a WikiText config or TFDS dataset by --split); --data-dir and --tfds-dir also locate the run's.
-    add_flags(parser, CorpusSettings, exclude=("validation_data", "test_data", "holdout_fraction"), defaults=False)
+    add_flags(parser, CorpusSettings, exclude=_NOT_FLAGS, defaults=False)
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="evaluate after Keras' quantize(MODE)")
     parser.add_argument("--litert", help="score through this LiteRT file of the run (elita-export --format litert)")
     parser.add_argument("--batch-size", type=int, help="defaults to the run's")
@@ -64,9 +68,7 @@ def main(argv=None):
         parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
     corpus = None
     if args.data is not None:
-        given = {
-            name: getattr(args, name) for name in ("data", "data_dir", "tfds_dir", "document_separator", "text_field")
-        }
+        given = {f.name: getattr(args, f.name) for f in dataclasses.fields(CorpusSettings) if f.name not in _NOT_FLAGS}
         try:
             corpus = CorpusSettings(**{name: value for name, value in given.items() if value is not None})
             if data_kind(corpus.data) in ("text", "jsonl"):

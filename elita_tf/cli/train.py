@@ -11,7 +11,6 @@ Every flag is a field of `elita_tf.training.TrainSettings` or its `elita_tf.data
 """
 
 import argparse
-import glob
 import os
 import sys
 
@@ -20,6 +19,7 @@ from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command, split_d
 from elita_tf.cli.flags import add_flags
 from elita_tf.data.sources import DATA_DIR_ENV, split_files
 from elita_tf.data.text_files import TextCorpus, data_kind
+from elita_tf.training.checkpoints import list_checkpoints
 from elita_tf.training.settings import TrainSettings, train_settings
 
 
@@ -32,10 +32,10 @@ def parse_args(argv=None):
         settings = train_settings(**{k: v for k, v in vars(parser.parse_args(argv)).items() if k != "debug"})
     except ValueError as error:
         parser.error(str(error))
-    # The flags given on the command line, defaults aside: a fine-tuned model's must agree with it.
-    unset = add_flags(argparse.ArgumentParser(), TrainSettings, defaults=False)
-    given = {key for key, value in vars(unset.parse_known_args(argv)[0]).items() if value is not None}
     if settings.init_from is not None or settings.tokenizer_from is not None or settings.carry_state:
+        # The flags given on the command line, defaults aside: a fine-tuned model's must agree with them.
+        unset = add_flags(argparse.ArgumentParser(), TrainSettings, defaults=False)
+        given = {key for key, value in vars(unset.parse_known_args(argv)[0]).items() if value is not None}
         # These read a model, a tokenizer or the backbone's defaults: TensorFlow.
         from elita_tf.training.model_settings import (
             FINE_TUNED_FIELDS,
@@ -65,9 +65,7 @@ def parse_args(argv=None):
 
 def resume_hint(output_dir):
     """What Ctrl-C leaves: the run's last checkpoint to resume from, or nothing saved yet (tokenizing, say)."""
-    # The names `elita_tf.training.checkpoints` gives, globbed: that module loads TensorFlow. Eight digits
-    # leave out a half-written `step-*.keras.tmp.keras`.
-    if glob.glob(os.path.join(glob.escape(output_dir), "checkpoints", "step-" + "[0-9]" * 8 + ".keras")):
+    if list_checkpoints(output_dir):
         return f"The run's last checkpoint is in {output_dir}: run the same command to resume."
     return "Nothing was saved yet: run the same command to start again."
 

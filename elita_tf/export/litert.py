@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.lite.tools import flatbuffer_utils
 
-from elita_tf.export.settings import QUANTIZATIONS
+from elita_tf.export.settings import check_quantize
 from elita_tf.models import ElitaBackbone
 from elita_tf.models.architectures import upgrade_config
 
@@ -228,8 +228,7 @@ def export_litert(causal_lm, path, quantize=None):
     Raises:
         ValueError: for another `quantize`.
     """
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(f"`quantize` must be None or one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
+    check_quantize(quantize)
     decoder = OnDeviceDecoder(_float32(causal_lm.backbone))
     functions = [decoder.prefill.get_concrete_function(), decoder.decode.get_concrete_function()]
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, decoder)

@@ -51,13 +51,13 @@ ARCHITECTURES = {
     },
 }
 
+# The sequence length a backbone's buffers hold, and a run's training length, unless given.
+DEFAULT_SEQUENCE_LENGTH = 256
+
 # Model sizes: width, depth and heads, the same for every architecture (`elita-train --hidden-dim ...`).
 # "seed" is the backbone's defaults (about 1M parameters at a 5,000-token vocabulary). At that vocabulary,
 # ELiTA has 28.3M parameters at "25m" and 86M at "100m" (the Transformer 31.4M and 94M, with its learned
 # positions for 2,048 tokens); a larger vocabulary adds `2 * vocabulary_size * hidden_dim`.
-# The sequence length a backbone's buffers hold, and a run's training length, unless given.
-DEFAULT_SEQUENCE_LENGTH = 256
-
 MODEL_SIZES = {
     "seed": {"hidden_dim": 64, "num_layers": 6, "num_heads": 4, "head_dim": 16},
     "25m": {"hidden_dim": 512, "num_layers": 8, "num_heads": 8, "head_dim": 64},

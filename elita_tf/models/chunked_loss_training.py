@@ -121,7 +121,7 @@ class ChunkedLossTraining:
             loss = backbone.token_losses(hidden, labels, sample_weight, reduction="sum")
         else:
             loss = ops.sum(backbone.token_losses(hidden, labels, sample_weight))
-        if sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight":
+        if self._weighs_by_samples(sample_weight):
             divisor = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
         else:
             divisor = tf.cast(tf.size(labels), loss.dtype)
@@ -130,13 +130,17 @@ class ChunkedLossTraining:
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         return loss / tf.distribute.get_strategy().num_replicas_in_sync
 
+    def _weighs_by_samples(self, sample_weight):
+        """Whether the loss is averaged over the weights of `sample_weight` rather than over every token."""
+        return sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight"
+
     def _track_loss(self, loss, token_ids, sample_weight=None):
         # Each batch's mean weighs in by its rows, or, given `sample_weight` with a loss averaged over the
         # weights, by their sum: evaluation's figure is then the mean over every weighted token (packed
         # documents). Training keeps rows: `StepLog` reads each batch's loss back from the running mean.
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         weight = tf.cast(tf.shape(token_ids)[0], loss.dtype)
-        if sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight":
+        if self._weighs_by_samples(sample_weight):
             weight = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
         self._loss_tracker.update_state(loss * replicas, sample_weight=weight)
 

@@ -166,7 +166,7 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
                 "Received: token_ids=[]"
             )
         if isinstance(token_ids, str) or (
-            isinstance(token_ids, (list, tuple)) and token_ids and all(isinstance(t, str) for t in token_ids)
+            isinstance(token_ids, (list, tuple)) and all(isinstance(t, str) for t in token_ids)
         ):
             return self._score_text(token_ids, padding_mask, scoring_mode, layer_intercept_fn, target_ids)
         if scoring_mode == "loss" and target_ids is None:

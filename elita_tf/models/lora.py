@@ -97,9 +97,10 @@ class LoraAdapters:
                 "ElitaBackbone adapts its default projections (`default_lora_layer_names`), so that a saved adapted "
                 f"model loads as one. Received: target_layer_names={target_layer_names!r}"
             )
-        self.check_lora_rank(rank)
+        layers = adapted_layers(self, self.default_lora_layer_names())
+        check_rank(layers, rank)
         super().enable_lora(rank)
-        for layer in adapted_layers(self, self.default_lora_layer_names()):
+        for layer in layers:
             keep_exact(layer)
         self.lora_rank = rank
 

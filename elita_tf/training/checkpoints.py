@@ -15,12 +15,6 @@ import re
 import warnings
 import zipfile
 
-import keras
-
-# The package loads lazily: the classes a checkpoint names are imported here, so that Keras finds them registered.
-import elita_tf.models.elita_causal_lm  # noqa: F401
-import elita_tf.schedules  # noqa: F401  (the learning-rate schedules, and NormalizedSGD)
-
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8})\.keras$")
 
@@ -107,6 +101,13 @@ def latest_checkpoint(run_dir):
 
 def load_checkpoint(path, compile=True):
     """The model (an `ElitaCausalLM`, with its optimizer when `compile`) a checkpoint holds."""
+    # Here, not at the top: the file names above serve `elita-train`'s Ctrl-C hint without TensorFlow. The
+    # package loads lazily: the classes a checkpoint names are imported so that Keras finds them registered.
+    import keras
+
+    import elita_tf.models.elita_causal_lm  # noqa: F401
+    import elita_tf.schedules  # noqa: F401  (the learning-rate schedules, and NormalizedSGD)
+
     return keras.models.load_model(path, compile=compile)
 
 

@@ -32,7 +32,7 @@ from elita_tf.data.corpus import corpus_of_record, load_corpus
 from elita_tf.data.text_files import SPLITS, data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
-from elita_tf.export.settings import QUANTIZATIONS
+from elita_tf.export.settings import check_quantize
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.presets import RUN_MANIFEST
 from elita_tf.training.run_directory import read_manifest
@@ -202,8 +202,7 @@ def evaluate(
     """
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(f"`quantize` must be None or one of {QUANTIZATIONS}. Received: quantize={quantize!r}")
+    check_quantize(quantize)
     if litert is not None and quantize is not None:
         raise ValueError(
             f"A LiteRT file carries its own quantization: pass `litert` or `quantize`. Received: quantize={quantize!r}"
@@ -259,7 +258,8 @@ def evaluate(
     if quantize:
         backbone.quantize(quantize)
     # Other text is scored whole, each token after the first once (`covering_windows`).
-    whole = corpus is not None and data_kind(corpus.data) in ("text", "jsonl") and not carry_state
+    own_text = corpus is not None and data_kind(corpus.data) in ("text", "jsonl")
+    whole = own_text and not carry_state
     if corpus is None:  # the run's own data, split as it was for training
         recorded = manifest["data"]
         own, seed = corpus_of_record(recorded["dataset"], recorded.get("corpus"), data_dir, tfds_dir)
@@ -270,7 +270,7 @@ def evaluate(
                 f"not the ones the run trained on (sha256 {manifest['data']['sha256'][:12]}...).",
                 file=sys.stderr,
             )
-    elif data_kind(corpus.data) in ("text", "jsonl"):  # all of it, one split
+    elif own_text:  # all of it, one split
         all_of_it = dataclasses.replace(corpus, holdout_fraction=0.0)
         splits, data = load_corpus(all_of_it, required_splits=("train",), document_starts=pack_documents or whole)
         split, splits = "all", {"all": splits["train"]}

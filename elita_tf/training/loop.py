@@ -146,7 +146,8 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     start = int(model.optimizer.iterations.numpy())
     if in_multi_worker_mode(strategy):
         # Paths may differ from machine to machine; everything else must match.
-        arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in fields_marked("local")}
+        local = fields_marked("local")
+        arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
         arguments["corpus"] = settings.corpus.record()
         request = json.dumps([requested_manifest(settings, config, data), arguments], sort_keys=True).encode()
         with open(run_dir.file(TOKENIZER), "rb") as f:

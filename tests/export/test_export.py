@@ -200,7 +200,7 @@ def test_a_mixed_precision_model_exports_and_generates_the_keras_tokens(policy_n
 
 
 def _refused(argv, capsys):
-    """`elita-export`'s one error line for `argv`, whose --run-dir does not exist."""
+    """`elita-export`'s error for `argv`, which it refuses with exit status 2 (a usage error)."""
     with pytest.raises(SystemExit) as stop:
         export_main(argv)
     assert stop.value.code == 2

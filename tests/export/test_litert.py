@@ -19,6 +19,7 @@ from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM, archite
 from elita_tf.training import train
 from elita_tf.training.evaluate import evaluate
 from elita_tf.training.run_directory import load_run_model
+from tests.export.test_export import _refused
 
 pytest.importorskip("ai_edge_litert")
 
@@ -259,12 +260,10 @@ def test_elita_export_writes_only_over_its_own_litert_files(tiny_file, tmp_path,
     folder.mkdir()
     (folder / "a.txt").write_text("keep me")
     for output in [notes, folder]:
-        with pytest.raises(SystemExit):
-            export_main(["--run-dir", run, "--format", "litert", "--output", str(output)])
-        err = capsys.readouterr().err
+        err = _refused(["--run-dir", run, "--format", "litert", "--output", str(output)], capsys)
         assert err.count("\n") == 1 and f"Received: output={output}" in err, err
     assert notes.read_text() == "not a model" and (folder / "a.txt").read_text() == "keep me"
     earlier = shutil.copy(tiny_file, tmp_path / "earlier.tflite")  # an earlier export: on to loading the run
-    with pytest.raises(SystemExit):
-        export_main(["--run-dir", run, "--format", "litert", "--output", str(earlier)])
-    assert "is not an elita-train run directory" in capsys.readouterr().err
+    assert "is not an elita-train run directory" in _refused(
+        ["--run-dir", run, "--format", "litert", "--output", str(earlier)], capsys
+    )

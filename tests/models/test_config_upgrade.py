@@ -61,7 +61,7 @@ def test_an_old_preset_loads_through_every_entry_point_with_its_logits(old_run):
     assert "tie_word_embeddings" in backbone.get_config() and "tied_embeddings" not in backbone.get_config()
 
 
-def test_an_old_run_directory_exports_and_evaluates(old_run):
+def test_an_old_run_directory_loads_for_export_and_evaluates_as_it_trained(old_run):
     run, expected = old_run
     # Its checkpoint (what elita-export reads) and its manifest, in today's names.
     checkpointed = load_run_model(run)
@@ -71,4 +71,5 @@ def test_an_old_run_directory_exports_and_evaluates(old_run):
     assert model_identity(checkpointed)["architecture"]["tie_word_embeddings"]
     # elita-evaluate reads the run's own held-out text again by its recorded settings.
     result = evaluate(run, split="validation")
-    assert np.isfinite(result["loss"]) and result["tokens"] > 0
+    with open(os.path.join(run, "results.json")) as f:
+        assert result["loss"] == pytest.approx(json.load(f)["validation_loss"], rel=1e-5)  # what training measured

@@ -108,9 +108,14 @@ def test_help_still_prints_the_whole_usage(command, capsys):
 
 
 def test_a_callable_hint_is_read_at_the_interrupt(capsys):
-    hints = iter(["first", "second"])
-    assert run_command("elita-x", _raise(KeyboardInterrupt()), resume_hint=lambda: next(hints)) == 130
-    assert capsys.readouterr().err == "elita-x: interrupted. first\n"
+    state = {"hint": "before"}
+
+    def body():  # what the run saved changes while it runs: the hint is the state at the interrupt
+        state["hint"] = "after"
+        raise KeyboardInterrupt
+
+    assert run_command("elita-x", body, resume_hint=lambda: state["hint"]) == 130
+    assert capsys.readouterr().err == "elita-x: interrupted. after\n"
 
 
 def test_ctrl_c_says_resume_only_once_a_checkpoint_exists(tmp_path, monkeypatch, capsys):

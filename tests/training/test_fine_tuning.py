@@ -10,14 +10,11 @@ import pytest
 from elita_tf.cli.train import main as train_main
 from elita_tf.models import ElitaCausalLM
 from elita_tf.training import load_latest_checkpoint
-from tests.conftest import write_documents
-
-SIZE = ["--vocabulary-size", "40", "--sequence-length", "16", "--batch-size", "8", "--hidden-dim", "16"]
-SIZE += ["--num-layers", "1", "--num-heads", "2", "--head-dim", "8", "--verbose", "0"]
+from tests.conftest import TINY_RUN, write_documents
 
 
 def _train(out, *flags):
-    return train_main(["--output-dir", str(out), *SIZE, *flags])
+    return train_main(["--output-dir", str(out), *TINY_RUN, *flags])
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +62,12 @@ def test_an_adapted_preset_loads_generates_and_trains_as_saved(base, tmp_path):
     ids = np.array([[3, 5, 9, 14, 3, 7]], "int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     np.testing.assert_array_equal(causal_lm(x), trained(x))
+    # The loaded preset generates, greedily, what the trained model generates.
+    other = ElitaCausalLM(trained.backbone, causal_lm.preprocessor)
+    for model in (causal_lm, other):
+        model.compile(sampler="greedy")
+    generated = causal_lm.generate("the old king", max_length=12)
+    assert generated == other.generate("the old king", max_length=12) and len(generated) > len("the old king")
     # Trained further, the adapters move.
     before = _adapters(causal_lm.backbone)
     causal_lm.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(True))

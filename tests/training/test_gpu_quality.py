@@ -13,7 +13,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_the_quality_command_trains_both_models_and_its_budget_cuts_seeds_not_models(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.update(ELITA_WIKITEXT_DIR=write_tiny_wikitext(str(tmp_path / "wikitext")), ELITA_GPU_BUDGET_S="1", ELITA_VOCABULARY_SIZE="60")
+    env.update(
+        ELITA_WIKITEXT_DIR=write_tiny_wikitext(str(tmp_path / "wikitext")),
+        ELITA_GPU_BUDGET_S="1",
+        ELITA_VOCABULARY_SIZE="60",
+    )
     out = tmp_path / "quality"
     done = subprocess.run(
         ["bash", str(ROOT / "training" / "gpu_quality.sh"), "--quick", str(out)],

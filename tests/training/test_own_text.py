@@ -12,11 +12,10 @@ import sentencepiece
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import main as train_main
 from elita_tf.models import ElitaCausalLM
-from tests.conftest import WORDS, write_documents
+from tests.conftest import TINY_RUN, WORDS, write_documents
 from tests.data.test_corpus import TinyText
 
-SIZE = ["--vocabulary-size", "40", "--sequence-length", "16", "--batch-size", "8", "--hidden-dim", "16"]
-SIZE += ["--num-layers", "1", "--num-heads", "2", "--head-dim", "8", "--max-steps", "3", "--verbose", "0"]
+SIZE = [*TINY_RUN, "--max-steps", "3"]
 
 
 def _train(out, *data):
