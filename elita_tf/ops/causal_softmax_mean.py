@@ -39,19 +39,12 @@ Forms:
 
 import tensorflow as tf
 
-from elita_tf.ops.decayed_prefix import (
-    UNSEEN_LOGIT,
-    chunk_factors,
-    decayed_prefix,
-    leading,
-    logaddexp,
-    static_size,
-)
+from elita_tf.ops.decayed_prefix import chunk_factors, decayed_prefix, logaddexp
 from elita_tf.ops.direct_softmax_mean import direct_softmax_mean
 from elita_tf.ops.utils import xla
 from elita_tf.ops.utils.documents import document_index, gated_scan
-from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
-from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after
+from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT, accumulator_dtype
+from elita_tf.ops.utils.positions import leading, pad_axis, real_extent, static_size, window_after
 from elita_tf.ops.windowed_softmax_mean import banded_mean, merge_means, pad_time, windowed_mean
 
 SOFTMAX_MEAN_CHUNK_SIZE = 32

@@ -12,47 +12,18 @@ from typing import Callable, NamedTuple
 import tensorflow as tf
 
 from elita_tf.ops.pairwise_projection import outer_product
-from elita_tf.ops.utils.dtypes import NEG_INF
-from elita_tf.ops.utils.positions import pad_axis
+from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT
+from elita_tf.ops.utils.positions import leading, pad_axis, shift_right, static_size
 from elita_tf.ops.utils.xla import branch_or_select
 
 # Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
 _TINY = 1e-30
 
 
-# The logit of a key a row must not see: far below a masked key's NEG_INF, so that a row that sees
-# only masked keys (normaliser NEG_INF, so `l_j - L_i` about -NEG_INF) still gives it no weight.
-# Finite in float32.
-UNSEEN_LOGIT = 1e8 * NEG_INF
-
-
 def logaddexp(a, b):
     """`log(exp(a) + exp(b))`, broadcasting, with the right gradient at ties."""
     a, b = a + tf.zeros_like(b), b + tf.zeros_like(a)
     return tf.reduce_logsumexp(tf.stack([a, b], axis=-1), axis=-1)
-
-
-def static_size(x, axis):
-    """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
-    return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
-
-
-def leading(x, length):
-    """`x[:, :length]`, or `x` itself when that is all of it at tracing: no slice, whose gradient is a full copy."""
-    if isinstance(length, int) and x.shape[1] == length:
-        return x
-    return x[:, :length]
-
-
-def shift_right(x, axis, fill=0.0, steps=1):
-    """`x` moved `steps` along `axis`, `fill` entering at the start (safe for any size).
-
-    A pad and a slice: their gradients are a slice and a pad, not a scatter.
-    """
-    pad = [[0, 0]] * x.shape.rank
-    pad[axis] = [steps, 0]
-    padded = tf.pad(x, pad, constant_values=fill)
-    return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
 
 
 # How far a logit may rise above its chunk's reference for the factored weights: `exp(span)`, and

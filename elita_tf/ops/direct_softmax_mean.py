@@ -23,9 +23,8 @@ arithmetic. `causal_softmax_mean` takes it there (`form="direct"`).
 
 import tensorflow as tf
 
-from elita_tf.ops.decayed_prefix import UNSEEN_LOGIT, shift_right
-from elita_tf.ops.utils.dtypes import NEG_INF
-from elita_tf.ops.utils.positions import pad_axis
+from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT
+from elita_tf.ops.utils.positions import pad_axis, shift_right
 
 
 def direct_softmax_mean(logits, values, chunk_size):

@@ -9,10 +9,9 @@ Means over disjoint spans combine exactly by their normalisers (`merge_means`).
 
 import tensorflow as tf
 
-from elita_tf.ops.decayed_prefix import UNSEEN_LOGIT, shift_right, static_size
 from elita_tf.ops.utils.documents import document_index
-from elita_tf.ops.utils.dtypes import NEG_INF
-from elita_tf.ops.utils.positions import pad_axis
+from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT
+from elita_tf.ops.utils.positions import pad_axis, shift_right, static_size
 
 
 def pad_time(logits, values, multiple):

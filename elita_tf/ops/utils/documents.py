@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from elita_tf.ops.utils.positions import pad_axis
+from elita_tf.ops.utils.positions import pad_axis, shift_right
 
 
 def document_index(document_starts, length_multiple=1):
@@ -34,21 +34,16 @@ def gated_scan(gates, items, combine, axis):
     items = tuple(items)
     size = tf.shape(gates)[axis]
 
-    def shift(x, steps, fill):
-        paddings = [[0, 0]] * x.shape.rank
-        paddings[axis] = [steps, 0]
-        return tf.slice(tf.pad(x, paddings, constant_values=fill), tf.zeros_like(tf.shape(x)), tf.shape(x))
-
     def expand(mask, x):
         return tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([x.shape.rank - mask.shape.rank], tf.int32)], 0))
 
     def body(steps, gates, *items):
         # Entry k holds the span (k - steps, k]; it takes the span before it unless a barrier is in its own.
-        merged = combine(tuple(shift(x, steps, 0) for x in items), items)
+        merged = combine(tuple(shift_right(x, axis, 0, steps) for x in items), items)
         take = gates & (tf.range(size) >= steps)
         items = tuple(tf.where(expand(take, x), m, x) for m, x in zip(merged, items))
         # The first `steps` entries are complete prefixes: whatever their gate, nothing lies before them.
-        return (steps * 2, gates & shift(gates, steps, False), *items)
+        return (steps * 2, gates & shift_right(gates, axis, False, steps), *items)
 
     static_size = gates.shape[axis]
     if static_size is None:

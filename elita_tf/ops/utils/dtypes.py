@@ -1,10 +1,15 @@
-"""Dtypes: where accumulations happen, and the finite stand-in for log(0)."""
+"""Dtypes: where accumulations happen, and the finite stand-ins for log(0)."""
 
 import tensorflow as tf
 
 # A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
 # never makes `-inf - -inf = nan` in a forward or backward pass.
 NEG_INF = -1e30
+
+# The logit of a key a row must not see: far below a masked key's NEG_INF, so that a row that sees
+# only masked keys (normaliser NEG_INF, so `l_j - L_i` about -NEG_INF) still gives it no weight.
+# Finite in float32.
+UNSEEN_LOGIT = 1e8 * NEG_INF
 
 
 def accumulator_dtype(dtype):

@@ -1,4 +1,5 @@
-"""Positions along time: padding an axis, writing into a fixed-size buffer, where each row's real positions end."""
+"""Positions along time: padding, shifting and cutting an axis, writing into a fixed-size buffer, where each row's real
+positions end."""
 
 import tensorflow as tf
 
@@ -63,3 +64,26 @@ def window_after(sequence, end, size, axis):
     end = tf.broadcast_to(tf.convert_to_tensor(end, tf.int32), tf.shape(sequence)[:1])
     index = end[:, None] + tf.range(size)[None, :]  # [B, size]
     return tf.gather(sequence, index, axis=axis, batch_dims=1)
+
+
+def static_size(x, axis):
+    """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
+    return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
+
+
+def leading(x, length):
+    """`x[:, :length]`, or `x` itself when that is all of it at tracing: no slice, whose gradient is a full copy."""
+    if isinstance(length, int) and x.shape[1] == length:
+        return x
+    return x[:, :length]
+
+
+def shift_right(x, axis, fill=0.0, steps=1):
+    """`x` moved `steps` along `axis`, `fill` entering at the start (safe for any size).
+
+    A pad and a slice: their gradients are a slice and a pad, not a scatter.
+    """
+    pad = [[0, 0]] * x.shape.rank
+    pad[axis] = [steps, 0]
+    padded = tf.pad(x, pad, constant_values=fill)
+    return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
