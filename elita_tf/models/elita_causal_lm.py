@@ -13,6 +13,15 @@ from elita_tf.models.presets import resolve_preset
 from elita_tf.private_apis import in_symbolic_scope
 
 
+def _check_max_length(max_length, limit):
+    """Raises ValueError when generating `max_length` positions would pass the model's `limit` (None: none)."""
+    if limit is not None and max_length > limit:
+        raise ValueError(
+            f"`max_length` {max_length} exceeds the {limit} positions this model's position table or decoding "
+            f"buffers hold (its max_sequence_length): generate at most {limit}. Received: max_length={max_length}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="elita_tf")
 class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
     """An ELiTA (or related) decoder language model: keras-hub's `fit`, `generate`, samplers and presets.
@@ -123,11 +132,8 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
                 )
         if self.preprocessor is None and isinstance(inputs, dict) and "token_ids" in inputs:
             max_length = ops.shape(inputs["token_ids"])[-1]  # padded prompts: their width is the length
-        if max_length is not None and limit is not None and max_length > limit:
-            raise ValueError(
-                f"`max_length` {max_length} exceeds the {limit} positions this model's position table or decoding "
-                f"buffers hold (its max_sequence_length): generate at most {limit}. Received: max_length={max_length}"
-            )
+        if max_length is not None:
+            _check_max_length(max_length, limit)
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
 
     def score(self, token_ids, padding_mask=None, scoring_mode="logits", layer_intercept_fn=None, target_ids=None):
@@ -224,11 +230,8 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         backbone = self.backbone
         limit = backbone.decode_limit
         batch_size, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-        if isinstance(length, int) and limit is not None and length > limit:
-            raise ValueError(
-                f"`max_length` {length} exceeds the {limit} positions this model's position table or decoding "
-                f"buffers hold: generate at most {limit}. Received: max_length={length}"
-            )
+        if isinstance(length, int):
+            _check_max_length(length, limit)
         row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=1)
         index = ops.min(row_lengths)
         # A row with no token has nothing to continue from (the preprocessor always adds the start token).
