@@ -66,8 +66,10 @@ def test_an_adapted_preset_loads_generates_and_trains_as_saved(base, tmp_path):
     other = ElitaCausalLM(trained.backbone, causal_lm.preprocessor)
     for model in (causal_lm, other):
         model.compile(sampler="greedy")
-    generated = causal_lm.generate("the old king", max_length=12)
-    assert generated == other.generate("the old king", max_length=12) and len(generated) > len("the old king")
+    # Room for 3 new tokens whatever the pieces the tiny vocabulary cuts the prompt into (they differ by version).
+    max_length = len(causal_lm.preprocessor.tokenizer("the king")) + 1 + 3
+    generated = causal_lm.generate("the king", max_length=max_length)
+    assert generated == other.generate("the king", max_length=max_length) and len(generated) > len("the king")
     # Trained further, the adapters move.
     before = _adapters(causal_lm.backbone)
     causal_lm.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(True))
