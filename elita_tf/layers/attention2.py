@@ -214,10 +214,17 @@ class Attention2(CausalMixer):
         return self.time_scale * index / denominator
 
     def _position_terms(self, u):
-        """`(P1, P2)`, each `[B or 1, H, T]`: both sinusoid sums in one pass (`[2, H, p]` frequencies and phases)."""
+        """`(P1, P2)`, each `[B or 1, H, T]`: both sinusoid sums in one pass.
+
+        The phases `a u + b` of both sums are one matrix product of the `[2, H, p, 2]` frequencies and
+        offsets with the `[2, T]` basis `(u, 1)`, so that their gradient is one product too, not two
+        reductions over time.
+        """
         dtype = u.dtype
-        a, b = (tf.stack([tf.cast(w, dtype) for w in pair]) for pair in ((self.a1, self.a2), (self.b1, self.b2)))
-        phase = a[:, None, :, :, None] * u[None, :, None, None, :] + b[:, None, :, :, None]  # [2, B, H, p, T]
+        weights = [[tf.cast(w, dtype) for w in pair] for pair in ((self.a1, self.b1), (self.a2, self.b2))]
+        frequencies_and_offsets = tf.stack([tf.stack(pair, axis=-1) for pair in weights])  # [2, H, p, 2]
+        basis = tf.stack([u, tf.ones_like(u)], axis=1)  # [B, 2, T]
+        phase = tf.einsum("shpk,bkt->sbhpt", frequencies_and_offsets, basis)  # [2, B, H, p, T]
         p1, p2 = tf.unstack(tf.einsum("hp,sbhpt->sbht", tf.cast(self.c, dtype), tf.sin(phase)))
         return p1, p2
 
@@ -236,12 +243,14 @@ class Attention2(CausalMixer):
             logits = (tf.cast(layer(inputs), acc) for layer in layers[:3])
             return (*logits, tf.transpose(self.value_dense(inputs), [0, 2, 1, 3]))
         heads, width, depth = self.value_dense.kernel.shape
+        # The kernels stacked as rows, `[3H + H D, d]`: the logit kernels `[H, d]` as they are, so that neither
+        # they nor their gradients need a transposed copy.
         kernel = tf.concat(
-            [tf.transpose(layer.kernel) for layer in layers[:3]]
-            + [tf.reshape(tf.transpose(self.value_dense.kernel, [1, 0, 2]), [width, heads * depth])],
-            axis=1,
-        )  # [d, 3H + H D]
-        projected = tf.matmul(tf.reshape(inputs, [-1, width]), tf.cast(kernel, self.compute_dtype))
+            [layer.kernel for layer in layers[:3]]
+            + [tf.reshape(tf.transpose(self.value_dense.kernel, [0, 2, 1]), [heads * depth, width])],
+            axis=0,
+        )
+        projected = tf.matmul(tf.reshape(inputs, [-1, width]), tf.cast(kernel, self.compute_dtype), transpose_b=True)
         shape = tf.shape(inputs)
         logits = tf.reshape(projected[:, : 3 * heads], [shape[0], shape[1], 3, heads])
         kappa, delta, rho = tf.unstack(tf.cast(tf.transpose(logits, [2, 0, 3, 1]), acc))  # [B, H, T] each

@@ -1,24 +1,26 @@
 """The global causal softmax mean in few, large operations: each chunk's weights taken directly as exponentials.
 
-For key-only logits `l [N, T]` and values `x [N, T, D]`, row `i` of chunk `k` (chunks of `C`):
+For key-only logits `l [N, T]` and values `x [N, T, D]`, the values get a column of ones,
+`v = [x, 1]`, so that one matrix product gives a row's weighted sum and its normaliser together.
+Row `i` of chunk `k` (chunks of `C`):
 
-    m_i   = max_{j<=i in k} l_j                                   the row's running maximum (causal)
-    E_ij  = exp(l_j - m_i) for j <= i in k, else 0                 [N, K, C, C], every entry in [0, 1]
-    z_i   = Σ_j E_ij >= 1,   A_i = m_i + log z_i                   the chunk's own log-normaliser
-    a_i   = Σ_j E_ij x_j / z_i                                     the chunk's own mean
-    B_k   = log Σ_{j before k} exp(l_j),   c_k = that mean          the chunks before: the same mean, one level up
-    L_i   = logaddexp(B_k, A_i)
-    mean_i = exp(B_k - L_i) c_k + exp(A_i - L_i) a_i
+    m_i = max_{j<=i in k} l_j                          the row's running maximum (causal)
+    s_i = Σ_{j<=i in k} exp(l_j - m_i) v_j             one [C, C] x [C, D + 1] product; last column >= 1
+    p_k, S_k = the same sums over the chunks before k, one level up: logits m_last, values s_last
+    r_i = max(p_k, m_i)
+    u_i = exp(p_k - r_i) S_k + exp(m_i - r_i) s_i       = Σ_{j<=i} exp(l_j - r_i) v_j
+    mean_i = u_i[:D] / u_i[D],    log_z_i = r_i + log u_i[D]
 
-Every exponent is `<= 0` and every divisor `>= 1`, for any logits: nothing overflows, and a row
-reads positions `<= i` alone, so it is causal to the bit. The chunks' totals `(A_last, a_last)`
-are a sequence of `K` items with the same structure: `B_k, c_k` are one `[K, K]` product of them
-(or, past 512 chunks, this function one level up, shifted by one chunk).
+Every exponent is `<= 0` and the divisor `u_i[D]` is at least 1 (the term whose reference is
+`r_i` holds a weight of exactly 1), for any logits; a row reads positions `<= i` alone, so it is
+causal to the bit. The references `m`, `p`, `r` cancel from every result: no gradient goes
+through them. The sums stay unnormalised until the last step, so the two levels and the final
+mean are few fused operations; past 512 chunks the chunk level is this function one level up.
 
 Against the factored form (`decayed_prefix`), this takes `C` exponentials a position instead of
-one, and keeps `E` for the backward pass, but it has no data-dependent choice and a handful of
-fused operations a level: under XLA, and on a GPU, what costs is the number of kernels, not the
-arithmetic. `causal_softmax_mean` takes it there (`form="direct"`).
+one, and keeps the weights for the backward pass, but it has no data-dependent choice and a
+handful of fused operations a level: under XLA, and on a GPU, what costs is the number of
+kernels, not the arithmetic. `causal_softmax_mean` takes it there (`form="direct"`).
 """
 
 import tensorflow as tf
@@ -35,49 +37,50 @@ def direct_softmax_mean(logits, values, chunk_size):
     length, depth = logits.shape[1], values.shape[2]
     if length == 0:
         return tf.zeros_like(values), tf.zeros_like(logits)
+    ones = tf.ones_like(values[..., :1])
+    reference, sums = _causal_sums(logits, tf.concat([values, ones], axis=-1), chunk_size)
+    normaliser = sums[..., depth]  # >= 1
+    return sums[..., :depth] / normaliser[..., None], reference + tf.math.log(normaliser)
+
+
+def _causal_sums(logits, values, chunk_size):
+    """`(r [N, T], Σ_{j<=i} exp(l_j - r_i) v_j [N, T, E])`, with `r_i` the running maximum (no gradient)."""
+    length, width = logits.shape[1], values.shape[2]
     size = min(chunk_size, length)
     pad = -length % size
     chunks = (length + pad) // size
     # Padding at the end: no earlier row sees it, and its rows are cut off below.
     l = tf.reshape(pad_axis(logits, 1, pad, NEG_INF), [-1, chunks, size])  # [N, K, C]
-    x = tf.reshape(pad_axis(values, 1, pad), [-1, chunks, size, depth])  # [N, K, C, D]
+    v = tf.reshape(pad_axis(values, 1, pad), [-1, chunks, size, width])  # [N, K, C, E]
     causal = tf.range(size)[None, :] <= tf.range(size)[:, None]  # [C, C], j <= i
     scores = tf.where(causal, l[:, :, None, :], tf.constant(UNSEEN_LOGIT, l.dtype))  # [N, K, C, C]
-    # The running maximum cancels from the result: no gradient through it.
-    peak = tf.stop_gradient(tf.reduce_max(scores, axis=-1))  # [N, K, C]
-    weights = tf.exp(scores - peak[..., None])
-    z = tf.reduce_sum(weights, axis=-1)
-    own_lz = peak + tf.math.log(z)
-    own = tf.matmul(weights, x) / z[..., None]  # [N, K, C, D]
+    reference = tf.stop_gradient(tf.reduce_max(scores, axis=-1))  # [N, K, C]
+    sums = tf.matmul(tf.exp(scores - reference[..., None]), v)  # [N, K, C, E]
     if chunks > 1:
-        before_lz, before = _before_each_chunk(own_lz[:, :, -1], own[:, :, -1], chunk_size)  # [N, K], [N, K, D]
-        before_lz = before_lz[..., None]
-        # logaddexp(before_lz, own_lz), in one elementwise pass: both terms of the sum are at most 1.
-        top = tf.maximum(before_lz, own_lz)
-        before_weight, own_weight = tf.exp(before_lz - top), tf.exp(own_lz - top)
-        total = before_weight + own_weight
-        log_z = top + tf.math.log(total)
-        mean = (before_weight / total)[..., None] * before[:, :, None, :] + (own_weight / total)[..., None] * own
-    else:
-        log_z, mean = own_lz, own
-    mean = tf.reshape(mean, [-1, chunks * size, depth])[:, :length]
-    return mean, tf.reshape(log_z, [-1, chunks * size])[:, :length]
+        before_reference, before = _before_each_chunk(reference[:, :, -1], sums[:, :, -1], chunk_size)
+        before_reference = before_reference[..., None]  # [N, K, 1]
+        top = tf.maximum(before_reference, reference)
+        sums = (
+            tf.exp(before_reference - top)[..., None] * before[:, :, None] + tf.exp(reference - top)[..., None] * sums
+        )
+        reference = top
+    return tf.reshape(reference, [-1, chunks * size])[:, :length], tf.reshape(sums, [-1, chunks * size, width])[
+        :, :length
+    ]
 
 
 # Chunks whose carries are taken as one `[K, K]` product; past this, one level more of chunks.
 _DIRECT_CHUNKS = 512
 
 
-def _before_each_chunk(totals, means, chunk_size):
-    """`(B [N, K], c [N, K, D])`: the log-normaliser and mean of every chunk before chunk `k` (`UNSEEN_LOGIT`
-    and an arbitrary mean with no weight for the first), from each chunk's own `totals [N, K]` and `means`."""
-    chunks = totals.shape[1]
+def _before_each_chunk(references, sums, chunk_size):
+    """`(p [N, K], S [N, K, E])`: the sums of every chunk before chunk `k` against reference `p_k`, from each
+    chunk's own last-row `references [N, K]` and `sums`. Chunk 0 gets `p = UNSEEN_LOGIT`, so no weight."""
+    chunks = references.shape[1]
     if chunks > _DIRECT_CHUNKS:  # inclusive, one level up, shifted by one chunk
-        upper_mean, upper_lz = direct_softmax_mean(totals, means, chunk_size)
-        return shift_right(upper_lz, axis=1, fill=UNSEEN_LOGIT), shift_right(upper_mean, axis=1)
+        upper_reference, upper = _causal_sums(references, sums, chunk_size)
+        return shift_right(upper_reference, axis=1, fill=UNSEEN_LOGIT), shift_right(upper, axis=1)
     earlier = tf.range(chunks)[None, :] < tf.range(chunks)[:, None]  # [K, K], k' < k
-    scores = tf.where(earlier, totals[:, None, :], tf.constant(UNSEEN_LOGIT, totals.dtype))  # [N, K, K]
-    peak = tf.stop_gradient(tf.reduce_max(scores, axis=-1, keepdims=True))
-    weights = tf.exp(scores - peak)
-    z = tf.reduce_sum(weights, axis=-1, keepdims=True)  # >= 1
-    return peak[..., 0] + tf.math.log(z[..., 0]), tf.matmul(weights / z, means)
+    scores = tf.where(earlier, references[:, None, :], tf.constant(UNSEEN_LOGIT, references.dtype))  # [N, K, K]
+    reference = tf.stop_gradient(tf.reduce_max(scores, axis=-1))
+    return reference, tf.matmul(tf.exp(scores - reference[..., None]), sums)

@@ -14,10 +14,10 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     (and a padded position holding NaN would spoil every row). Here the
     mixer never sees a bad value:
 
-    - a position holding NaN or Inf is replaced by zeros for the
-      computation (a select, not a product). At padding (False in
-      `padding_mask`) that is all: the mixer already keeps a padded
-      position out of every other row, so it reaches no output;
+    - every NaN or Inf element is replaced by zero for the computation
+      (a select, not a product). At padding (False in `padding_mask`)
+      that is all: the mixer already keeps a padded position out of every
+      other row, so it reaches no output;
     - at a real position `t`, every output row `>= t` is then set to NaN, and so is
       every float tensor of the returned cache: the state after a
       non-finite input is non-finite, so decoding from it agrees with the
@@ -39,19 +39,23 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     Returns:
         What `compute` returns, with the rules above applied.
     """
-    finite = tf.reduce_all(tf.math.is_finite(inputs), axis=-1)  # [B, T]
+    finite = tf.math.is_finite(inputs)  # [B, T, d]
     # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
     # would keep for the backward pass beside the norm's output that it equals.
     clean = branch_or_select(
         tf.reduce_all(finite),
         lambda: tf.identity(inputs),
-        lambda: tf.where(finite[..., None], inputs, tf.zeros([], inputs.dtype)),
+        lambda: tf.where(finite, inputs, tf.zeros([], inputs.dtype)),
     )
     result = compute(clean)
     bad = tf.logical_not(finite)
     if padding_mask is not None:
-        bad &= tf.cast(padding_mask, tf.bool)  # real positions that hold NaN or Inf
-    poisoned = tf.cumsum(tf.cast(bad, tf.int32), axis=1) > 0  # [B, T]: rows at or after one
+        bad &= tf.cast(padding_mask, tf.bool)[..., None]  # real positions that hold NaN or Inf
+    # The first bad real position of each row, or T: one reduction, where a running count over time would
+    # take several passes (and kernels) under XLA.
+    length = tf.shape(inputs)[1]
+    first_bad = tf.reduce_min(tf.where(bad, tf.range(length)[None, :, None], length), axis=[1, 2])  # [B]
+    poisoned = tf.range(length)[None, :] >= first_bad[:, None]  # [B, T]: rows at or after one
 
     def poison_rows(x):
         mask = tf.reshape(poisoned, tf.concat([tf.shape(poisoned), tf.ones([x.shape.rank - 2], tf.int32)], 0))
@@ -60,7 +64,7 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     if not isinstance(result, tuple):
         return poison_rows(result)
     outputs, cache = result
-    any_bad = tf.reduce_any(bad, axis=1)  # [B]
+    any_bad = first_bad < length  # [B]
 
     def poison_state(x):
         if not x.dtype.is_floating or x.shape.rank == 0:
