@@ -4,10 +4,13 @@ Each operation of the optimised HLO's entry computation is at least one kernel l
 and a model of `L` layers launches every one of them `L` times a step: on the CPU, where XLA runs
 here, their count is the proxy for the launches a GPU would make. The count is of the entry
 computation of `reduce_sum(y ** 2)`'s value and its gradients with respect to the input and every
-weight, by kind: fusions, dots (matrix products) and the rest.
+weight, by kind: fusions, dots (matrix products) and the rest. With `--steps`, also the whole
+training step (`train_step`: the model, its loss and Adam's update) of ELiTA and the Transformer
+at the seed size, 4 windows of 256 tokens.
 
     python benchmarks/hlo_count.py                                 # B = 2, T = 2048, width 256, 4 heads of 64
     python benchmarks/hlo_count.py --sequence-length 8192 --width 512 --heads 8
+    python benchmarks/hlo_count.py --steps
 """
 
 import argparse
@@ -27,7 +30,32 @@ def counts(call, weights, inputs):
             loss = tf.reduce_sum(tf.square(call(x)))
         return loss, tape.gradient(loss, [x, *weights])
 
-    hlo = step.experimental_get_compiler_ir(inputs)(stage="optimized_hlo")
+    return _entry_counts(step.experimental_get_compiler_ir(inputs)(stage="optimized_hlo"))
+
+
+def step_counts(architecture, batch_size=4, sequence_length=256):
+    """`counts` of the whole XLA training step (`train_step`) of `architecture` at the seed size."""
+    import keras
+    import tensorflow as tf
+
+    from elita_tf.models import ElitaBackbone, ElitaCausalLM
+    from elita_tf.schedules import elita_adam
+
+    keras.utils.set_random_seed(0)
+    causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(architecture, vocabulary_size=5000))
+    causal_lm.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x = {
+        "token_ids": tf.zeros([batch_size, sequence_length], tf.int32),
+        "padding_mask": tf.ones([batch_size, sequence_length], tf.int32),
+    }
+    y = tf.zeros([batch_size, sequence_length], tf.int32)
+    causal_lm(x)
+    causal_lm.optimizer.build(causal_lm.trainable_variables)
+    step = tf.function(lambda x, y: causal_lm.train_step((x, y)), jit_compile=True)
+    return _entry_counts(step.experimental_get_compiler_ir(x, y)(stage="optimized_hlo"))
+
+
+def _entry_counts(hlo):
     entry = hlo[hlo.index("ENTRY") :]
     entry = entry[: entry.index("\n}")]
     kinds = collections.Counter()
@@ -45,6 +73,7 @@ def main():
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--steps", action="store_true", help="also count the seed size's whole training step")
     parser.add_argument("--out", help="also append the JSON lines to this file")
     args = parser.parse_args()
 
@@ -73,6 +102,16 @@ def main():
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps({"subject": name, **shape, **found, "tensorflow": tf.__version__}) + "\n")
+    if args.steps:
+        print("\n| training step, seed size, B = 4, T = 256 | instructions | fusions | dots | other |")
+        print("|---|---|---|---|---|")
+        for name in ("elita", "transformer"):
+            found = step_counts(name)
+            other = found["instructions"] - found.get("fusion", 0) - found.get("dot", 0)
+            print(f"| {name} | {found['instructions']} | {found.get('fusion', 0)} | {found.get('dot', 0)} | {other} |")
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps({"subject": f"{name}-step", **found, "tensorflow": tf.__version__}) + "\n")
 
 
 if __name__ == "__main__":
