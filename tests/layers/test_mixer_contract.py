@@ -194,7 +194,7 @@ def test_a_nonfinite_input_never_changes_earlier_rows(name, bad, choice_form):
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
-def test_padded_positions_reach_no_output_whatever_they_hold(name):
+def test_padded_positions_reach_no_output_whatever_they_hold(name, choice_form):
     layer = _mixer(name)
     x = _inputs()
     mask = np.ones((2, 100), bool)

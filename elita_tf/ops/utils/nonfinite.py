@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from elita_tf.ops.utils.xla import branch_or_select
+from elita_tf.ops.utils import xla
 
 
 def contain_nonfinite(compute, inputs, padding_mask=None):
@@ -42,7 +42,7 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     finite = tf.math.is_finite(inputs)  # [B, T, d]
     # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
     # would keep for the backward pass beside the norm's output that it equals.
-    clean = branch_or_select(
+    clean = xla.branch_or_select(
         tf.reduce_all(finite),
         lambda: tf.identity(inputs),
         lambda: tf.where(finite, inputs, tf.zeros([], inputs.dtype)),
@@ -51,8 +51,10 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     bad = tf.logical_not(finite)
     if padding_mask is not None:
         bad &= tf.cast(padding_mask, tf.bool)[..., None]  # real positions that hold NaN or Inf
-    # The first bad real position of each row, or T: one reduction, where a running count over time would
-    # take several passes (and kernels) under XLA.
+    if not xla.compiled_or_on_gpu():  # XLA fuses the whole [B, T, d] reduction; elsewhere rows first, a smaller pass
+        bad = tf.reduce_any(bad, axis=-1, keepdims=True)
+    # The first bad real position of each row, or T: a minimum, where a running count over time would take
+    # several passes (and kernels) under XLA.
     length = tf.shape(inputs)[1]
     first_bad = tf.reduce_min(tf.where(bad, tf.range(length)[None, :, None], length), axis=[1, 2])  # [B]
     poisoned = tf.range(length)[None, :] >= first_bad[:, None]  # [B, T]: rows at or after one
