@@ -40,19 +40,19 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         What `compute` returns, with the rules above applied.
     """
     finite = tf.math.is_finite(inputs)  # [B, T, d]
+    # XLA fuses each reduction of `finite` below into one pass; elsewhere rows first, so that the rest are small.
+    rows = finite if xla.compiled_or_on_gpu() else tf.reduce_all(finite, axis=-1, keepdims=True)
     # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
     # would keep for the backward pass beside the norm's output that it equals.
     clean = xla.branch_or_select(
-        tf.reduce_all(finite),
+        tf.reduce_all(rows),
         lambda: tf.identity(inputs),
         lambda: tf.where(finite, inputs, tf.zeros([], inputs.dtype)),
     )
     result = compute(clean)
-    bad = tf.logical_not(finite)
+    bad = tf.logical_not(rows)
     if padding_mask is not None:
         bad &= tf.cast(padding_mask, tf.bool)[..., None]  # real positions that hold NaN or Inf
-    if not xla.compiled_or_on_gpu():  # XLA fuses the whole [B, T, d] reduction; elsewhere rows first, a smaller pass
-        bad = tf.reduce_any(bad, axis=-1, keepdims=True)
     # The first bad real position of each row, or T: a minimum, where a running count over time would take
     # several passes (and kernels) under XLA.
     length = tf.shape(inputs)[1]
