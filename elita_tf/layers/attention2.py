@@ -217,7 +217,7 @@ class Attention2(CausalMixer):
         """`(P1, P2)`, each `[B or 1, H, T]`: both sinusoid sums in one pass.
 
         The phases `a u + b` of both sums are one matrix product of the `[2, H, p, 2]` frequencies and
-        offsets with the `[2, T]` basis `(u, 1)`, so that their gradient is one product too, not two
+        offsets with the `[B or 1, 2, T]` basis `(u, 1)`, so that their gradient is one product too, not two
         reductions over time.
         """
         dtype = u.dtype

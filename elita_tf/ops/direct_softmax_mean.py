@@ -64,9 +64,8 @@ def _causal_sums(logits, values, chunk_size):
             tf.exp(before_reference - top)[..., None] * before[:, :, None] + tf.exp(reference - top)[..., None] * sums
         )
         reference = top
-    return tf.reshape(reference, [-1, chunks * size])[:, :length], tf.reshape(sums, [-1, chunks * size, width])[
-        :, :length
-    ]
+    reference = tf.reshape(reference, [-1, chunks * size])[:, :length]
+    return reference, tf.reshape(sums, [-1, chunks * size, width])[:, :length]
 
 
 # Chunks whose carries are taken as one `[K, K]` product; past this, one level more of chunks.
