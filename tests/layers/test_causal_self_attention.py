@@ -75,8 +75,6 @@ def test_arguments_and_a_full_cache_are_errors():
 def test_the_causal_mask_is_built_by_comparing_positions():
     # Keras' `use_causal_mask` sums columns of ones; XLA constant-folds that sum element by element,
     # which stalled the Transformer's compilation for minutes at T = 2048.
-    layer = _layer()
-    graph = tf.function(layer).get_concrete_function(tf.TensorSpec([2, 64, WIDTH])).graph
-    sums = [op.outputs[0].shape.as_list() for op in graph.get_operations() if op.type == "Cumsum"]
-    assert [2, 64] in sums and all(shape == [2, 64] for shape in sums)  # only the non-finite guard's, over rows
-    assert "LessEqual" in {op.type for op in graph.get_operations()}
+    graph = tf.function(_layer()).get_concrete_function(tf.TensorSpec([2, 64, WIDTH])).graph
+    operations = {op.type for op in graph.get_operations()}
+    assert "Cumsum" not in operations and "LessEqual" in operations
