@@ -92,26 +92,24 @@ def main():
         "mha": (lambda x: mha(x, x, use_causal_mask=True), mha.trainable_weights),
     }
     shape = {"B": args.batch_size, "T": args.sequence_length, "width": args.width, "H": args.heads, "D": args.head_dim}
-    print(f"# tensorflow {tf.__version__}, keras {keras.__version__}, XLA on the CPU, {shape}")
-    print("| layer, forward and backward | instructions | fusions | dots | other |")
-    print("|---|---|---|---|---|")
-    for name, (call, weights) in subjects.items():
-        found = counts(call, weights, x)
+
+    def row(name, found, **record):
         other = found["instructions"] - found.get("fusion", 0) - found.get("dot", 0)
         print(f"| {name} | {found['instructions']} | {found.get('fusion', 0)} | {found.get('dot', 0)} | {other} |")
         if args.out:
             with open(args.out, "a") as f:
-                f.write(json.dumps({"subject": name, **shape, **found, "tensorflow": tf.__version__}) + "\n")
+                f.write(json.dumps({**record, **found, "tensorflow": tf.__version__}) + "\n")
+
+    print(f"# tensorflow {tf.__version__}, keras {keras.__version__}, XLA on the CPU, {shape}")
+    print("| layer, forward and backward | instructions | fusions | dots | other |")
+    print("|---|---|---|---|---|")
+    for name, (call, weights) in subjects.items():
+        row(name, counts(call, weights, x), subject=name, **shape)
     if args.steps:
         print("\n| training step, seed size, B = 4, T = 256 | instructions | fusions | dots | other |")
         print("|---|---|---|---|---|")
         for name in ("elita", "transformer"):
-            found = step_counts(name)
-            other = found["instructions"] - found.get("fusion", 0) - found.get("dot", 0)
-            print(f"| {name} | {found['instructions']} | {found.get('fusion', 0)} | {found.get('dot', 0)} | {other} |")
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps({"subject": f"{name}-step", **found, "tensorflow": tf.__version__}) + "\n")
+            row(name, step_counts(name), subject=f"{name}-step")
 
 
 if __name__ == "__main__":
