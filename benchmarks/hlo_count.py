@@ -18,32 +18,25 @@ import collections
 import json
 import re
 
+from measure import loss_functions, training_model
+
 
 def counts(call, weights, inputs):
     """`{"instructions", "fusion", "dot", ...}` of the optimised HLO entry of `call`'s forward and backward."""
     import tensorflow as tf
 
-    @tf.function(jit_compile=True)
-    def step(x):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(tf.square(call(x)))
-        return loss, tape.gradient(loss, [x, *weights])
-
+    _, step = loss_functions(lambda x: tf.square(call(x)), weights, jit_compile=True)
     return _entry_counts(step.experimental_get_compiler_ir(inputs)(stage="optimized_hlo"))
 
 
 def step_counts(architecture, batch_size=4, sequence_length=256):
-    """`counts` of the whole XLA training step (`train_step`) of `architecture` at the seed size."""
+    """`counts` of the whole XLA training step (`train_step`) of `architecture` at the seed size, as `elita-train`
+    compiles it (the chunked loss)."""
     import keras
     import tensorflow as tf
 
-    from elita_tf.models import ElitaBackbone, ElitaCausalLM
-    from elita_tf.schedules import elita_adam
-
     keras.utils.set_random_seed(0)
-    causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(architecture, vocabulary_size=5000))
-    causal_lm.compile(elita_adam(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    causal_lm = training_model(architecture, vocabulary_size=5000)
     x = {
         "token_ids": tf.zeros([batch_size, sequence_length], tf.int32),
         "padding_mask": tf.ones([batch_size, sequence_length], tf.int32),
