@@ -41,7 +41,7 @@ def preset_architecture(preset):
     overrides = {argument: config[argument] for argument in model_fields().values() if argument in config}
     for name in ARCHITECTURES:
         try:
-            candidate = architecture_config(name, **{**MODEL_SIZES["seed"], **overrides})
+            candidate = architecture_config(name, **overrides)
         except ValueError:
             continue
         if all(config.get(key, value) == value for key, value in candidate.items()):

@@ -23,11 +23,10 @@ from elita_tf.models.presets import RUN_MANIFEST, RUN_PRESET
 from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, list_checkpoints, load_checkpoint
 from elita_tf.training.manifest import upgrade_manifest
 
-MANIFEST = RUN_MANIFEST
 TOKENIZER = "sentencepiece.model"
 LOCK = ".lock"
 # What a run writes: `--force-new` removes exactly these.
-ARTEFACTS = (MANIFEST, TOKENIZER, "steps.csv", "results.json", CHECKPOINT_DIR, "tensorboard", RUN_PRESET)
+ARTEFACTS = (RUN_MANIFEST, TOKENIZER, "steps.csv", "results.json", CHECKPOINT_DIR, "tensorboard", RUN_PRESET)
 
 
 class RunDirectoryError(ValueError):
@@ -134,7 +133,7 @@ class RunDirectory:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
-            if exc_type is not None and not os.path.exists(self.file(MANIFEST)):
+            if exc_type is not None and not os.path.exists(self.file(RUN_MANIFEST)):
                 # A run that failed before it started (bad text, say) leaves nothing behind.
                 os.remove(self.file(LOCK))
                 if self._created and not os.listdir(self.path):
@@ -185,7 +184,7 @@ class RunDirectory:
         if stored is None:
             if present:
                 raise RunDirectoryError(
-                    f"The run directory {self.path!r} holds {', '.join(present)} but no {MANIFEST}: it is not an "
+                    f"The run directory {self.path!r} holds {', '.join(present)} but no {RUN_MANIFEST}: it is not an "
                     "elita-train run, and elita-train never deletes or overwrites files it did not write. Nothing "
                     "was changed. Move those files away, or choose another --output-dir."
                 )
@@ -209,12 +208,12 @@ class RunDirectory:
         return stored
 
     def write_manifest(self, manifest):
-        write_atomically(self.file(MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
+        write_atomically(self.file(RUN_MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def read_manifest(run_path):
     """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`), or None without one."""
-    path = os.path.join(run_path, MANIFEST)
+    path = os.path.join(run_path, RUN_MANIFEST)
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -242,7 +241,7 @@ def load_run_model(run_path):
         CorruptCheckpointError: when every checkpoint is corrupt.
     """
     checkpoint = latest_checkpoint(run_path)
-    missing = [os.path.join(run_path, name) for name in (MANIFEST, TOKENIZER)]
+    missing = [os.path.join(run_path, name) for name in (RUN_MANIFEST, TOKENIZER)]
     missing = [path for path in missing if not os.path.exists(path)]
     if checkpoint is None:
         missing.append(os.path.join(run_path, CHECKPOINT_DIR, "step-*.keras"))
