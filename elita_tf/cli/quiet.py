@@ -14,8 +14,12 @@ import tempfile
 
 # The level the commands start TensorFlow with unless the user sets their own: warnings and below out.
 DEFAULT_LOG_LEVEL = "2"
-# absl's C++ log line: severity, date, time (0000 00:00:SECONDS before absl::InitializeLog), thread, file:line].
-_ABSL_LINE = re.compile(r"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\] ")
+# A C++ log line: absl's, severity first (date 0000, time 00:00:SECONDS before absl::InitializeLog),
+# then thread and file:line]; or the older TensorFlow's, date and time first.
+_LOG_LINE = re.compile(
+    r"(?:(?P<severity>[IWEF])\d{4} \d\d:\d\d:\d+\.\d+\s+\d+"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: (?P<old_severity>[IWEF])) \S+:\d+\] "
+)
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 # Error lines that only say the machine has no GPU: the commands run on the CPU then, as they should.
@@ -52,9 +56,10 @@ def without_noise(text, level):
     """
     kept, dropped = [], False
     for line in text.splitlines(keepends=True):
-        match = _ABSL_LINE.match(line)
+        match = _LOG_LINE.match(line)
         if match:
-            dropped = _SEVERITY[match.group(1)] < level or (level >= 2 and any(noise in line for noise in _NO_GPU))
+            severity = _SEVERITY[match.group("severity") or match.group("old_severity")]
+            dropped = severity < level or (level >= 2 and any(noise in line for noise in _NO_GPU))
         elif line.startswith(_PREINIT):
             dropped = level >= 1
         else:

@@ -126,7 +126,9 @@ def finished_run_differences(directory, settings):
     from elita_tf.training.run_directory import manifest_differences
 
     with open(os.path.join(directory, "results.json")) as f:
-        trained = json.load(f).get("config", {}).get("settings", {})
+        trained = json.load(f).get("config", {}).get("settings")
+    if not isinstance(trained, dict):
+        return ["its results.json records no settings (config.settings)"]
     asked = dataclasses.asdict(resolve_position_mode(complete_settings(settings), directory))
     return manifest_differences(_comparable(trained), _comparable(asked))
 

@@ -148,7 +148,7 @@ def test_step_log_writes_each_batch_loss(tmp_path):
         (["--seed", "-1"], "`seed` must be a non-negative integer. Received: seed=-1"),
         # numpy's seeds are 32-bit, SentencePiece's and TensorFlow's sizes int32: refused here, not 30 s later.
         (["--seed", "4294967296"], "`seed` must be at most 4294967295. Received: seed=4294967296"),
-        (["--vocabulary-size", "2147483648"], "`vocabulary_size` must be at most 2147483647. Received: vocabulary_size="),
+        (["--vocabulary-size", str(2**31)], "`vocabulary_size` must be at most 2147483647. Received: vocabulary_size="),
         (["--epochs", str(2**63)], "`epochs` must be at most 9223372036854775807. Received: epochs="),
         (["--strategy", "tpu"], "invalid choice: 'tpu'"),
         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
