@@ -21,7 +21,7 @@ def parse_args(argv=None):
     parser.add_argument("--architectures", nargs="+", default=["elita", "transformer"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="train every architecture with each seed")
     parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--plot", help="PNG to write (default: OUTPUT_DIR/ELiTA.png)")
+    parser.add_argument("--plot", help="PNG (or any format of matplotlib's) to write (default: OUTPUT_DIR/ELiTA.png)")
     parser.add_argument(
         "--budget-seconds",
         type=float,
@@ -40,6 +40,9 @@ def main(argv=None):
     fixed["debug"] = options.pop("debug", False)
     try:  # the settings, checked before the first run
         train_settings(output_dir=fixed["output_dir"], **options)
+        from elita_tf.training.compare import check_comparison  # matplotlib, once the arguments are parsed
+
+        check_comparison(fixed["output_dir"], fixed["architectures"], fixed["seeds"], fixed["plot"])
     except ValueError as error:
         parser.error(str(error))
 

@@ -20,10 +20,12 @@ import sys
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
 from elita_tf.cli.flags import add_flags
+from elita_tf.cli.quiet import start_tensorflow
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
 from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.layers.options import POSITION_MODES
+from elita_tf.training.settings import INTEGER_RANGES, check_integer
 
 # CorpusSettings' fields that other text has no use for: it is scored whole, or by --split.
 _NOT_FLAGS = ("validation_data", "test_data", "holdout_fraction")
@@ -60,12 +62,14 @@ def main(argv=None):
     parser.add_argument("--output", help="also write the JSON to this file")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-    for name in ("batch_size", "eval_batches"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"`{name}` must be a positive integer. Received: {name}={value}")
-    if args.window_length is not None and args.window_length < 2:
-        parser.error(f"`window_length` must be an integer >= 2. Received: window_length={args.window_length}")
+    # The ranges of elita-train's flags of the same names; the window is a sequence length.
+    ranges = {**INTEGER_RANGES, "window_length": INTEGER_RANGES["sequence_length"]}
+    for name in ("batch_size", "eval_batches", "window_length"):
+        if getattr(args, name) is not None:
+            try:
+                check_integer(name, getattr(args, name), *ranges[name])
+            except ValueError as error:
+                parser.error(str(error))
     corpus = None
     if args.data is not None:
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(CorpusSettings) if f.name not in _NOT_FLAGS}
@@ -83,6 +87,7 @@ def main(argv=None):
             parser.error(f"cannot write --output {args.output}: {folder} is not a writable directory")
 
     def body():
+        start_tensorflow()
         from elita_tf.training.evaluate import evaluate  # TensorFlow, once the arguments are parsed
         from elita_tf.training.run_directory import write_atomically
 

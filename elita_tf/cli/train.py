@@ -17,6 +17,7 @@ import sys
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command, split_debug
 from elita_tf.cli.flags import add_flags
+from elita_tf.cli.quiet import start_tensorflow
 from elita_tf.data.sources import DATA_DIR_ENV, split_files
 from elita_tf.data.text_files import TextCorpus, data_kind
 from elita_tf.training.checkpoints import list_checkpoints
@@ -37,6 +38,7 @@ def parse_args(argv=None):
         unset = add_flags(argparse.ArgumentParser(), TrainSettings, defaults=False)
         given = {key for key, value in vars(unset.parse_known_args(argv)[0]).items() if value is not None}
         # These read a model, a tokenizer or the backbone's defaults: TensorFlow.
+        start_tensorflow()
         from elita_tf.training.model_settings import (
             FINE_TUNED_FIELDS,
             check_carry_state,
@@ -75,6 +77,7 @@ def main(argv=None):
     settings = parse_args(argv)
 
     def body():
+        start_tensorflow()
         from elita_tf.training.loop import train
 
         train(settings)

@@ -6,12 +6,14 @@
 Each architecture and seed trains in its own process (`elita-train`, so its peak memory is its
 own), one after the other (every architecture's first seed, then every second), under
 `OUTPUT_DIR/ARCHITECTURE/seed-S`; a finished run is not trained
-again, an interrupted one resumes. Then the plot (each architecture's train loss, averaged over
+again (a finished run of other settings is refused: it would be averaged with these), an interrupted
+one resumes. Then the plot (each architecture's train loss, averaged over
 seeds, against wall-clock time; test losses dashed; insets of average step time and peak memory)
 `OUTPUT_DIR/results.md` (mean ± sample standard deviation over the seeds) and
 `OUTPUT_DIR/results.json` (the same statistics, and every run's results) are written.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,7 +22,10 @@ import time
 
 from elita_tf.models import ARCHITECTURES
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
-from elita_tf.training.settings import train_settings
+from elita_tf.training.settings import INTEGER_RANGES, check_integer, fields_marked, train_settings
+
+# Settings that change nothing a comparison reports: a finished run trained with others is still the same run.
+_NOT_COMPARED = ("force_new", "checkpoint_every", "keep_checkpoints")
 
 
 def run_dir(output_dir, architecture, seed):
@@ -63,14 +68,100 @@ def _check_outputs(output_dir, default_plot):
         )
 
 
+def check_plot(path):
+    """Raises `ValueError` naming `path` unless matplotlib can write a plot there (a folder is made if missing)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    extension = os.path.splitext(path)[1][1:].lower()
+    if extension and extension not in formats:
+        raise ValueError(
+            f"matplotlib cannot write a .{extension} plot: give a file ending in one of "
+            f"{', '.join('.' + name for name in sorted(formats))}. Received: plot={path}"
+        )
+    if os.path.isdir(path):
+        raise ValueError(f"`plot` is a directory: give the file to write in it, ELiTA.png say. Received: plot={path}")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):  # the nearest folder that exists holds the ones to make
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"Cannot write the plot: {folder} is not a writable directory. Received: plot={path}")
+
+
+def check_comparison(output_dir, architectures, seeds, plot=None):
+    """Raises `ValueError` for a comparison `compare` would refuse, before anything trains (see `compare`)."""
+    unknown = [a for a in architectures if a not in ARCHITECTURES]
+    if unknown:
+        raise ValueError(
+            f"Unknown architectures. Expected names from {sorted(ARCHITECTURES)}. Received: architectures={unknown}"
+        )
+    # A name twice is one run counted twice (± 0), as a seed twice is.
+    if len(set(architectures)) != len(architectures):
+        raise ValueError(f"`architectures` must be distinct. Received: architectures={list(architectures)}")
+    for seed in seeds:
+        check_integer("seeds", seed, *INTEGER_RANGES["seed"])
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"`seeds` must be distinct non-negative integers. Received: seeds={list(seeds)}")
+    if plot is not None:
+        check_plot(plot)
+
+
+def _comparable(settings):
+    """A `TrainSettings` as a dict (`dataclasses.asdict`) less what may differ between runs of one comparison."""
+    local = fields_marked("local")
+    settings = {key: value for key, value in settings.items() if key not in local and key not in _NOT_COMPARED}
+    corpus = settings.get("corpus")
+    if isinstance(corpus, dict):  # the corpus' local fields: where its files are found
+        settings["corpus"] = {key: value for key, value in corpus.items() if key not in ("data_dir", "tfds_dir")}
+    return settings
+
+
+def finished_run_differences(directory, settings):
+    """`manifest_differences` between the settings the finished run in `directory` trained with and `settings`.
+
+    `settings` (a `TrainSettings`) is completed as `train` completes it:
+    its model fields from its size, its positions from the stored run.
+    """
+    from elita_tf.training.model_settings import complete_settings, resolve_position_mode  # TensorFlow
+    from elita_tf.training.run_directory import manifest_differences
+
+    with open(os.path.join(directory, "results.json")) as f:
+        trained = json.load(f).get("config", {}).get("settings")
+    if not isinstance(trained, dict):
+        return ["its results.json records no settings (config.settings)"]
+    asked = dataclasses.asdict(resolve_position_mode(complete_settings(settings), directory))
+    return manifest_differences(_comparable(trained), _comparable(asked))
+
+
+def _check_finished_runs(output_dir, architectures, seeds, settings):
+    """Raises `ValueError` naming a finished run of `output_dir` whose settings are not `settings`."""
+    refused = []
+    for seed in seeds:
+        for name in architectures:
+            directory = run_dir(output_dir, name, seed)
+            if os.path.exists(os.path.join(directory, "results.json")):
+                asked = train_settings(output_dir=directory, architecture=name, seed=seed, **settings)
+                differences = finished_run_differences(directory, asked)
+                if differences:
+                    refused.append((directory, differences))
+    if refused:
+        directory, differences = refused[0]
+        others = f" (and {len(refused) - 1} more finished runs)" if len(refused) > 1 else ""
+        raise ValueError(
+            f"{directory}{others} holds a run finished with other settings, which the table would average with "
+            f"these: {'; '.join(differences)}. Give "
+            "its settings, another --output-dir, or --force-new to train it again."
+        )
+
+
 def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, budget_s=None, **settings):
     """Trains every architecture with every seed (skipping finished runs), then writes the plot and the tables.
 
     Args:
         output_dir: str. Runs go to `output_dir/ARCHITECTURE/seed-S`.
-        architectures: names from `elita_tf.models.ARCHITECTURES`.
-        seeds: distinct non-negative ints.
-        plot: the PNG to write. Defaults to `output_dir/ELiTA.png`.
+        architectures: distinct names from `elita_tf.models.ARCHITECTURES`.
+        seeds: distinct ints in `[0, 2**32)`.
+        plot: the PNG (or another format of matplotlib's) to write. Defaults to `output_dir/ELiTA.png`.
         budget_s: float or None. Seconds from the start: a run that the longest run so far says
             would end past them is skipped, never a model's first seed. The runs go seed by seed
             (every model's first seed, then every model's second), so a budget cuts seeds evenly.
@@ -78,17 +169,18 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
 
     Returns:
         `{architecture: [run_dir, ...]}`.
+
+    Raises:
+        ValueError: before any run trains, for a bad argument or a finished run in `output_dir`
+            whose settings are not `settings` (unless `force_new`, which trains it again).
     """
-    unknown = [a for a in architectures if a not in ARCHITECTURES]
-    if unknown:
-        raise ValueError(
-            f"Unknown architectures. Expected names from {sorted(ARCHITECTURES)}. Received: architectures={unknown}"
-        )
-    if any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"`seeds` must be distinct non-negative integers. Received: seeds={list(seeds)}")
+    check_comparison(output_dir, architectures, seeds, plot)
     train_settings(output_dir=output_dir, **settings)  # refuse bad settings before the first run
     plot_path = plot or os.path.join(output_dir, "ELiTA.png")
     _check_outputs(output_dir, plot is None and plot_path)
+    reuse = not settings.get("force_new")  # --force-new trains every run again
+    if reuse:
+        _check_finished_runs(output_dir, architectures, seeds, settings)
     os.makedirs(output_dir, exist_ok=True)
     runs = {name: [] for name in architectures}
     start, longest = time.monotonic(), 0.0
@@ -96,7 +188,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
         for name in architectures:
             directory = run_dir(output_dir, name, seed)
             results = os.path.join(directory, "results.json")
-            if os.path.exists(results):
+            if reuse and os.path.exists(results):
                 print(f"{name}, seed {seed}: already trained ({results})", flush=True)
             elif budget_s is not None and runs[name] and time.monotonic() - start + longest > budget_s:
                 print(f"{name}, seed {seed}: skipped, it would end past the budget of {budget_s:.0f} s", flush=True)
@@ -108,6 +200,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
                 longest = max(longest, time.monotonic() - began)
             runs[name].append(directory)
 
+    os.makedirs(os.path.dirname(os.path.abspath(plot_path)), exist_ok=True)
     plot_comparison(runs, plot_path)
     table = results_table(runs)
     with open(os.path.join(output_dir, "results.md"), "w") as f:

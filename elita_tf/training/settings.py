@@ -3,12 +3,49 @@
 import dataclasses
 
 from elita_tf.data.corpus_settings import CorpusSettings
+from elita_tf.data.text_files import data_kind
 from elita_tf.layers.options import POSITION_MODES
 from elita_tf.models.architectures import ARCHITECTURES, DEFAULT_SEQUENCE_LENGTH, MODEL_SIZES
 
 STRATEGIES = ("default", "mirrored", "multiworker")
 OPTIMIZERS = ("adam", "normalized-sgd")
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+# The largest values that reach TensorFlow and SentencePiece intact: shapes and sizes are int32,
+# step and batch counts int64, and seeds go to numpy's `np.random.seed`, which takes 32 bits.
+_INT32_MAX, _INT64_MAX, _SEED_MAX = 2**31 - 1, 2**63 - 1, 2**32 - 1
+# Each integer field of `TrainSettings`: `(least, most)`, checked when the settings are made.
+INTEGER_RANGES = {
+    "tokenizer_sample_bytes": (1, _INT64_MAX),
+    "vocabulary_size": (1, _INT32_MAX),
+    "sequence_length": (2, _INT32_MAX),
+    "hidden_dim": (1, _INT32_MAX),
+    "num_layers": (1, _INT32_MAX),
+    "num_heads": (1, _INT32_MAX),
+    "head_dim": (1, _INT32_MAX),
+    "batch_size": (1, _INT32_MAX),
+    "epochs": (1, _INT64_MAX),
+    "max_steps": (1, _INT64_MAX),
+    "lora_rank": (1, _INT32_MAX),
+    "seed": (0, _SEED_MAX),
+    "checkpoint_every": (1, _INT64_MAX),
+    "keep_checkpoints": (1, _INT64_MAX),
+    "eval_batches": (1, _INT64_MAX),
+    "verbose": (0, 2),
+}
+# Those that may be None: the size's value, no cap, no adapters.
+_OPTIONAL = ("hidden_dim", "num_layers", "num_heads", "head_dim", "max_steps", "eval_batches", "lora_rank")
+
+
+def check_integer(name, value, least=1, most=_INT32_MAX):
+    """Raises `ValueError` naming `name` unless `value` is an int (not a bool) in `[least, most]`."""
+    if isinstance(value, int) and not isinstance(value, bool) and least <= value <= most:
+        return
+    if isinstance(value, int) and not isinstance(value, bool) and value > most:
+        expected = f"at most {most}"
+    else:
+        expected = {0: "a non-negative integer", 1: "a positive integer"}.get(least, f"an integer >= {least}")
+    raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +175,12 @@ class TrainSettings:
             fail("architecture", f"one of {sorted(ARCHITECTURES)}")
         if not isinstance(self.corpus, CorpusSettings):
             fail("corpus", "a CorpusSettings")
+        if self.corpus.tfds_dir is not None and data_kind(self.corpus.data) in ("text", "jsonl"):
+            # tensorflow-datasets prepares WikiText and tfds: data there; text files are read where they are.
+            raise ValueError(
+                f"--tfds-dir is where tensorflow-datasets keeps prepared data, and data={self.corpus.data!r} is "
+                f"read from its files: leave --tfds-dir out. Received: tfds_dir={self.corpus.tfds_dir!r}"
+            )
         if self.size not in MODEL_SIZES:
             fail("size", f"one of {list(MODEL_SIZES)}")
         if self.strategy not in STRATEGIES:
@@ -153,26 +196,11 @@ class TrainSettings:
             )
         if self.dtype_policy not in DTYPE_POLICIES:
             fail("dtype_policy", f"one of {list(DTYPE_POLICIES)}")
-        positive = ["vocabulary_size", "batch_size", "epochs", "checkpoint_every", "keep_checkpoints"]
-        optional = ["hidden_dim", "num_layers", "num_heads", "head_dim", "max_steps", "eval_batches", "lora_rank"]
-        for name in positive + ["tokenizer_sample_bytes"] + optional:
-            value = getattr(self, name)
-            if value is None and name in optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                fail(name, "a positive integer")
-        if (
-            isinstance(self.sequence_length, bool)
-            or not isinstance(self.sequence_length, int)
-            or self.sequence_length < 2
-        ):
-            fail("sequence_length", "an integer >= 2")
+        for name, (least, most) in INTEGER_RANGES.items():
+            if getattr(self, name) is not None or name not in _OPTIONAL:
+                check_integer(name, getattr(self, name), least, most)
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             fail("dropout", "in [0, 1)")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            fail("seed", "a non-negative integer")
-        if self.verbose not in (0, 1, 2):
-            fail("verbose", "0, 1 or 2")
         if self.lora_rank is not None and self.init_from is None:
             fail("lora_rank", "None without init_from: LoRA adapts a trained model")
         if self.tokenizer_from is not None and self.init_from is not None:

@@ -9,6 +9,7 @@ import keras_hub
 import numpy as np
 import pytest
 
+from elita_tf.cli.compare import main as compare_main
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
@@ -145,6 +146,10 @@ def test_step_log_writes_each_batch_loss(tmp_path):
         (["--hidden-dim", "0"], "Received: hidden_dim=0"),
         (["--dropout", "1.5"], "`dropout` must be in [0, 1). Received: dropout=1.5"),
         (["--seed", "-1"], "`seed` must be a non-negative integer. Received: seed=-1"),
+        # numpy's seeds are 32-bit, SentencePiece's and TensorFlow's sizes int32: refused here, not 30 s later.
+        (["--seed", "4294967296"], "`seed` must be at most 4294967295. Received: seed=4294967296"),
+        (["--vocabulary-size", str(2**31)], "`vocabulary_size` must be at most 2147483647. Received: vocabulary_size="),
+        (["--epochs", str(2**63)], "`epochs` must be at most 9223372036854775807. Received: epochs="),
         (["--strategy", "tpu"], "invalid choice: 'tpu'"),
         (["--optimizer", "sgd"], "invalid choice: 'sgd'"),
         (["--architecture", "transformer", "--position-mode", "fixed"], "architecture 'transformer' has none"),
@@ -172,6 +177,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
+from elita_tf.cli.compare import main as compare_main
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.training.evaluate import evaluate
 from elita_tf.training import train
@@ -195,7 +201,7 @@ def test_mirrored_strategy_over_two_cpu_devices(tiny_wikitext, tmp_path):
     assert results["steps"] == 4 and np.isfinite(results["test_loss"])
 
 
-def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
+def test_compare_cli_end_to_end(tiny_wikitext, tmp_path, capsys):
     out = tmp_path / "compare"
     args = _args(tiny_wikitext, out)
     args = [a for a in args if a not in ("--output-dir", str(out))]
@@ -238,6 +244,18 @@ def test_compare_cli_end_to_end(tiny_wikitext, tmp_path):
         assert r["load_average"]["cpus"] >= 1 and r["load_average"]["max"] >= 0
 
 
+    # Asked again with the same settings, the finished runs are kept; with other settings, refused before
+    # any training, in one line naming the setting and the run, never averaged with the new ones.
+    same = ["--architectures", "elita", "transformer", "--seeds", "0", "1", "--output-dir", str(out), *args]
+    assert compare_main([*same, "--max-steps", "3"]) == 0
+    assert capsys.readouterr().out.count("already trained") == 4
+    dropout = ["--architectures", "elita", "--output-dir", str(out), *args, "--max-steps", "3", "--dropout", "0.1"]
+    assert compare_main(dropout) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out / "elita" / "seed-0") in err and "dropout: stored 0.0, requested 0.1" in err
+    assert json.loads((out / "elita" / "seed-0" / "results.json").read_text())["config"]["settings"]["dropout"] == 0.0
+
+
 def test_compare_never_writes_over_a_table_it_did_not_write(tmp_path):
     from elita_tf.training.compare import compare
 
@@ -245,3 +263,33 @@ def test_compare_never_writes_over_a_table_it_did_not_write(tmp_path):
     with pytest.raises(ValueError, match=r"results.json, which elita-compare did not write"):
         compare(str(tmp_path), ["elita"], [0], max_steps=1)
     assert (tmp_path / "results.json").read_text() == '{"mine": [1, 2]}' and not (tmp_path / "elita").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        # One run counted as two seeds (± 0), as a seed twice would be.
+        (["--architectures", "elita", "elita"], "`architectures` must be distinct. Received: architectures=['elita',"),
+        (["--seeds", "4294967296"], "`seeds` must be at most 4294967295. Received: seeds=4294967296"),
+        # The plot is written after all the training: what would fail then is refused now.
+        (["--plot", "plot.pnx"], "matplotlib cannot write a .pnx plot: give a file ending in one of"),
+        (["--plot", "."], "`plot` is a directory: give the file to write in it"),
+        (["--plot", "notes.txt/plot.png"], "notes.txt is not a writable directory. Received: plot=notes.txt/plot.png"),
+        (["--data", "notes.txt", "--tfds-dir", "tfds"], "leave --tfds-dir out. Received: tfds_dir='tfds'"),
+    ],
+)
+def test_compare_refuses_before_training(tmp_path, monkeypatch, capsys, extra, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("A note.")
+    with pytest.raises(SystemExit):
+        compare_main(["--output-dir", "runs", *extra])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_tfds_dir_with_text_files_is_refused(tmp_path, capsys):
+    # Text files are read where they are: a --tfds-dir beside them would be ignored without a word.
+    (tmp_path / "notes.txt").write_text("A note.")
+    with pytest.raises(SystemExit):
+        parse_args(["--output-dir", str(tmp_path / "run"), "--data", str(tmp_path / "notes.txt"), "--tfds-dir", "t"])
+    assert "leave --tfds-dir out. Received: tfds_dir='t'" in capsys.readouterr().err

@@ -63,6 +63,33 @@ def test_a_command_s_error_reaches_the_shell_as_one_line(tmp_path):
     )
 
 
+def test_tensorflow_starts_without_lines_a_user_cannot_act_on(tmp_path):
+    # The user's environment, without the tests' TF_CPP_MIN_LOG_LEVEL: TensorFlow's C++ start-up lines
+    # (twice; cuInit's failure where there is no GPU) and grain's jax profiler warning stay out.
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    command = [sys.executable, "-m", "elita_tf.cli.evaluate", "--run-dir", str(tmp_path / "none")]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert done.returncode == 2
+    assert done.stderr.startswith("elita-evaluate: error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_user_s_own_log_level_stays():
+    from elita_tf.cli.quiet import without_noise
+
+    start_up = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795833553.642125    6769 cpu_feature_guard.cc:227] This TensorFlow binary is optimized\n"
+        "To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow.\n"
+        "E0000 00:00:1795833572.668231    6844 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error\n"
+        "2024-05-01 10:00:00.123456: E external/cuda_driver.cc:282] failed call to cuInit: UNKNOWN ERROR (303)\n"
+        "E0000 00:00:1795833572.668231    6844 gpu_device.cc:52] something else\n"
+        "a line of Python's\n"
+    )
+    assert without_noise(start_up, 0) == start_up
+    assert without_noise(start_up, 2) == start_up.split("\n", 5)[-1]  # the older TensorFlow's lines too
+    assert without_noise(start_up, 3) == "a line of Python's\n"
+
+
 @pytest.mark.parametrize(
     "command, argv",
     [
@@ -81,6 +108,8 @@ def test_a_command_s_error_reaches_the_shell_as_one_line(tmp_path):
         ("evaluate", ["--run-dir", "run", "--split", "dev"]),
         ("evaluate", ["--run-dir", "run", "--batch-size", "many"]),
         ("evaluate", ["--run-dir", "run", "--batch-size", "0"]),
+        ("evaluate", ["--run-dir", "run", "--batch-size", str(2**31)]),
+        ("evaluate", ["--run-dir", "run", "--window-length", str(2**31)]),
         ("export", ["--run-dir", "run", "--output", "out", "--no-such-flag"]),
         ("export", ["--run-dir", "run"]),
         ("export", ["--run-dir", "run", "--output", "out", "--format", "onnx"]),

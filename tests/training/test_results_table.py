@@ -1,12 +1,15 @@
 """The comparison's statistics, checked against values computed by hand."""
 
 import csv
+import dataclasses
 import json
 import os
 
 import pytest
 
 from elita_tf.training.compare import compare
+from elita_tf.training.model_settings import complete_settings, resolve_position_mode
+from elita_tf.training.settings import train_settings
 
 # Three seeds of one model: test losses 4.0, 4.1, 4.3. By hand: the mean is 12.4 / 3 = 4.13333; the
 # squared deviations 0.017778 + 0.001111 + 0.027778 = 0.046667, so the sample standard deviation
@@ -16,6 +19,9 @@ LOSSES = {"elita": [4.0, 4.1, 4.3], "transformer": [4.25, 4.25, 4.25]}
 
 def _fake_run(directory, seed, test_loss):
     os.makedirs(directory)
+    # What the run trained with, as train records it: compare keeps a finished run of the settings asked for.
+    settings = train_settings(output_dir=str(directory), architecture=directory.parent.name, seed=seed)
+    settings = resolve_position_mode(complete_settings(settings), str(directory))
     with open(os.path.join(directory, "steps.csv"), "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["step", "loss", "learning_rate", "wall_time_s", "step_time_s"])
@@ -31,6 +37,7 @@ def _fake_run(directory, seed, test_loss):
         "peak_memory_mib": 3000.0,
         "params": 926_000,
         "params_without_embeddings": 286_000,
+        "config": {"settings": dataclasses.asdict(settings)},
     }
     with open(os.path.join(directory, "results.json"), "w") as f:
         json.dump(results, f)
