@@ -22,6 +22,8 @@ import tensorflow as tf
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import (
     HOLDOUT_METHOD,
+    LINE_END,
+    SPACES,
     SPLITS,
     TextCorpus,
     data_kind,
@@ -36,10 +38,15 @@ _VALIDATION_NAMES = ("validation", "valid", "dev")
 
 
 def _lines_of(texts, document_starts=False):
-    """A dataset of texts as one of their non-empty stripped lines (with `document_starts`, `(line, first)` pairs)."""
+    """A dataset of texts as one of their non-empty stripped lines (with `document_starts`, `(line, first)` pairs).
+
+    The lines of `text_files.split_lines`: the same `LINE_END`, stripped of the same `SPACES`.
+    """
+    stripped = f"^[{SPACES}]+|[{SPACES}]+$"
 
     def lines(text):
-        parts = tf.strings.strip(tf.strings.split(text, "\n"))
+        parts = tf.strings.split(tf.strings.regex_replace(text, LINE_END, "\n"), "\n")
+        parts = tf.strings.regex_replace(parts, stripped, "")
         parts = tf.boolean_mask(parts, tf.strings.length(parts) > 0)
         return (parts, tf.equal(tf.range(tf.size(parts)), 0)) if document_starts else parts
 

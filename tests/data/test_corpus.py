@@ -196,6 +196,45 @@ def test_cr_crlf_and_lf_all_end_lines(tmp_path, end):
     assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
 
 
+# Documents with every line end, and characters Python's `str.splitlines` would also end a line at, and the
+# lines each source must cut them into: only \r\n, \r and \n end a line; `str.strip` strips both ends.
+MIXED_ENDS = ["one\rtwo\r\nthree\nfour\r", "form\ffeed, next\x85line", "a line\u2028separator\u3000", "\u3000 x \t\r\n\r\nlast\x1c"]
+MIXED_LINES = [["one", "two", "three", "four"], ["form\ffeed, next\x85line"], ["a line\u2028separator"], ["x", "last"]]
+
+
+class MixedEndsText(tfds.core.GeneratorBasedBuilder):
+    """`MIXED_ENDS` as a TFDS dataset, an example each."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i, text in enumerate(MIXED_ENDS):
+            yield i, {"text": text}
+
+
+def test_every_source_cuts_the_same_text_into_the_same_lines(tmp_path):
+    (tmp_path / "txt").mkdir()
+    for i, text in enumerate(MIXED_ENDS):
+        (tmp_path / "txt" / f"{i}.txt").write_bytes(text.encode())
+    (tmp_path / "all.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in MIXED_ENDS))
+    MixedEndsText(data_dir=str(tmp_path / "tfds")).download_and_prepare()
+    for data in [str(tmp_path / "txt" / "*.txt"), str(tmp_path / "all.jsonl"), "tfds:mixed_ends_text"]:
+        corpus = CorpusSettings(data, holdout_fraction=0.0, tfds_dir=str(tmp_path / "tfds"))
+        splits, _ = load_corpus(corpus, required_splits=("train",), document_starts=True)
+        documents = []
+        for line, start in splits["train"].as_numpy_iterator():
+            documents += [[]] if start else []
+            documents[-1].append(line.decode())
+        assert sorted(documents) == sorted(MIXED_LINES), data  # TFDS keeps its own order of examples
+    assert text_files.SPACES == "".join(c for c in map(chr, range(0x110000)) if c.isspace())
+
+
 def test_json_lines_are_told_by_suffix_whatever_its_case(tmp_path):
     records = "".join(json.dumps({"id": i, "body": f"record {i}"}) + "\n" for i in range(3))
     for name in ("FILE.JSONL", "more.ndjson"):
