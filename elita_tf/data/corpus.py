@@ -88,6 +88,53 @@ def prepared_sha256(directory):
     return digest.hexdigest()
 
 
+def _tfds_variants(name, tfds_dir):
+    """`{config: {version, ...}}` of the TFDS dataset `name` (config None where it has none): those of its
+    registered builder and those prepared in the data directories. Empty for a dataset TFDS does not know."""
+    import tensorflow_datasets as tfds
+    from etils import epath
+    from tensorflow_datasets.core.utils import file_utils
+
+    variants = {}
+    try:
+        builder_class = tfds.builder_cls(name)
+    except Exception:  # noqa: BLE001 - not registered: perhaps prepared on disk only
+        builder_class = None
+    for config in getattr(builder_class, "BUILDER_CONFIGS", None) or ([None] if builder_class else []):
+        own = config is not None and config.version
+        versions = [config.version, *config.supported_versions] if own else [builder_class.VERSION]
+        versions += [] if own else list(builder_class.SUPPORTED_VERSIONS)
+        variants.setdefault(None if config is None else config.name, set()).update(str(version) for version in versions)
+    for data_dir in file_utils.list_data_dirs(tfds_dir):
+        if (epath.Path(data_dir) / name).is_dir():
+            for variant in file_utils.list_dataset_variants(epath.Path(data_dir) / name):
+                variants.setdefault(variant.config, set()).add(str(variant.version))
+    return variants
+
+
+def _tfds_builder_error(name, tfds_dir, error):
+    """What is wrong with `--data tfds:NAME[/CONFIG][:VERSION]` that TFDS could not build: a config or version
+    the dataset lacks (with those it has), else the first line of TFDS' own error."""
+    import tensorflow_datasets as tfds
+
+    dataset, kwargs = tfds.core.naming.parse_builder_name_kwargs(name)
+    config, version = kwargs.get("config"), kwargs.get("version")
+    variants = _tfds_variants(str(dataset), tfds_dir)
+    if variants and config is not None and config not in variants:
+        return (
+            f"--data tfds:{name}: the dataset {dataset} has no config {config!r}: its configs are "
+            f"{sorted(map(str, variants))}. Received: config={config!r}"
+        )
+    versions = variants.get(config, set()) if config is not None else set().union(*variants.values())
+    if versions and version is not None and not any(tfds.core.Version(v).match(str(version)) for v in versions):
+        where = f"{dataset}/{config}" if config is not None else dataset
+        return (
+            f"--data tfds:{name}: the dataset {where} has no version {version}: its versions are "
+            f"{sorted(versions, key=tfds.core.Version)}. Received: version={str(version)!r}"
+        )
+    return f"--data tfds:{name}: {str(error).strip().splitlines()[0]}"
+
+
 def _load_tfds(corpus, seed, document_starts):
     import tensorflow_datasets as tfds
 
@@ -96,9 +143,15 @@ def _load_tfds(corpus, seed, document_starts):
         builder = tfds.builder(name, data_dir=tfds_dir)
         builder.download_and_prepare()
     except Exception as error:  # noqa: BLE001 - TFDS raises many kinds; the first line says which
-        raise ValueError(f"--data tfds:{name}: {str(error).strip().splitlines()[0]}") from None
+        raise ValueError(_tfds_builder_error(name, tfds_dir, error)) from None
     features = builder.info.features
     texts = sorted(key for key, feature in features.items() if isinstance(feature, tfds.features.Text))
+    if not texts:
+        kinds = ", ".join(f"{key} ({type(feature).__name__})" for key, feature in sorted(features.items()))
+        raise ValueError(
+            f"tfds:{name} has no text feature (tfds.features.Text) to train on: its features are {kinds}. "
+            f"Choose a dataset with one. Received: --data tfds:{name}"
+        )
     field = text_field if text_field in texts else (texts[0] if len(texts) == 1 else None)
     if field is None:
         raise ValueError(

@@ -170,6 +170,81 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
         load_corpus(CorpusSettings("tfds:no_such_dataset_here", tfds_dir=str(tmp_path)))
 
 
+class ShelvedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A TFDS text dataset of two configs that TFDS knows by its prepared files alone, as one prepared elsewhere."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="small"), tfds.core.BuilderConfig(name="large")]
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(4):
+            yield i, {"text": " ".join(_document(i, 1))}
+
+
+class KnownText(ShelvedText):
+    """`ShelvedText` with its builder registered: TFDS knows both configs."""
+
+
+class NumbersOnly(tfds.core.GeneratorBasedBuilder):
+    """A TFDS dataset with no text feature."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        features = {"count": tf.int64, "label": tfds.features.ClassLabel(names=["odd", "even"])}
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(4):
+            yield i, {"count": i, "label": i % 2}
+
+
+@pytest.mark.parametrize(
+    "name, configs",
+    [("shelved_text", ["small"]), ("known_text", ["large", "small"])],
+    ids=["prepared-only", "registered"],
+)
+def test_a_tfds_config_or_version_the_dataset_lacks_is_named_with_those_it_has(tmp_path, name, configs):
+    ShelvedText(data_dir=str(tmp_path), config="small").download_and_prepare()
+    if name == "shelved_text":
+        assert _lines(load_corpus(CorpusSettings("tfds:shelved_text/small", tfds_dir=str(tmp_path)))[0]["train"])
+
+    def refused(data):
+        with pytest.raises(ValueError) as error:
+            load_corpus(CorpusSettings(data, tfds_dir=str(tmp_path)))
+        return str(error.value)
+
+    assert refused(f"tfds:{name}/nope") == (
+        f"--data tfds:{name}/nope: the dataset {name} has no config 'nope': its configs are {configs}. "
+        "Received: config='nope'"
+    )
+    for data, dataset in [(f"tfds:{name}:9.9.9", name), (f"tfds:{name}/small:9.9.9", f"{name}/small")]:
+        assert refused(data) == (
+            f"--data {data}: the dataset {dataset} has no version 9.9.9: its versions are ['1.0.0']. "
+            "Received: version='9.9.9'"
+        )
+    assert "tfds:no_such_text_here: Dataset no_such_text_here not found." in refused("tfds:no_such_text_here")
+
+
+def test_a_tfds_dataset_without_text_names_the_features_it_has(tmp_path):
+    NumbersOnly(data_dir=str(tmp_path)).download_and_prepare()
+    with pytest.raises(ValueError) as error:
+        load_corpus(CorpusSettings("tfds:numbers_only", tfds_dir=str(tmp_path)))
+    assert str(error.value) == (
+        "tfds:numbers_only has no text feature (tfds.features.Text) to train on: its features are "
+        "count (Tensor), label (ClassLabel). Choose a dataset with one. Received: --data tfds:numbers_only"
+    )
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
