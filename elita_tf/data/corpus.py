@@ -92,7 +92,6 @@ def _tfds_variants(name, tfds_dir):
     """`{config: {version, ...}}` of the TFDS dataset `name` (config None where it has none): those of its
     registered builder and those prepared in the data directories. Empty for a dataset TFDS does not know."""
     import tensorflow_datasets as tfds
-    from etils import epath
     from tensorflow_datasets.core.utils import file_utils
 
     variants = {}
@@ -104,11 +103,15 @@ def _tfds_variants(name, tfds_dir):
         own = config is not None and config.version
         versions = [config.version, *config.supported_versions] if own else [builder_class.VERSION]
         versions += [] if own else list(builder_class.SUPPORTED_VERSIONS)
-        variants.setdefault(None if config is None else config.name, set()).update(str(version) for version in versions)
+        variants.setdefault(None if config is None else config.name, set()).update(map(str, versions))
+    # Prepared variants: NAME/VERSION/dataset_info.json, or NAME/CONFIG/VERSION/dataset_info.json.
     for data_dir in file_utils.list_data_dirs(tfds_dir):
-        if (epath.Path(data_dir) / name).is_dir():
-            for variant in file_utils.list_dataset_variants(epath.Path(data_dir) / name):
-                variants.setdefault(variant.config, set()).add(str(variant.version))
+        root = f"{os.fspath(data_dir).rstrip('/')}/{name}/"
+        for pattern in ["*/dataset_info.json", "*/*/dataset_info.json"]:
+            for info in tf.io.gfile.glob(root + pattern):
+                *config, version, _ = info[len(root) :].split("/")
+                if tfds.core.Version.is_valid(version):
+                    variants.setdefault(config[0] if config else None, set()).add(version)
     return variants
 
 
@@ -116,8 +119,9 @@ def _tfds_builder_error(name, tfds_dir, error):
     """What is wrong with `--data tfds:NAME[/CONFIG][:VERSION]` that TFDS could not build: a config or version
     the dataset lacks (with those it has), else the first line of TFDS' own error."""
     import tensorflow_datasets as tfds
+    from tensorflow_datasets.core.naming import parse_builder_name_kwargs
 
-    dataset, kwargs = tfds.core.naming.parse_builder_name_kwargs(name)
+    dataset, kwargs = parse_builder_name_kwargs(name)
     config, version = kwargs.get("config"), kwargs.get("version")
     variants = _tfds_variants(str(dataset), tfds_dir)
     if variants and config is not None and config not in variants:
