@@ -31,7 +31,7 @@ HOLDOUT_METHOD = "splitmix64-rank"
 # TFDS texts (`corpus._lines_of`, in the graph). Only these: Python's `str.splitlines` would also end
 # one at a form feed, NEL (U+0085), U+2028 and others, which stay inside a line.
 LINE_END = r"\r\n|\r|\n"
-_LINE_END = re.compile(LINE_END)
+_LINE_END_STR = re.compile(LINE_END)
 _LINE_END_BYTES = re.compile(LINE_END.encode())
 # What a line is stripped of at both ends: the characters `str.strip()` strips (`str.isspace()`),
 # spelled out for the graph, where `tf.strings.strip` would strip ASCII whitespace only.
@@ -57,7 +57,7 @@ def _raw_lines(f, block_size=1 << 20):
 
 def split_lines(text):
     """The non-empty stripped lines of a text: `LINE_END` ends a line, `str.strip` strips it (of `SPACES`)."""
-    return [line.strip() for line in _LINE_END.split(text) if line and not line.isspace()]
+    return [line.strip() for line in _LINE_END_STR.split(text) if line and not line.isspace()]
 
 
 def read_lines(path):
