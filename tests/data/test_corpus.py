@@ -1,3 +1,4 @@
+import io
 import json
 import shutil
 
@@ -267,6 +268,10 @@ def test_utf16_and_binary_files_are_refused_naming_file_and_line(tmp_path, conte
 def test_cr_crlf_and_lf_all_end_lines(tmp_path, end):
     (tmp_path / "a.txt").write_bytes(end.join(["one", "two", "", "", "three", "", "four", ""]).encode())
     assert list(read_lines(str(tmp_path / "a.txt"))) == [(1, "one"), (2, "two"), (5, "three"), (7, "four")]
+    # A file read in blocks: a line, or a \r\n, cut by a block's end is one line all the same.
+    data = (tmp_path / "a.txt").read_bytes() + b"five"
+    for size in [1, 2, 3, 4]:
+        assert list(text_files._raw_lines(io.BytesIO(data), block_size=size)) == data.splitlines()
     blank = TextCorpus(CorpusSettings(str(tmp_path / "a.txt"), document_separator="blank-line", holdout_fraction=0.0))
     assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
 
