@@ -278,7 +278,8 @@ def test_cr_crlf_and_lf_all_end_lines(tmp_path, end):
 
 # Documents with every line end, and characters Python's `str.splitlines` would also end a line at, and the
 # lines each source must cut them into: only \r\n, \r and \n end a line; `str.strip` strips both ends.
-MIXED_ENDS = ["one\rtwo\r\nthree\nfour\r", "form\ffeed, next\x85line", "a line\u2028separator\u3000", "\u3000 x \t\r\n\r\nlast\x1c"]
+MIXED_ENDS = ["one\rtwo\r\nthree\nfour\r", "form\ffeed, next\x85line", "a line\u2028separator\u3000"]
+MIXED_ENDS += ["\u3000 x \t\r\n\r\nlast\x1c"]
 MIXED_LINES = [["one", "two", "three", "four"], ["form\ffeed, next\x85line"], ["a line\u2028separator"], ["x", "last"]]
 
 

@@ -92,7 +92,8 @@ def test_a_small_vocabulary_spells_rare_characters_in_bytes():
         model_proto=train_sentencepiece(lines, vocabulary_size=MIN_BYTE_FALLBACK_VOCABULARY)
     ).get_piece_size() == MIN_BYTE_FALLBACK_VOCABULARY
     below = MIN_BYTE_FALLBACK_VOCABULARY - 1
-    with pytest.raises(ValueError, match=rf"byte pieces.*use at least {MIN_BYTE_FALLBACK_VOCABULARY}\. Received: vocabulary_size={below}$"):
+    message = rf"byte pieces.*use at least {MIN_BYTE_FALLBACK_VOCABULARY}\. Received: vocabulary_size={below}$"
+    with pytest.raises(ValueError, match=message):
         train_sentencepiece(lines, vocabulary_size=below)
     # Where every character fits with the special pieces, that is the smaller size named.
     with pytest.raises(ValueError, match=r"use at least 24\. Received: vocabulary_size=10$"):
