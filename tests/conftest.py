@@ -68,6 +68,19 @@ def write_documents(folder, count, seed=0, lines=6):
     return os.path.join(str(folder), "*.txt")
 
 
+# Characters NFKC leaves as they are, of each UTF-8 length past one byte: Cyrillic, CJK ideographs, emoji.
+RARE_CHARACTERS = [chr(c) for c in [*range(0x0430, 0x0450), *range(0x4E00, 0x4F00), *range(0x1F600, 0x1F650)]]
+
+
+def rare_character_lines(count, seed=0):
+    """`count` lines of random words, each with three of 368 rare characters (`RARE_CHARACTERS`): more distinct
+    characters than a vocabulary of 300 pieces holds."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, 6)) + " " + "".join(rng.choice(RARE_CHARACTERS, 3)) + " ." for _ in range(count)]
+
+
 @pytest.fixture(scope="session")
 def tiny_wikitext(tmp_path_factory):
     return write_tiny_wikitext(str(tmp_path_factory.mktemp("wikitext")))

@@ -22,6 +22,8 @@ import tensorflow as tf
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import (
     HOLDOUT_METHOD,
+    LINE_END,
+    SPACES,
     SPLITS,
     TextCorpus,
     data_kind,
@@ -36,10 +38,15 @@ _VALIDATION_NAMES = ("validation", "valid", "dev")
 
 
 def _lines_of(texts, document_starts=False):
-    """A dataset of texts as one of their non-empty stripped lines (with `document_starts`, `(line, first)` pairs)."""
+    """A dataset of texts as one of their non-empty stripped lines (with `document_starts`, `(line, first)` pairs).
+
+    The lines of `text_files.split_lines`: the same `LINE_END`, stripped of the same `SPACES`.
+    """
+    stripped = f"^[{SPACES}]+|[{SPACES}]+$"
 
     def lines(text):
-        parts = tf.strings.strip(tf.strings.split(text, "\n"))
+        parts = tf.strings.split(tf.strings.regex_replace(text, LINE_END, "\n"), "\n")
+        parts = tf.strings.regex_replace(parts, stripped, "")
         parts = tf.boolean_mask(parts, tf.strings.length(parts) > 0)
         return (parts, tf.equal(tf.range(tf.size(parts)), 0)) if document_starts else parts
 
@@ -81,6 +88,57 @@ def prepared_sha256(directory):
     return digest.hexdigest()
 
 
+def _tfds_variants(name, tfds_dir):
+    """`{config: {version, ...}}` of the TFDS dataset `name` (config None where it has none): those of its
+    registered builder and those prepared in the data directories. Empty for a dataset TFDS does not know."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core.utils import file_utils
+
+    variants = {}
+    try:
+        builder_class = tfds.builder_cls(name)
+    except Exception:  # noqa: BLE001 - not registered: perhaps prepared on disk only
+        builder_class = None
+    for config in getattr(builder_class, "BUILDER_CONFIGS", None) or ([None] if builder_class else []):
+        own = config is not None and config.version
+        versions = [config.version, *config.supported_versions] if own else [builder_class.VERSION]
+        versions += [] if own else list(builder_class.SUPPORTED_VERSIONS)
+        variants.setdefault(None if config is None else config.name, set()).update(map(str, versions))
+    # Prepared variants: NAME/VERSION/dataset_info.json, or NAME/CONFIG/VERSION/dataset_info.json.
+    for data_dir in file_utils.list_data_dirs(tfds_dir):
+        root = f"{os.fspath(data_dir).rstrip('/')}/{name}/"
+        for pattern in ["*/dataset_info.json", "*/*/dataset_info.json"]:
+            for info in tf.io.gfile.glob(root + pattern):
+                *config, version, _ = info[len(root) :].split("/")
+                if tfds.core.Version.is_valid(version):
+                    variants.setdefault(config[0] if config else None, set()).add(version)
+    return variants
+
+
+def _tfds_builder_error(name, tfds_dir, error):
+    """What is wrong with `--data tfds:NAME[/CONFIG][:VERSION]` that TFDS could not build: a config or version
+    the dataset lacks (with those it has), else the first line of TFDS' own error."""
+    import tensorflow_datasets as tfds
+    from tensorflow_datasets.core.naming import parse_builder_name_kwargs
+
+    dataset, kwargs = parse_builder_name_kwargs(name)
+    config, version = kwargs.get("config"), kwargs.get("version")
+    variants = _tfds_variants(str(dataset), tfds_dir)
+    if variants and config is not None and config not in variants:
+        return (
+            f"--data tfds:{name}: the dataset {dataset} has no config {config!r}: its configs are "
+            f"{sorted(map(str, variants))}. Received: config={config!r}"
+        )
+    versions = variants.get(config, set()) if config is not None else set().union(*variants.values())
+    if versions and version is not None and not any(tfds.core.Version(v).match(str(version)) for v in versions):
+        where = f"{dataset}/{config}" if config is not None else dataset
+        return (
+            f"--data tfds:{name}: the dataset {where} has no version {version}: its versions are "
+            f"{sorted(versions, key=tfds.core.Version)}. Received: version={str(version)!r}"
+        )
+    return f"--data tfds:{name}: {str(error).strip().splitlines()[0]}"
+
+
 def _load_tfds(corpus, seed, document_starts):
     import tensorflow_datasets as tfds
 
@@ -89,9 +147,15 @@ def _load_tfds(corpus, seed, document_starts):
         builder = tfds.builder(name, data_dir=tfds_dir)
         builder.download_and_prepare()
     except Exception as error:  # noqa: BLE001 - TFDS raises many kinds; the first line says which
-        raise ValueError(f"--data tfds:{name}: {str(error).strip().splitlines()[0]}") from None
+        raise ValueError(_tfds_builder_error(name, tfds_dir, error)) from None
     features = builder.info.features
     texts = sorted(key for key, feature in features.items() if isinstance(feature, tfds.features.Text))
+    if not texts:
+        kinds = ", ".join(f"{key} ({type(feature).__name__})" for key, feature in sorted(features.items()))
+        raise ValueError(
+            f"tfds:{name} has no text feature (tfds.features.Text) to train on: its features are {kinds}. "
+            f"Choose a dataset with one. Received: --data tfds:{name}"
+        )
     field = text_field if text_field in texts else (texts[0] if len(texts) == 1 else None)
     if field is None:
         raise ValueError(

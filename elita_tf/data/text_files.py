@@ -19,6 +19,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 
 DOCUMENT_SEPARATORS = ("file", "blank-line")
 SPLITS = ("train", "validation", "test")
@@ -26,29 +27,43 @@ JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 # How documents are held out (`holdout_codes`); recorded with a corpus's settings, so a run split
 # another way is never resumed onto this split.
 HOLDOUT_METHOD = "splitmix64-rank"
+# Where every source ends a line: text files (`read_lines`), JSON Lines records (`split_lines`) and
+# TFDS texts (`corpus._lines_of`, in the graph). Only these: Python's `str.splitlines` would also end
+# one at a form feed, NEL (U+0085), U+2028 and others, which stay inside a line.
+LINE_END = r"\r\n|\r|\n"
+_LINE_END_STR = re.compile(LINE_END)
+_LINE_END_BYTES = re.compile(LINE_END.encode())
+# What a line is stripped of at both ends: the characters `str.strip()` strips (`str.isspace()`),
+# spelled out for the graph, where `tf.strings.strip` would strip ASCII whitespace only.
+SPACES = "\t\n\v\f\r\x1c\x1d\x1e\x1f \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B)))
+SPACES += "\u2028\u2029\u202f\u205f\u3000"
 # The JSON type of each Python type `json.loads` gives.
 _JSON_TYPES = {bool: "boolean", int: "number", float: "number", type(None): "null", list: "array", dict: "object"}
 
 
 def _raw_lines(f, block_size=1 << 20):
-    r"""The lines of a binary file, without their ends: `\r\n`, `\r` and `\n` each end one."""
+    """The lines of a binary file, without their ends (`LINE_END`)."""
     rest = b""
     for block in iter(lambda: f.read(block_size), b""):
         data = rest + block
-        lines = data.splitlines()  # bytes split at \r\n, \r and \n only
         # The last line may go on in the next block, and a last \r may be the first half of \r\n.
-        if data.endswith(b"\n"):
-            rest = b""
-        else:
-            rest = lines.pop() + (b"\r" if data.endswith(b"\r") else b"")
+        held = b"\r" if data.endswith(b"\r") else b""
+        lines = _LINE_END_BYTES.split(data[: len(data) - len(held)])
+        rest = lines.pop() + held
         yield from lines
-    yield from rest.splitlines()
+    if rest:
+        yield from _LINE_END_BYTES.split(rest.removesuffix(b"\r"))
+
+
+def split_lines(text):
+    """The non-empty stripped lines of a text: `LINE_END` ends a line, `str.strip` strips it (of `SPACES`)."""
+    return [line.strip() for line in _LINE_END_STR.split(text) if line and not line.isspace()]
 
 
 def read_lines(path):
     r"""The stripped non-empty lines of a UTF-8 file, as `(line_number, text)`; a byte-order mark is not text.
 
-    `\r\n`, `\r` and `\n` each end a line.
+    `\r\n`, `\r` and `\n` each end a line (`LINE_END`), and nothing else does.
 
     Raises:
         ValueError: naming the file, the line and the byte, when a line is not UTF-8 or holds a NUL
@@ -161,7 +176,7 @@ def documents_of(paths, document_separator="file", text_field="text"):
                         f"{path}, line {number}: the field {text_field!r} holds {article} {kind}, not a string. "
                         "Name the field of the text with --text-field."
                     )
-                lines = [text.strip() for text in record[text_field].splitlines() if text.strip()]
+                lines = split_lines(record[text_field])
                 if lines:
                     empty = False
                     yield lines

@@ -1,5 +1,6 @@
 """SentencePiece: trained on the train split, applied inside the tf.data graph by tensorflow-text."""
 
+import collections
 import io
 import re
 
@@ -11,6 +12,14 @@ import tensorflow_text
 # SentencePiece's trainer skips a sentence longer than this many UTF-8 bytes (its own default,
 # `max_sentence_length`); longer lines are cut into pieces for it (`cut_long_line`).
 MAX_SENTENCE_BYTES = 4192
+SPECIAL_PIECES = 3  # <unk>, <s> and </s>
+BYTE_PIECES = 256  # byte fallback's <0x00> ... <0xFF>
+# With byte fallback, the characters that cover this share of the text keep pieces of their own
+# (SentencePiece's advice for languages with rich character sets), at most half the vocabulary's
+# other pieces; the rarest ones are spelled in bytes.
+FALLBACK_COVERAGE = 0.9995
+# The special and byte pieces, a character and a longer piece.
+MIN_BYTE_FALLBACK_VOCABULARY = SPECIAL_PIECES + BYTE_PIECES + 2
 
 
 def cut_long_line(line, max_bytes=MAX_SENTENCE_BYTES):
@@ -43,8 +52,76 @@ def cut_long_line(line, max_bytes=MAX_SENTENCE_BYTES):
     return [piece for piece in pieces if piece.strip()]
 
 
+def _train(text, vocabulary_size, model_type, seed, **options):
+    """SentencePiece's trainer on `text` (a list of `str`), every character in the vocabulary."""
+    model = io.BytesIO()
+    sentencepiece.set_random_generator_seed(seed)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text),
+        model_writer=model,
+        vocab_size=vocabulary_size,
+        model_type=model_type,
+        character_coverage=1.0,
+        num_threads=1,
+        max_sentence_length=MAX_SENTENCE_BYTES,
+        minloglevel=2,
+        **options,
+    )
+    return model.getvalue()
+
+
+def _check_not_too_large(error, vocabulary_size):
+    """Raises SentencePiece's "Vocabulary size too high ... <= 17." as a ValueError with the largest size."""
+    too_large = re.search(r"Vocabulary size too high.*<= (\d+)", str(error))
+    if too_large:
+        raise ValueError(
+            f"The corpus is too small for a vocabulary of {vocabulary_size} pieces: use at most "
+            f"{too_large.group(1)}. Received: vocabulary_size={vocabulary_size}"
+        ) from None
+
+
+def common_characters_only(text, vocabulary_size):
+    """`text` normalized as SentencePiece does, with its rarer characters made spaces, for byte fallback.
+
+    The commonest characters that cover `FALLBACK_COVERAGE` of the text are kept, at most half of
+    the pieces the special and byte pieces leave (the other half for longer pieces); the tokenizer
+    trained on the result spells every other character in UTF-8 byte pieces.
+
+    Args:
+        text: list of `str`.
+        vocabulary_size: int. The vocabulary to fit, at least `MIN_BYTE_FALLBACK_VOCABULARY`.
+
+    Returns:
+        list of `str`.
+    """
+    # The trainer's own normalization (NFKC and its whitespace rules), so that the characters counted
+    # are the ones it counts; it normalizes the result again, which changes nothing.
+    normalizer = sentencepiece.SentencePieceNormalizer(
+        rule_name="nmt_nfkc", add_dummy_prefix=False, escape_whitespaces=False
+    )
+    text = normalizer.normalize(text)
+    counts = collections.Counter()
+    for line in text:
+        counts.update(line)
+    counts.pop(" ", None)  # the word boundary, a piece of its own whatever the vocabulary
+    budget = max(1, (vocabulary_size - SPECIAL_PIECES - BYTE_PIECES) // 2)
+    enough = FALLBACK_COVERAGE * sum(counts.values())
+    ranked = sorted(counts, key=lambda char: (-counts[char], char))
+    covered, kept = 0, 0
+    while kept < min(budget, len(ranked)) and covered < enough:
+        covered, kept = covered + counts[ranked[kept]], kept + 1
+    spaces = str.maketrans(dict.fromkeys(ranked[kept:], " "))
+    return [line.translate(spaces) for line in text]
+
+
 def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=0):
     """Trains a SentencePiece model on an iterable of text lines.
+
+    Every character of the text gets a piece of its own when the vocabulary holds them all with the
+    special pieces. When it does not, the tokenizer falls back on bytes (SentencePiece's
+    `byte_fallback`, as Llama's and Gemma's tokenizers): it keeps the commonest characters
+    (`common_characters_only`) and spells any other in its UTF-8 byte pieces, never `<unk>`, so
+    every text decodes back whole. That needs `MIN_BYTE_FALLBACK_VOCABULARY` pieces.
 
     A line longer than SentencePiece takes (`MAX_SENTENCE_BYTES`) is cut into pieces it takes
     (`cut_long_line`) for training the tokenizer, which then tokenizes it whole like any other.
@@ -62,41 +139,36 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
     Raises:
         ValueError: the corpus is empty, too small for `vocabulary_size` (with the
             largest size it allows), or has more distinct characters than
-            `vocabulary_size` holds (with the smallest size it needs).
+            `vocabulary_size` holds and too few pieces for byte fallback (with the
+            smallest size that works).
     """
     text = [line.decode("utf-8") if isinstance(line, bytes) else line for line in lines]
     text = [piece for line in text if line.strip() for piece in cut_long_line(line)]
     if not text:
         raise ValueError("Cannot train a SentencePiece model: the corpus is empty.")
-    model = io.BytesIO()
-    sentencepiece.set_random_generator_seed(seed)
     try:
-        sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=iter(text),
-            model_writer=model,
-            vocab_size=vocabulary_size,
-            model_type=model_type,
-            character_coverage=1.0,
-            num_threads=1,
-            max_sentence_length=MAX_SENTENCE_BYTES,
-            minloglevel=2,
-        )
+        return _train(text, vocabulary_size, model_type, seed)
     except RuntimeError as error:
-        # SentencePiece's own words: "... smaller than required_chars. 10 vs 16." and "... <= 17."
+        # SentencePiece's own words: "... smaller than required_chars. 10 vs 16." (the characters and
+        # the special pieces) and "... <= 17."
         too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
-        too_large = re.search(r"Vocabulary size too high.*<= (\d+)", str(error))
-        if too_small:
-            raise ValueError(
-                f"A vocabulary of {vocabulary_size} pieces cannot hold every character of the corpus with the "
-                f"special pieces: use at least {too_small.group(1)}. Received: vocabulary_size={vocabulary_size}"
-            ) from None
-        if too_large:
-            raise ValueError(
-                f"The corpus is too small for a vocabulary of {vocabulary_size} pieces: use at most "
-                f"{too_large.group(1)}. Received: vocabulary_size={vocabulary_size}"
-            ) from None
+        if too_small is None:
+            _check_not_too_large(error, vocabulary_size)
+            raise
+        every_character = int(too_small.group(1))
+    if vocabulary_size < MIN_BYTE_FALLBACK_VOCABULARY:
+        raise ValueError(
+            f"A vocabulary of {vocabulary_size} pieces cannot hold every character of the corpus with the special "
+            f"pieces ({every_character} pieces), nor the {BYTE_PIECES} byte pieces that spell rare characters "
+            f"instead ({MIN_BYTE_FALLBACK_VOCABULARY} pieces at least): use at least "
+            f"{min(every_character, MIN_BYTE_FALLBACK_VOCABULARY)}. Received: vocabulary_size={vocabulary_size}"
+        )
+    try:
+        text = common_characters_only(text, vocabulary_size)
+        return _train(text, vocabulary_size, model_type, seed, byte_fallback=True)
+    except RuntimeError as error:
+        _check_not_too_large(error, vocabulary_size)
         raise
-    return model.getvalue()
 
 
 def sample_text(lines, max_bytes, seed=0):

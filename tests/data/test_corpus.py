@@ -1,3 +1,4 @@
+import io
 import json
 import shutil
 
@@ -170,6 +171,81 @@ def test_a_tfds_dataset_gives_its_splits_and_holds_out_the_missing_one(tmp_path)
         load_corpus(CorpusSettings("tfds:no_such_dataset_here", tfds_dir=str(tmp_path)))
 
 
+class ShelvedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A TFDS text dataset of two configs that TFDS knows by its prepared files alone, as one prepared elsewhere."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="small"), tfds.core.BuilderConfig(name="large")]
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(4):
+            yield i, {"text": " ".join(_document(i, 1))}
+
+
+class KnownText(ShelvedText):
+    """`ShelvedText` with its builder registered: TFDS knows both configs."""
+
+
+class NumbersOnly(tfds.core.GeneratorBasedBuilder):
+    """A TFDS dataset with no text feature."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        features = {"count": tf.int64, "label": tfds.features.ClassLabel(names=["odd", "even"])}
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(features))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(4):
+            yield i, {"count": i, "label": i % 2}
+
+
+@pytest.mark.parametrize(
+    "name, configs",
+    [("shelved_text", ["small"]), ("known_text", ["large", "small"])],
+    ids=["prepared-only", "registered"],
+)
+def test_a_tfds_config_or_version_the_dataset_lacks_is_named_with_those_it_has(tmp_path, name, configs):
+    ShelvedText(data_dir=str(tmp_path), config="small").download_and_prepare()
+    if name == "shelved_text":
+        assert _lines(load_corpus(CorpusSettings("tfds:shelved_text/small", tfds_dir=str(tmp_path)))[0]["train"])
+
+    def refused(data):
+        with pytest.raises(ValueError) as error:
+            load_corpus(CorpusSettings(data, tfds_dir=str(tmp_path)))
+        return str(error.value)
+
+    assert refused(f"tfds:{name}/nope") == (
+        f"--data tfds:{name}/nope: the dataset {name} has no config 'nope': its configs are {configs}. "
+        "Received: config='nope'"
+    )
+    for data, dataset in [(f"tfds:{name}:9.9.9", name), (f"tfds:{name}/small:9.9.9", f"{name}/small")]:
+        assert refused(data) == (
+            f"--data {data}: the dataset {dataset} has no version 9.9.9: its versions are ['1.0.0']. "
+            "Received: version='9.9.9'"
+        )
+    assert "tfds:no_such_text_here: Dataset no_such_text_here not found." in refused("tfds:no_such_text_here")
+
+
+def test_a_tfds_dataset_without_text_names_the_features_it_has(tmp_path):
+    NumbersOnly(data_dir=str(tmp_path)).download_and_prepare()
+    with pytest.raises(ValueError) as error:
+        load_corpus(CorpusSettings("tfds:numbers_only", tfds_dir=str(tmp_path)))
+    assert str(error.value) == (
+        "tfds:numbers_only has no text feature (tfds.features.Text) to train on: its features are "
+        "count (Tensor), label (ClassLabel). Choose a dataset with one. Received: --data tfds:numbers_only"
+    )
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -192,8 +268,52 @@ def test_utf16_and_binary_files_are_refused_naming_file_and_line(tmp_path, conte
 def test_cr_crlf_and_lf_all_end_lines(tmp_path, end):
     (tmp_path / "a.txt").write_bytes(end.join(["one", "two", "", "", "three", "", "four", ""]).encode())
     assert list(read_lines(str(tmp_path / "a.txt"))) == [(1, "one"), (2, "two"), (5, "three"), (7, "four")]
+    # A file read in blocks: a line, or a \r\n, cut by a block's end is one line all the same.
+    data = (tmp_path / "a.txt").read_bytes() + b"five"
+    for size in [1, 2, 3, 4]:
+        assert list(text_files._raw_lines(io.BytesIO(data), block_size=size)) == data.splitlines()
     blank = TextCorpus(CorpusSettings(str(tmp_path / "a.txt"), document_separator="blank-line", holdout_fraction=0.0))
     assert list(blank.split_documents("train")) == [["one", "two"], ["three"], ["four"]]
+
+
+# Documents with every line end, and characters Python's `str.splitlines` would also end a line at, and the
+# lines each source must cut them into: only \r\n, \r and \n end a line; `str.strip` strips both ends.
+MIXED_ENDS = ["one\rtwo\r\nthree\nfour\r", "form\ffeed, next\x85line", "a line\u2028separator\u3000"]
+MIXED_ENDS += ["\u3000 x \t\r\n\r\nlast\x1c"]
+MIXED_LINES = [["one", "two", "three", "four"], ["form\ffeed, next\x85line"], ["a line\u2028separator"], ["x", "last"]]
+
+
+class MixedEndsText(tfds.core.GeneratorBasedBuilder):
+    """`MIXED_ENDS` as a TFDS dataset, an example each."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i, text in enumerate(MIXED_ENDS):
+            yield i, {"text": text}
+
+
+def test_every_source_cuts_the_same_text_into_the_same_lines(tmp_path):
+    (tmp_path / "txt").mkdir()
+    for i, text in enumerate(MIXED_ENDS):
+        (tmp_path / "txt" / f"{i}.txt").write_bytes(text.encode())
+    (tmp_path / "all.jsonl").write_text("".join(json.dumps({"text": text}) + "\n" for text in MIXED_ENDS))
+    MixedEndsText(data_dir=str(tmp_path / "tfds")).download_and_prepare()
+    for data in [str(tmp_path / "txt" / "*.txt"), str(tmp_path / "all.jsonl"), "tfds:mixed_ends_text"]:
+        corpus = CorpusSettings(data, holdout_fraction=0.0, tfds_dir=str(tmp_path / "tfds"))
+        splits, _ = load_corpus(corpus, required_splits=("train",), document_starts=True)
+        documents = []
+        for line, start in splits["train"].as_numpy_iterator():
+            documents += [[]] if start else []
+            documents[-1].append(line.decode())
+        assert sorted(documents) == sorted(MIXED_LINES), data  # TFDS keeps its own order of examples
+    assert text_files.SPACES == "".join(c for c in map(chr, range(0x110000)) if c.isspace())
 
 
 def test_json_lines_are_told_by_suffix_whatever_its_case(tmp_path):

@@ -3,6 +3,7 @@ import os
 
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from elita_tf.data import (
@@ -14,8 +15,9 @@ from elita_tf.data import (
     train_sentencepiece,
 )
 from elita_tf.data.corpus_settings import CorpusSettings
-from elita_tf.data.tokenizer import MAX_SENTENCE_BYTES, cut_long_line
-from tests.conftest import WORDS, write_tiny_wikitext
+from elita_tf.data.tokenizer import MAX_SENTENCE_BYTES, MIN_BYTE_FALLBACK_VOCABULARY, cut_long_line
+from elita_tf.models import ElitaTokenizer
+from tests.conftest import WORDS, rare_character_lines, write_tiny_wikitext
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +26,14 @@ def splits(tiny_wikitext, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(splits):
+def proto(splits):
     lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
-    return make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
+    return train_sentencepiece(lines, vocabulary_size=60)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(proto):
+    return make_tokenizer(proto)
 
 
 def test_builder_reads_local_files_in_order(splits, tiny_wikitext):
@@ -54,6 +61,43 @@ def test_tokenizer_round_trip_in_graph(tokenizer):
     assert ids.dtype == tf.int32
     assert np.all(ids.flat_values.numpy() < 60)
     assert [s.decode() for s in tokenizer.detokenize(ids).numpy()] == [s.decode() for s in text.numpy()]
+
+
+def test_a_corpus_whose_characters_fit_has_no_byte_pieces(proto):
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    assert pieces.get_piece_size() == 60 and not any(pieces.is_byte(i) for i in range(60))
+
+
+def test_a_small_vocabulary_spells_rare_characters_in_bytes():
+    lines = rare_character_lines(200)
+    assert len(set("".join(lines))) > 300
+    proto = train_sentencepiece(lines, vocabulary_size=300)
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    assert pieces.get_piece_size() == 300 and sum(pieces.is_byte(i) for i in range(300)) == 256
+    text = lines[:20] + ["ж 𝄞 ☃ ∮ 丂 new characters ."]  # and characters the corpus never had
+    # In the tf.data graph: byte pieces, never <unk>, and the text back whole.
+    tokenizer = make_tokenizer(proto)
+    ids = tf.data.Dataset.from_tensor_slices(text).map(tokenizer.tokenize)
+    ids = tf.ragged.stack(list(ids)).to_list()
+    assert ids == [row + [pieces.eos_id()] for row in pieces.encode(text)]
+    flat = [i for row in ids for i in row]
+    assert pieces.unk_id() not in flat and any(pieces.is_byte(i) for i in flat)
+    assert [t.decode() for t in tf.function(tokenizer.detokenize)(tf.ragged.constant(ids)).numpy()] == text
+    # keras-hub's tokenizer, the model's and its presets'.
+    keras_hub_tokenizer = ElitaTokenizer(proto=proto)
+    assert keras_hub_tokenizer(text) == pieces.encode(text)
+    assert keras_hub_tokenizer.detokenize(keras_hub_tokenizer(text)) == text
+    # The smallest vocabulary with byte pieces trains; one below it is refused with the size to use.
+    assert sentencepiece.SentencePieceProcessor(
+        model_proto=train_sentencepiece(lines, vocabulary_size=MIN_BYTE_FALLBACK_VOCABULARY)
+    ).get_piece_size() == MIN_BYTE_FALLBACK_VOCABULARY
+    below = MIN_BYTE_FALLBACK_VOCABULARY - 1
+    message = rf"byte pieces.*use at least {MIN_BYTE_FALLBACK_VOCABULARY}\. Received: vocabulary_size={below}$"
+    with pytest.raises(ValueError, match=message):
+        train_sentencepiece(lines, vocabulary_size=below)
+    # Where every character fits with the special pieces, that is the smaller size named.
+    with pytest.raises(ValueError, match=r"use at least 24\. Received: vocabulary_size=10$"):
+        train_sentencepiece(["α β γ δ ε ζ η θ ι κ λ μ ν ξ ο π ρ σ τ υ"] * 30, vocabulary_size=10)
 
 
 def test_vocabulary_too_large_and_empty_corpus():

@@ -7,6 +7,7 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from elita_tf.cli.export import main as export_main
@@ -14,7 +15,7 @@ from elita_tf.data import make_tokenizer, train_sentencepiece
 from elita_tf.export import export_saved_model, load_saved_model
 from elita_tf.models import ElitaBackbone, ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training import save_checkpoint
-from tests.conftest import PRESET_FILES
+from tests.conftest import PRESET_FILES, rare_character_lines
 
 BIN = os.path.dirname(sys.executable)
 PROMPTS = ["the cat", "a dog sees the"]
@@ -24,7 +25,8 @@ SIZE = {"hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8, "max_s
 
 def _causal_lm(name, proto, dtype=None):
     keras.utils.set_random_seed(0)
-    backbone = ElitaBackbone.from_architecture(name, vocabulary_size=40, dtype=dtype, **SIZE)
+    vocabulary_size = sentencepiece.SentencePieceProcessor(model_proto=proto).get_piece_size()
+    backbone = ElitaBackbone.from_architecture(name, vocabulary_size=vocabulary_size, dtype=dtype, **SIZE)
     return ElitaCausalLM(backbone, ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=16))
 
 
@@ -140,6 +142,20 @@ def test_saved_model_cli_shows_and_runs_the_signatures(exported, tmp_path):
 
     assert "logits" in cli_run("serving_default", f"token_ids={tmp_path / 'ids.npy'}")
     assert "text" in cli_run("generate", f"prompts={tmp_path / 'prompts.npy'};max_new_tokens={tmp_path / 'n.npy'}")
+
+
+def test_a_byte_fallback_tokenizer_serves_rare_characters(tmp_path):
+    proto = train_sentencepiece(rare_character_lines(200), vocabulary_size=300)  # too few pieces for each character
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    prompts = ["the cat \u4e00\u4e01", "new \u0436 \U0001d11e \u2603"]  # and characters the corpus never had
+    ids = pieces.encode(prompts)
+    assert all(pieces.is_byte(row[-1]) for row in ids) and pieces.unk_id() not in sum(ids, [])
+    causal_lm = _causal_lm("elita", proto)
+    path = export_saved_model(causal_lm, str(tmp_path / "saved"))
+    # The graph's tokenizer spells them in the same byte pieces: the same prompt ids, so the same greedy tokens.
+    assert make_tokenizer(proto, add_eos=False).tokenize(tf.constant(prompts)).to_list() == ids
+    out = load_saved_model(path).signatures["generate"](prompts=tf.constant(prompts), max_new_tokens=tf.constant(5))
+    np.testing.assert_array_equal(out["token_ids"], _greedy_ids(causal_lm, proto, prompts, 5))
 
 
 def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):

@@ -19,6 +19,7 @@ from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM, archite
 from elita_tf.training import train
 from elita_tf.training.evaluate import evaluate
 from elita_tf.training.run_directory import load_run_model
+from tests.conftest import TINY_RUN, rare_character_lines
 from tests.export.test_export import _refused
 
 pytest.importorskip("ai_edge_litert")
@@ -119,6 +120,27 @@ def test_int8_file_is_under_half_the_size_and_agrees_with_keras(trained, tiny_wi
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds", "eval_batches": 2}
     int8 = evaluate(str(run), litert=files["int8"], **data)["loss"]
     assert int8 == pytest.approx(results["test_loss"], abs=0.05) and int8 != results["test_loss"]
+
+
+def test_a_byte_fallback_run_scores_rare_characters_through_the_file(tmp_path):
+    # 300 pieces, fewer than the text's characters: the rare ones are spelled in byte pieces.
+    lines = rare_character_lines(240)
+    (tmp_path / "texts").mkdir()
+    for i in range(30):
+        (tmp_path / "texts" / f"{i}.txt").write_text("\n".join(lines[8 * i : 8 * i + 8]) + "\n")
+    size = [value if value != "40" else "300" for value in TINY_RUN]
+    args = ["--data", str(tmp_path / "texts" / "*.txt"), "--output-dir", str(tmp_path / "run"), "--max-steps", "2"]
+    train(parse_args(args + size))
+    path = export_litert(load_run_model(str(tmp_path / "run")), str(tmp_path / "rare.tflite"))
+    other = rare_character_lines(10, seed=5) + ["\u0436 \U0001d11e \u2603 new ."]  # and characters never seen
+    (tmp_path / "other.txt").write_text("\n".join(other) + "\n")
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "run" / "sentencepiece.model"))
+    ids = sum(pieces.encode(other), [])
+    assert pieces.get_piece_size() == 300 and pieces.unk_id() not in ids and any(map(pieces.is_byte, ids))
+    keras_whole = evaluate(str(tmp_path / "run"), corpus=CorpusSettings(str(tmp_path / "other.txt")))
+    litert_whole = evaluate(str(tmp_path / "run"), corpus=CorpusSettings(str(tmp_path / "other.txt")), litert=path)
+    assert litert_whole["tokens"] == keras_whole["tokens"] == len(ids) + len(other) - 1  # every token but one
+    assert litert_whole["loss"] == pytest.approx(keras_whole["loss"], abs=1e-4)
 
 
 @pytest.mark.parametrize("name", DECODING)
