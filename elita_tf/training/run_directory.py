@@ -211,13 +211,15 @@ class RunDirectory:
         write_atomically(self.file(RUN_MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
 
 
-def read_manifest(run_path):
-    """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`), or None without one."""
+def read_manifest(run_path, upgrade=True):
+    """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`) unless not `upgrade`, or
+    None without one."""
     path = os.path.join(run_path, RUN_MANIFEST)
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return upgrade_manifest(json.load(f))
+        manifest = json.load(f)
+    return upgrade_manifest(manifest) if upgrade else manifest
 
 
 def _run_preprocessor(run_path):
