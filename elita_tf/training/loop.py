@@ -57,7 +57,14 @@ from elita_tf.training.manifest import requested_manifest
 from elita_tf.training.model_settings import check_carry_state, complete_settings, resolve_position_mode
 from elita_tf.training.provenance import software_versions
 from elita_tf.training.run_data import load_settings_corpus, prepare_run, sha256
-from elita_tf.training.run_directory import TOKENIZER, RunDirectory, check_writable, save_run_preset, write_atomically
+from elita_tf.training.run_directory import (
+    TOKENIZER,
+    RunDirectory,
+    check_sources_outside,
+    check_writable,
+    save_run_preset,
+    write_atomically,
+)
 from elita_tf.training.settings import fields_marked
 
 
@@ -77,11 +84,13 @@ def train(settings, callbacks=(), strategy=None):
     Holds the run directory's lock throughout.
 
     Raises:
-        RunDirectoryError: the directory holds another run, is in use, or cannot be written.
+        RunDirectoryError: the directory holds another run, is in use, cannot be written, or holds the
+            model or tokenizer the run starts from.
         CorruptCheckpointError: every checkpoint of the run is corrupt.
     """
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
+    check_sources_outside(settings)
     settings = complete_settings(settings)
     if settings.lora_rank is not None:  # refused before anything is read or written
         ElitaBackbone.from_preset(settings.init_from, load_weights=False).check_lora_rank(settings.lora_rank)
