@@ -62,10 +62,10 @@ def prepare_run(settings, run_dir, splits, data):
             )
     tokenizer = make_tokenizer(proto)
     windows = {}
+    bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
     for split in pairs:
         # Each split tokenized once into files, reused by any later run on the same text and tokenizer.
         directory = os.path.join(cache_root(), fingerprint(data["sha256"], sha256(proto), split))
-        bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
         try:
             tokens = write_token_file(
                 pairs[split], tokenizer, directory, settings.vocabulary_size, progress=bar.add if bar else None
@@ -86,6 +86,8 @@ def prepare_run(settings, run_dir, splits, data):
             raise ValueError(f"The {split} split ({source}): {error}") from None
         # (windows, document starts): `lm_dataset`'s arguments.
         windows[split] = (cut, True if settings.pack_documents else None)
+    if bar is not None and bar._seen_so_far:  # ends its line: Keras' "Epoch 1/N" followed it on the same one
+        bar.update(bar._seen_so_far, finalize=True)
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": sha256(proto)})
