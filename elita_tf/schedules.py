@@ -78,6 +78,11 @@ def elita_adam(peak=1e-3, scale=1e-2):
     return keras.optimizers.Adam(learning_rate=InverseSqrtSchedule(peak, scale), beta_1=0.9, beta_2=0.99)
 
 
+def three_lin_schedule(total_steps, rate=0.1, tail=10.0):
+    """3Lin's learning rate over a run of `total_steps`: `TailSchedule(rate, total_steps, tail)`."""
+    return TailSchedule(rate, total_steps, tail)
+
+
 def three_lin_sgd(total_steps, rate=0.1, tail=10.0):
     """3Lin's optimizer: `NormalizedSGD` at `rate` with the `TailSchedule`.
 
@@ -87,5 +92,5 @@ def three_lin_sgd(total_steps, rate=0.1, tail=10.0):
     gradient norms, as 3Lin's embedding and final layer.
     """
     return NormalizedSGD(
-        TailSchedule(rate, total_steps, tail), row_normalized={"embedding/embeddings": 0, "logits/kernel": -1}
+        three_lin_schedule(total_steps, rate, tail), row_normalized={"embedding/embeddings": 0, "logits/kernel": -1}
     )

@@ -336,12 +336,6 @@ class TextCorpus:
             ValueError: naming the file and line of the first bad input (`documents_of`), or a split
                 of `required` left without a document.
         """
-        digest = hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode())
-        for source, paths in self.paths.items():
-            for path in paths:
-                digest.update(f"{source}:{os.path.basename(path)}".encode())
-                with open(path, "rb") as f:
-                    hash_file(digest, f)
         codes = self._split_codes(sum(1 for _ in self._documents("train"))).tolist()
         counts = {split: codes.count(code) for code, split in enumerate(SPLITS)}
         for split in self.paths.keys() - {"train"}:
@@ -353,4 +347,20 @@ class TextCorpus:
                     f"{sum(counts.values())} in all. Give --{split}-data, or raise --holdout-fraction "
                     f"(now {self.corpus.holdout_fraction})."
                 )
-        return {"sha256": digest.hexdigest(), "documents": counts}
+        return {"sha256": self.sha256(), "documents": counts}
+
+    def sha256(self, settings=None):
+        """The SHA-256 of the split settings and of every file's name and bytes.
+
+        Args:
+            settings: the settings as a run recorded them (an older elita-tf's names: its hash covers
+                those); None: `settings()`.
+        """
+        settings = self.settings() if settings is None else settings
+        digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+        for source, paths in self.paths.items():
+            for path in paths:
+                digest.update(f"{source}:{os.path.basename(path)}".encode())
+                with open(path, "rb") as f:
+                    hash_file(digest, f)
+        return digest.hexdigest()

@@ -1,4 +1,4 @@
-"""The training loop's callbacks: a row of `steps.csv` per step, and checkpoints."""
+"""The training loop's callbacks: a row of `steps.csv` per step, checkpoints, and the progress bar."""
 
 import csv
 import os
@@ -42,11 +42,15 @@ class StepLog(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.running_mean = 0.0
 
+    def on_train_batch_begin(self, batch, logs=None):
+        # The rate this step takes: after it, the optimizer reports the next step's.
+        self.learning_rate = float(self.model.optimizer.learning_rate)
+
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
         optimizer = self.model.optimizer
         step = int(optimizer.iterations.numpy())
-        lr = float(optimizer.learning_rate)
+        lr = self.learning_rate
         # Keras reports the epoch's running mean; this batch's own loss is the difference.
         loss = (batch + 1) * logs["loss"] - batch * self.running_mean
         self.running_mean = logs["loss"]
@@ -85,3 +89,19 @@ class Checkpoint(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.save()
+
+
+class EpochProgress(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, its epochs numbered out of the run's `epochs`.
+
+    The loop calls `fit` once per epoch, and Keras numbers each call's epochs out of that call's own
+    `epochs`: it printed `Epoch 2/2`, `Epoch 3/3` and never `Epoch 1/...`.
+    """
+
+    def __init__(self, epochs):
+        super().__init__()
+        self.run_epochs = epochs
+
+    def set_params(self, params):
+        super().set_params(params)
+        self.epochs = self.run_epochs

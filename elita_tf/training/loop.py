@@ -23,9 +23,12 @@ A run directory (`RunDirectory`) keeps the training state apart from the model i
                           (`ElitaCausalLM.from_preset(run_dir)` loads it; `keras_hub.upload_preset` publishes it)
 
 Training again into the same directory resumes exactly where the last intact checkpoint left
-off: same step, same data position, same result as an uninterrupted run. A directory holding
-another run (other settings, data or tokenizer), or one another process is writing, is refused
-before anything in it changes, unless that run saved nothing yet: then it starts over, with a notice. `elita-train` (`elita_tf.cli.train`) is the command line.
+off: same step, same data position, same result as an uninterrupted run. A larger `max_steps`
+extends a run (3Lin's schedule then decays to the new end); a finished run asked again says so
+and keeps its results; fewer steps than it trained are refused. A directory holding another run
+(other settings, data or tokenizer), or one another process is writing, is refused before
+anything in it changes, unless that run saved nothing yet: then it starts over, with a notice.
+`elita-train` (`elita_tf.cli.train`) is the command line.
 """
 
 import dataclasses
@@ -43,8 +46,9 @@ import tensorflow as tf
 
 from elita_tf.data import lm_dataset, steps_per_epoch, stream_dataset, stream_steps_per_epoch
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
-from elita_tf.schedules import elita_adam, three_lin_sgd
-from elita_tf.training.callbacks import Checkpoint, StepLog
+from elita_tf.models.presets import RUN_PRESET
+from elita_tf.schedules import elita_adam, three_lin_schedule, three_lin_sgd
+from elita_tf.training.callbacks import Checkpoint, EpochProgress, StepLog
 from elita_tf.training.checkpoints import load_latest_checkpoint
 from elita_tf.training.distributed import (
     adapt_to_multi_worker,
@@ -57,7 +61,15 @@ from elita_tf.training.manifest import requested_manifest
 from elita_tf.training.model_settings import check_carry_state, complete_settings, resolve_position_mode
 from elita_tf.training.provenance import software_versions
 from elita_tf.training.run_data import load_settings_corpus, prepare_run, sha256
-from elita_tf.training.run_directory import TOKENIZER, RunDirectory, check_writable, save_run_preset, write_atomically
+from elita_tf.training.run_directory import (
+    TOKENIZER,
+    RunDirectory,
+    RunDirectoryError,
+    check_sources_outside,
+    check_writable,
+    save_run_preset,
+    write_atomically,
+)
 from elita_tf.training.settings import fields_marked
 
 
@@ -77,11 +89,13 @@ def train(settings, callbacks=(), strategy=None):
     Holds the run directory's lock throughout.
 
     Raises:
-        RunDirectoryError: the directory holds another run, is in use, or cannot be written.
+        RunDirectoryError: the directory holds another run, is in use, cannot be written, or holds the
+            model or tokenizer the run starts from.
         CorruptCheckpointError: every checkpoint of the run is corrupt.
     """
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
+    check_sources_outside(settings)
     settings = complete_settings(settings)
     if settings.lora_rank is not None:  # refused before anything is read or written
         ElitaBackbone.from_preset(settings.init_from, load_weights=False).check_lora_rank(settings.lora_rank)
@@ -142,8 +156,18 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                 weighted_metrics=None,  # the loss alone: fit takes it a chunk of tokens at a time
             )
+        elif settings.optimizer == "normalized-sgd":
+            # The checkpoint's schedule ends where its run ended: a run extended (a larger --max-steps)
+            # decays to its new end instead of training its new steps at 0.
+            model.optimizer.learning_rate = three_lin_schedule(total)
     adapt_to_multi_worker(model, strategy, [settings.batch_size // replicas, settings.sequence_length])
     start = int(model.optimizer.iterations.numpy())
+    if start > total:  # its checkpoints, preset and results are the longer run's
+        raise RunDirectoryError(
+            f"The run in {settings.output_dir!r} has trained {start} steps already, more than the {total} that "
+            f"--max-steps and --epochs allow now. Allow {start} or more to go on with it, or use --force-new to "
+            f"train {total} steps anew. Received: max_steps={settings.max_steps}, epochs={settings.epochs}"
+        )
     if in_multi_worker_mode(strategy):
         # Paths may differ from machine to machine; everything else must match.
         local = fields_marked("local")
@@ -156,18 +180,33 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         check_workers_agree(
             strategy, {"arguments": fingerprint(request), "tokenizer": fingerprint(tokenizer), "start step": start}
         )
-    if start and chief:
+    if 0 < start < total and chief:
         print(f"Resuming {settings.architecture} from step {start} ({checkpoint})", flush=True)
 
     def evaluation(split):
+        """`(dataset, batches)` of a held-out split: the count told to Keras, which warns when a stream ends."""
+        cut, starts = windows[split]
+        batches = min(steps_per_epoch(cut, settings.batch_size), settings.eval_batches or math.inf)
+
         def shard(index, count):
-            cut, starts = windows[split]
             data = lm_dataset(
                 cut, settings.batch_size, shuffle=False, shard=index, num_shards=count, document_starts=starts
             )
-            return data.take(settings.eval_batches) if settings.eval_batches else data
+            return data.take(batches)
 
-        return distributed_dataset(strategy, shard, settings.batch_size)
+        return distributed_dataset(strategy, shard, settings.batch_size), batches
+
+    stored = _read_results(checkpoints)
+    finished = stored if start == total and _evaluated_as(stored, total, settings) else None
+    if finished is not None:
+        if chief:
+            print(f"{settings.output_dir} has finished its {total} steps already: nothing to train or evaluate.")
+            if not os.path.exists(run_dir.file(RUN_PRESET)):
+                _save_preset(model, settings, run_dir)
+            _print_results(settings, run_dir)
+        return finished
+    if start == total and chief:
+        print(f"{settings.output_dir} has finished its {total} steps: evaluating it again.", flush=True)
 
     step_log = StepLog(run_dir.file("steps.csv"), time.perf_counter(), start)
     fit_callbacks = [
@@ -177,6 +216,9 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         keras.callbacks.TensorBoard(run_dir.file("tensorboard"), update_freq=settings.checkpoint_every),
         *callbacks,
     ]
+    if settings.verbose:
+        fit_callbacks.append(EpochProgress(math.ceil(total / per_epoch)))
+    validation, validation_steps = evaluation("validation")
     step = start
     while step < total:
         epoch = step // per_epoch
@@ -205,7 +247,8 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             initial_epoch=epoch,
             epochs=epoch + 1,
             steps_per_epoch=steps,
-            validation_data=evaluation("validation"),
+            validation_data=validation,
+            validation_steps=validation_steps,
             callbacks=fit_callbacks,
             shuffle=False,  # the stream is shuffled by its seed
             verbose=settings.verbose,
@@ -225,12 +268,15 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         "software": software_versions(),
     }
     for split in ["validation", "test"]:
-        loss = float(model.evaluate(evaluation(split), verbose=0))
+        data, batches = evaluation(split)
+        loss = float(model.evaluate(data, steps=batches, verbose=0))
         results[f"{split}_loss"] = loss
         results[f"{split}_perplexity"] = math.exp(loss)
     if step_log.step_times:
         results["step_time_s"] = sum(step_log.step_times) / len(step_log.step_times)
         results["tokens_per_s"] = settings.batch_size * settings.sequence_length / results["step_time_s"]
+    elif stored:  # no step timed here (evaluated again, or one step resumed): the run's earlier figure stands
+        results.update({key: stored[key] for key in ("step_time_s", "tokens_per_s") if key in stored})
     results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if tf.config.list_logical_devices("GPU"):  # the accelerator's own peak, beside the host's
         results["peak_gpu_memory_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
@@ -239,7 +285,36 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(run_dir.file("results.json"), json.dumps(results, indent=2))
     if chief:
-        # The trained model as a keras-hub preset, in the run's `preset/` folder.
-        save_run_preset(ElitaCausalLM(model.backbone.merge_lora()) if settings.merge_lora else model, run_dir.path)
-        print(json.dumps(results, indent=2), flush=True)
+        _save_preset(model, settings, run_dir)
+        _print_results(settings, run_dir)
     return results
+
+
+def _read_results(run_path):
+    """The run's `results.json`, or None before it has one."""
+    path = os.path.join(run_path, "results.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _evaluated_as(results, total, settings):
+    """Whether `results` are those of `total` steps, evaluated and published as `settings` ask."""
+    if results is None:
+        return False
+    recorded = results.get("config", {}).get("settings", {})
+    same = all(recorded.get(key) == getattr(settings, key) for key in ("eval_batches", "merge_lora"))
+    return same and results.get("steps") == total
+
+
+def _save_preset(model, settings, run_dir):
+    """The trained model as a keras-hub preset, in the run's `preset/` folder."""
+    save_run_preset(ElitaCausalLM(model.backbone.merge_lora()) if settings.merge_lora else model, run_dir.path)
+
+
+def _print_results(settings, run_dir):
+    from elita_tf.training.plot import results_table  # matplotlib, once a run ends
+
+    print(results_table({settings.architecture: run_dir.path}), end="", flush=True)
+    print(f"Everything the run measured: {run_dir.file('results.json')}", flush=True)

@@ -40,6 +40,15 @@ def requested_manifest(settings, config, data):
     }
 
 
+def legacy_corpus_record(manifest):
+    """The corpus settings of a manifest as written (not upgraded) when they carry an older elita-tf's names, or None.
+
+    The run's data hash covers them as written: the same text, asked for in today's names, hashes otherwise.
+    """
+    corpus = (manifest.get("data") or {}).get("corpus")
+    return corpus if corpus and _RENAMED_CORPUS.keys() & corpus.keys() else None
+
+
 def upgrade_manifest(manifest):
     """A manifest written by an older elita-tf, in today's names (the model's and the corpus settings')."""
     manifest = dict(manifest)

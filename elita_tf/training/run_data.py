@@ -12,9 +12,10 @@ import keras
 
 from elita_tf.data import load_corpus, make_tokenizer, sample_text, stream_steps_per_epoch, train_sentencepiece
 from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, write_token_file
-from elita_tf.training.manifest import requested_manifest
+from elita_tf.data.text_files import TextCorpus, data_kind
+from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
 from elita_tf.training.model_settings import model_config, preset_tokenizer
-from elita_tf.training.run_directory import TOKENIZER, RunDirectoryError, write_atomically
+from elita_tf.training.run_directory import TOKENIZER, RunDirectoryError, read_manifest, write_atomically
 
 
 def sha256(data):
@@ -35,7 +36,14 @@ def prepare_run(settings, run_dir, splits, data):
     """
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
-    stored = run_dir.check_manifest(manifest)
+    compared = manifest
+    written = None if settings.force_new else read_manifest(run_dir.path, upgrade=False)
+    recorded = written and legacy_corpus_record(written)
+    if recorded and data_kind(settings.corpus.data) in ("text", "jsonl"):
+        # An older run hashed its text with its settings' old names: the same text, hashed as it hashed it.
+        old_hash = TextCorpus(settings.corpus, settings.seed).sha256(recorded)
+        compared = {**manifest, "data": {**manifest["data"], "sha256": old_hash}}
+    stored = run_dir.check_manifest(compared)
     tokenizer_path = run_dir.file(TOKENIZER)
     # The splits hold (line, starts_document) pairs; the tokenizer trains on the lines.
     pairs, splits = splits, {split: pairs.map(lambda line, _: line) for split, pairs in splits.items()}
@@ -54,10 +62,10 @@ def prepare_run(settings, run_dir, splits, data):
             )
     tokenizer = make_tokenizer(proto)
     windows = {}
+    bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
     for split in pairs:
         # Each split tokenized once into files, reused by any later run on the same text and tokenizer.
         directory = os.path.join(cache_root(), fingerprint(data["sha256"], sha256(proto), split))
-        bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
         try:
             tokens = write_token_file(
                 pairs[split], tokenizer, directory, settings.vocabulary_size, progress=bar.add if bar else None
@@ -78,6 +86,8 @@ def prepare_run(settings, run_dir, splits, data):
             raise ValueError(f"The {split} split ({source}): {error}") from None
         # (windows, document starts): `lm_dataset`'s arguments.
         windows[split] = (cut, True if settings.pack_documents else None)
+    if bar is not None and bar._seen_so_far:  # ends its line: Keras' "Epoch 1/N" followed it on the same one
+        bar.update(bar._seen_so_far, finalize=True)
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": sha256(proto)})

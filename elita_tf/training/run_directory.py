@@ -78,6 +78,25 @@ def check_writable(path):
         )
 
 
+def check_sources_outside(settings):
+    """Raises `RunDirectoryError` when the model or tokenizer a run starts from lies in its own output directory.
+
+    Starting the run over (`force_new`) would delete the source before reading it: refused before anything
+    is read or removed.
+    """
+    output = os.path.realpath(settings.output_dir)
+    for field in ("init_from", "tokenizer_from"):
+        source = getattr(settings, field)
+        if source is None or "://" in source:  # a keras-hub handle is downloaded elsewhere
+            continue
+        if os.path.commonpath([os.path.realpath(source), output]) == output:
+            raise RunDirectoryError(
+                f"--{field.replace('_', '-')} {source} lies in --output-dir {settings.output_dir}: the run would "
+                f"replace the model it starts from. Choose another --output-dir. Received: {field}={source!r}, "
+                f"output_dir={settings.output_dir!r}"
+            )
+
+
 class RunDirectory:
     """The output directory of one training run; use as a context manager to hold its lock.
 
@@ -211,13 +230,15 @@ class RunDirectory:
         write_atomically(self.file(RUN_MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
 
 
-def read_manifest(run_path):
-    """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`), or None without one."""
+def read_manifest(run_path, upgrade=True):
+    """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`) unless not `upgrade`, or
+    None without one."""
     path = os.path.join(run_path, RUN_MANIFEST)
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return upgrade_manifest(json.load(f))
+        manifest = json.load(f)
+    return upgrade_manifest(manifest) if upgrade else manifest
 
 
 def _run_preprocessor(run_path):

@@ -73,3 +73,25 @@ def test_an_old_run_directory_loads_for_export_and_evaluates_as_it_trained(old_r
     result = evaluate(run, split="validation")
     with open(os.path.join(run, "results.json")) as f:
         assert result["loss"] == pytest.approx(json.load(f)["validation_loss"], rel=1e-5)  # what training measured
+
+
+def test_an_old_run_resumes_where_it_stopped(old_run, capsys):
+    # Its data hash covers its corpus settings under their old names: the same text must still match.
+    from elita_tf.cli.train import main as train_main
+    from elita_tf.training import list_checkpoints
+
+    run, expected = old_run
+    arguments = list(expected["arguments"])
+    arguments[arguments.index("--max-steps") + 1] = "3"
+    text = open("texts/doc-000.txt").read()
+    with open("texts/doc-000.txt", "a") as f:
+        f.write("another line .\n")
+    assert train_main(arguments) == 2 and "data.sha256" in capsys.readouterr().err  # other text is still refused
+    with open("texts/doc-000.txt", "w") as f:
+        f.write(text)
+    assert train_main(arguments) == 0, capsys.readouterr().err
+    assert "Resuming additive-reference from step 2" in capsys.readouterr().out
+    assert [step for step, _ in list_checkpoints(run)] == [3]
+    with open(os.path.join(run, "results.json")) as f:
+        assert json.load(f)["steps"] == 3
+    assert read_manifest(run, upgrade=False)["data"]["corpus"]["documents"] == "file"  # run.json stays as written

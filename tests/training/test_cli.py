@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import keras
 import keras_hub
@@ -15,7 +16,7 @@ from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
 from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, load_latest_checkpoint, train
 from elita_tf.training.evaluate import evaluate
-from tests.conftest import PRESET_FILES
+from tests.conftest import PRESET_FILES, TINY_RUN, write_documents
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -119,6 +120,22 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     assert resumed["test_loss"] == pytest.approx(results["test_loss"], abs=1e-6)
 
 
+def test_a_run_prints_every_epoch_then_its_table_not_its_json(tmp_path, capsys):
+    # `fit` runs one epoch at a time: Keras numbered each out of its own call ("Epoch 2/2", never
+    # "Epoch 1/2"), warned that the held-out stream ran out, and the run printed all of results.json.
+    texts, out = write_documents(tmp_path / "texts", 30), tmp_path / "run"
+    flags = [*TINY_RUN, "--verbose", "1", "--epochs", "2", "--data", texts, "--holdout-fraction", "0.2"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert train(parse_args(["--output-dir", str(out), *flags]))["steps"] > 2
+    printed = capsys.readouterr().out
+    assert "Epoch 1/2\n" in printed and "Epoch 2/2\n" in printed
+    assert not [w for w in caught if "ran out of data" in str(w.message)], [str(w.message) for w in caught]
+    lines = printed.splitlines()
+    assert lines[-4].startswith("| model |") and lines[-2].startswith("| elita | 0 |"), printed[-2000:]
+    assert lines[-1] == f"Everything the run measured: {out / 'results.json'}" and '"config"' not in printed
+
+
 def test_step_log_writes_each_batch_loss(tmp_path):
     # Keras hands callbacks the epoch's running mean; the log holds each batch's own loss.
     log = StepLog(str(tmp_path / "steps.csv"), start_time=0.0)
@@ -127,6 +144,7 @@ def test_step_log_writes_each_batch_loss(tmp_path):
     log.on_train_begin()
     log.on_epoch_begin(0)
     for batch, running_mean in enumerate([2.0, 1.5, 1.0]):
+        log.on_train_batch_begin(batch)
         log.on_train_batch_end(batch, {"loss": running_mean})
     log.on_train_end()
     with open(tmp_path / "steps.csv") as f:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -75,6 +76,20 @@ def test_an_adapted_preset_loads_generates_and_trains_as_saved(base, tmp_path):
     causal_lm.compile(optimizer=keras.optimizers.Adam(1e-2), loss=keras.losses.SparseCategoricalCrossentropy(True))
     causal_lm.fit(["the cat sees the dog near the house ."] * 4, batch_size=2, epochs=2, verbose=0)
     assert all(np.abs(_adapters(causal_lm.backbone)[p] - v).max() > 0 for p, v in before.items())
+
+
+@pytest.mark.parametrize("flag, inside", [("--init-from", ""), ("--tokenizer-from", ""), ("--init-from", "preset")])
+def test_a_run_that_would_replace_its_own_source_is_refused_untouched(base, tmp_path, capsys, flag, inside):
+    # --force-new, the advice of the refusal to resume, used to delete the source before reading it.
+    root, new = base
+    run = tmp_path / "run"
+    shutil.copytree(root / "base", run)
+    before = sorted(str(path.relative_to(run)) for path in run.rglob("*"))
+    source = os.path.join(run, inside)
+    assert _train(run, flag, source, "--data", new, "--holdout-fraction", "0.2", "--force-new") == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and f"{flag} {source} lies in --output-dir {run}" in error, error
+    assert sorted(str(path.relative_to(run)) for path in run.rglob("*")) == before
 
 
 def test_a_lora_rank_no_projection_can_use_is_refused_before_any_write(base, tmp_path, capsys):

@@ -32,12 +32,17 @@ from elita_tf.training import (
     verify_checkpoint,
 )
 from elita_tf.training.model_settings import resolve_position_mode
-from tests.conftest import write_tiny_wikitext
+from tests.conftest import TINY_RUN, write_documents, write_tiny_wikitext
 from tests.training.test_cli import REPO, Interrupt, _args
 
 
 def _run(data_dir, out, *extra, callbacks=()):
     return train(parse_args(_args(data_dir, out, *extra)), callbacks=callbacks)
+
+
+def _tiny(out, texts, *flags):
+    """elita-train on a tiny model of `texts` (`write_documents`); returns its exit status."""
+    return main(["--output-dir", str(out), *TINY_RUN, "--data", texts, "--holdout-fraction", "0.2", *flags])
 
 
 def _greek_corpus(directory):
@@ -264,6 +269,44 @@ def test_normalized_sgd_trains_3lin_and_is_part_of_the_run(tiny_wikitext, tmp_pa
     assert results["config"]["settings"]["optimizer"] == "normalized-sgd"
     with pytest.raises(RunDirectoryError, match=r"training.optimizer: stored 'normalized-sgd', requested 'adam'"):
         _run(tiny_wikitext, out, "--architecture", "3lin")
+
+
+def test_a_normalized_sgd_run_extended_trains_its_new_steps(tmp_path):
+    # The checkpoint's schedule ended with the 3-step run: the new steps trained at a rate of 0.
+    texts, out = write_documents(tmp_path / "texts", 30), tmp_path / "run"
+    flags = ["--architecture", "3lin", "--optimizer", "normalized-sgd"]
+    assert _tiny(out, texts, *flags, "--max-steps", "3") == 0
+    assert _tiny(out, texts, *flags, "--max-steps", "6") == 0
+    with open(out / "steps.csv") as f:
+        rates = {int(row["step"]): float(row["learning_rate"]) for row in csv.DictReader(f)}
+    # Each row holds the rate its step took (steps.csv held the next step's).
+    assert sorted(rates) == list(range(1, 7)) and all(rates[step] > 0 for step in (4, 5, 6)), rates
+    model = keras.models.load_model(latest_checkpoint(out))
+    assert model.optimizer.get_config()["learning_rate"]["config"]["total_steps"] == 6
+
+
+def test_a_finished_run_asked_again_keeps_its_results_and_fewer_steps_are_refused(tmp_path, capsys):
+    texts, out = write_documents(tmp_path / "texts", 30), tmp_path / "run"
+    assert _tiny(out, texts, "--max-steps", "4") == 0
+    results = (out / "results.json").read_text()
+    capsys.readouterr()
+    # Asked again: it says it has finished, and neither evaluates nor rewrites anything.
+    assert _tiny(out, texts, "--max-steps", "4") == 0
+    printed = capsys.readouterr().out
+    assert f"{out} has finished its 4 steps already: nothing to train or evaluate." in printed
+    assert "Resuming" not in printed and (out / "results.json").read_text() == results
+    # Fewer steps: refused, since its checkpoints and preset are the 4-step model.
+    assert _tiny(out, texts, "--max-steps", "2") == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "has trained 4 steps already, more than the 2" in error, error
+    assert "--force-new" in error and "Received: max_steps=2" in error
+    assert (out / "results.json").read_text() == results and [s for s, _ in list_checkpoints(out)] == [4]
+    # Another evaluation: said, and the step time the run measured is kept.
+    assert _tiny(out, texts, "--max-steps", "4", "--eval-batches", "1") == 0
+    assert f"{out} has finished its 4 steps: evaluating it again." in capsys.readouterr().out
+    again, before = json.loads((out / "results.json").read_text()), json.loads(results)
+    assert again["steps"] == 4 and again["step_time_s"] == before["step_time_s"]
+    assert again["config"]["settings"]["eval_batches"] == 1
 
 
 def test_mixed_bfloat16_trains_with_float32_weights_and_is_part_of_the_run(tiny_wikitext, tmp_path):
