@@ -219,6 +219,9 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     if settings.verbose:
         fit_callbacks.append(EpochProgress(math.ceil(total / per_epoch)))
     validation, validation_steps = evaluation("validation")
+    # The validation loss at the last step, from `fit`'s own pass over the same batches: the
+    # results need not evaluate the split again (seconds of a short run).
+    last_validation = None
     step = start
     while step < total:
         epoch = step // per_epoch
@@ -240,7 +243,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
                 start_step=step,
                 document_starts=starts,
             )
-        model.fit(
+        history = model.fit(
             distributed_dataset(
                 strategy, lambda index, count: stream(shard=index, num_shards=count), settings.batch_size
             ),
@@ -253,6 +256,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             shuffle=False,  # the stream is shuffled by its seed
             verbose=settings.verbose,
         )
+        last_validation = history.history["val_loss"][-1]
         step += steps
 
     results = {
@@ -268,8 +272,11 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         "software": software_versions(),
     }
     for split in ["validation", "test"]:
-        data, batches = evaluation(split)
-        loss = float(model.evaluate(data, steps=batches, verbose=0))
+        if split == "validation" and last_validation is not None:
+            loss = float(last_validation)
+        else:
+            data, batches = evaluation(split)
+            loss = float(model.evaluate(data, steps=batches, verbose=0))
         results[f"{split}_loss"] = loss
         results[f"{split}_perplexity"] = math.exp(loss)
     if step_log.step_times:

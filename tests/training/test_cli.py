@@ -94,6 +94,9 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(whole) + "_tfds"}
     evaluated = evaluate(str(whole), eval_batches=2, **data)
     assert evaluated["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
+    # The run's validation figure is fit's last pass, which the run does not repeat: the same as evaluating it.
+    validation = evaluate(str(whole), split="validation", eval_batches=2, **data)["loss"]
+    assert validation == pytest.approx(results["validation_loss"], abs=1e-5)
     int8 = evaluate(str(whole), eval_batches=2, quantize="int8", **data)
     assert int8["loss"] == pytest.approx(results["test_loss"], abs=0.05) and int8["loss"] != evaluated["loss"]
     assert (
@@ -120,14 +123,20 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     assert resumed["test_loss"] == pytest.approx(results["test_loss"], abs=1e-6)
 
 
-def test_a_run_prints_every_epoch_then_its_table_not_its_json(tmp_path, capsys):
+def test_a_run_prints_every_epoch_then_its_table_not_its_json_and_evaluates_no_split_twice(
+    tmp_path, capsys, monkeypatch
+):
     # `fit` runs one epoch at a time: Keras numbered each out of its own call ("Epoch 2/2", never
     # "Epoch 1/2"), warned that the held-out stream ran out, and the run printed all of results.json.
     texts, out = write_documents(tmp_path / "texts", 30), tmp_path / "run"
     flags = [*TINY_RUN, "--verbose", "1", "--epochs", "2", "--data", texts, "--holdout-fraction", "0.2"]
+    evaluations = []
+    evaluate_once = ElitaCausalLM.evaluate
+    monkeypatch.setattr(ElitaCausalLM, "evaluate", lambda *a, **k: evaluations.append(1) or evaluate_once(*a, **k))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert train(parse_args(["--output-dir", str(out), *flags]))["steps"] > 2
+    assert len(evaluations) == 3  # validation after each epoch (the last is the result's), then test
     printed = capsys.readouterr().out
     assert "Epoch 1/2\n" in printed and "Epoch 2/2\n" in printed
     assert not [w for w in caught if "ran out of data" in str(w.message)], [str(w.message) for w in caught]
