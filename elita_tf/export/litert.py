@@ -54,7 +54,7 @@ from elita_tf.models import ElitaBackbone
 from elita_tf.models.architectures import upgrade_config
 
 IDENTITY_KEY = "elita_tf_identity"  # the flatbuffer metadata entry that holds `model_identity`
-_KERAS_FIELDS = ("name", "trainable", "dtype")  # get_config() fields that are not the architecture
+_KERAS_FIELDS = ("name", "trainable", "dtype", "mixed_precision_policy")  # get_config() fields that are not the architecture
 
 
 def model_identity(causal_lm, quantize=None):

@@ -34,7 +34,7 @@ from elita_tf.models.architectures import (
     upgrade_config,
 )
 from elita_tf.models.decoder_layers import make_layers
-from elita_tf.models.presets import resolve_preset
+from elita_tf.models.presets import resolve_preset, saved_mixed_precision
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.positions import real_extent
@@ -362,13 +362,25 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
             # Also outside `dtype`: keras-hub's generic `Backbone.from_preset` and `CausalLM.from_preset` replace
             # a saved `dtype` (the DTypePolicyMap of a quantized model) with None.
             config["quantized_layers"] = quantized
+        policy = self.dtype_policy
+        policy = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
+        if policy.compute_dtype != policy.variable_dtype:
+            # keras-hub reads a saved `dtype` as a plain dtype (`"mixed_bfloat16"` raises in its `from_preset`),
+            # its generic `Backbone.from_preset` replaces it with None, and a quantized model's saved map has no
+            # default policy: the policy is kept apart.
+            config["mixed_precision_policy"] = policy.name
+            if not quantized:
+                config["dtype"] = None
         return config
 
     @classmethod
     def from_config(cls, config):
         config = upgrade_config(config)  # a preset or checkpoint of an older elita-tf
         quantized = config.pop("quantized_layers", None)
+        mixed = config.pop("mixed_precision_policy", None)
         dtype = config.get("dtype")
+        if mixed is not None and (dtype is None or quantized and isinstance(dtype, dict)):
+            dtype = config["dtype"] = mixed  # a `dtype` given (float32, say) wins over the saved one
         if quantized and not isinstance(dtype, (dict, keras.dtype_policies.DTypePolicyMap)):
             policy = keras.dtype_policies.get(dtype) if dtype is not None else keras.config.dtype_policy()
             policies = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
@@ -397,9 +409,13 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
         """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
 
         A quantized preset (`quantize("int8")`, then `save_to_preset`) loads
-        quantized, through this class or keras-hub's generic `Backbone.from_preset`.
+        quantized, through this class or keras-hub's generic `Backbone.from_preset`;
+        a mixed-precision one in its policy, or in the `dtype` given (`dtype="float32"`).
         """
-        return super().from_preset(resolve_preset(preset, load_weights), load_weights=load_weights, **kwargs)
+        preset = resolve_preset(preset, load_weights)
+        if kwargs.get("dtype") is None:
+            kwargs["dtype"] = saved_mixed_precision(preset)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
 
 def architecture_config(name, **overrides):

@@ -1,3 +1,4 @@
+import json
 import shutil
 
 import keras
@@ -276,6 +277,41 @@ def test_an_int8_preset_loads_through_keras_hub_s_generic_entry_points(proto, tm
     for loaded in loads:
         assert loaded.token_embedding.quantization_mode == "int8"
         np.testing.assert_array_equal(loaded(x), want)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_mixed_precision_preset_loads_in_its_policy_or_in_float32_when_asked(proto, tmp_path, quantized):
+    backbone = _backbone("elita", dtype="mixed_bfloat16")
+    if quantized:
+        backbone.quantize("int8")
+    x = _prompts([8], 8)
+    want = backbone(x)
+    backbone.save_to_preset(str(tmp_path / "backbone"))
+    task = str(tmp_path / "task")
+    ElitaCausalLM(backbone, ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24)).save_to_preset(task)
+    loads = [
+        keras_hub.models.Backbone.from_preset(str(tmp_path / "backbone")),
+        keras_hub.models.CausalLM.from_preset(task).backbone,
+        ElitaCausalLM.from_preset(task).backbone,
+        ElitaBackbone.from_preset(task),
+    ]
+    for loaded in loads:
+        assert loaded.compute_dtype == "bfloat16" and loaded.variable_dtype == "float32"
+        assert (loaded.token_embedding.quantization_mode == "int8") == quantized
+        np.testing.assert_array_equal(loaded(x), want)
+    as_asked = [ElitaCausalLM.from_preset(task, dtype="float32").backbone, ElitaBackbone.from_preset(task, dtype="float32")]
+    for loaded in as_asked:
+        assert loaded.compute_dtype == "float32" and loaded(x).dtype == "float32"
+    if not quantized:
+        # A preset saved before the policy was kept apart holds it as its `dtype`.
+        with open(f"{task}/config.json") as f:
+            saved = json.load(f)
+        saved["config"].pop("mixed_precision_policy")
+        saved["config"]["dtype"] = keras.dtype_policies.serialize(keras.DTypePolicy("mixed_bfloat16"))
+        with open(f"{task}/config.json", "w") as f:
+            json.dump(saved, f)
+        assert ElitaCausalLM.from_preset(task).backbone.compute_dtype == "bfloat16"
+        assert ElitaCausalLM.from_preset(task, dtype="float32").backbone.compute_dtype == "float32"
 
 
 def test_stop_tokens_end_each_row():
