@@ -54,7 +54,8 @@ from elita_tf.models import ElitaBackbone
 from elita_tf.models.architectures import upgrade_config
 
 IDENTITY_KEY = "elita_tf_identity"  # the flatbuffer metadata entry that holds `model_identity`
-_KERAS_FIELDS = ("name", "trainable", "dtype", "mixed_precision_policy")  # get_config() fields that are not the architecture
+# get_config() fields that are not the architecture.
+_KERAS_FIELDS = ("name", "trainable", "dtype", "mixed_precision_policy")
 
 
 def model_identity(causal_lm, quantize=None):

@@ -299,8 +299,8 @@ def test_a_mixed_precision_preset_loads_in_its_policy_or_in_float32_when_asked(p
         assert loaded.compute_dtype == "bfloat16" and loaded.variable_dtype == "float32"
         assert (loaded.token_embedding.quantization_mode == "int8") == quantized
         np.testing.assert_array_equal(loaded(x), want)
-    as_asked = [ElitaCausalLM.from_preset(task, dtype="float32").backbone, ElitaBackbone.from_preset(task, dtype="float32")]
-    for loaded in as_asked:
+    float32 = {"dtype": "float32"}
+    for loaded in (ElitaCausalLM.from_preset(task, **float32).backbone, ElitaBackbone.from_preset(task, **float32)):
         assert loaded.compute_dtype == "float32" and loaded(x).dtype == "float32"
     if not quantized:
         # A preset saved before the policy was kept apart holds it as its `dtype`.
