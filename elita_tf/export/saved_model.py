@@ -22,7 +22,7 @@ import keras_hub
 import tensorflow as tf
 
 from elita_tf.data.tokenizer import make_tokenizer
-from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS
+from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from elita_tf.models import ElitaCausalLM
 
 
@@ -81,8 +81,7 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
             for: a serving signature's memory and time grow with it, so a
             request past it fails instead. Defaults to `1024`.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"`max_new_tokens` must be a positive integer. Received: max_new_tokens={max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
     if causal_lm.preprocessor is None:
         raise ValueError(
             "The SavedModel's `generate` signature tokenizes text: export an ElitaCausalLM with its preprocessor "

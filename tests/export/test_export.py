@@ -259,3 +259,13 @@ def test_export_cli_writes_only_over_its_own_exports(tmp_path, capsys):
         assert "is not an elita-train run directory" in err, err
     err = _refused(["--run-dir", run, "--output", str(tmp_path / "new")], capsys)
     assert "is not an elita-train run directory" in err, err
+
+
+def test_a_cap_past_the_int32_max_new_tokens_is_refused_when_parsed(tmp_path, capsys):
+    run, out = str(tmp_path / "no-run"), str(tmp_path / "out")
+    err = _refused(["--run-dir", run, "--output", out, "--max-new-tokens", "3000000000"], capsys)
+    assert err.count("\n") == 1 and "at most 2147483647" in err and "Received: max_new_tokens=3000000000" in err
+    err = _refused(["--run-dir", run, "--output", out, "--max-new-tokens", "2147483647"], capsys)
+    assert "is not an elita-train run directory" in err, err  # the largest cap passes, on to loading the run
+    with pytest.raises(ValueError, match="Received: max_new_tokens=2147483648"):
+        export_saved_model(None, out, max_new_tokens=2**31)
