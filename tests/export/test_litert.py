@@ -220,6 +220,16 @@ def tiny_file(tmp_path_factory):
     return export_litert(ElitaCausalLM(backbone), str(tmp_path_factory.mktemp("tiny") / "tiny.tflite"))
 
 
+def test_a_quantized_model_is_refused_in_one_line_that_says_what_to_export(tmp_path):
+    backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=50, hidden_dim=16, num_layers=1, head_dim=8)
+    backbone.quantize("int8")
+    with pytest.raises(ValueError) as error:
+        export_litert(ElitaCausalLM(backbone), str(tmp_path / "q.tflite"))
+    message = str(error.value)
+    assert "\n" not in message and "quantize='int8'" in message and message.endswith("Received: quantization_mode=int8")
+    assert not os.path.exists(tmp_path / "q.tflite")
+
+
 def test_generate_refuses_a_negative_or_fractional_count(tiny_file):
     model = LiteRTModel(tiny_file)
     assert model.generate([1, 2], 0) == [] and len(model.generate([1, 2], np.int64(2))) == 2
