@@ -255,14 +255,18 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
             check_integer_ids(inputs["token_ids"], self.vocabulary_size)
         return super().call(inputs, training=training, mask=mask)
 
-    def get_initial_cache(self, batch_size):
-        """The decoding cache before any position: each block's (`block_{i}`) and each row's `position` `[B]`."""
+    def check_decodes(self):
+        """Raises ValueError, naming the position mode, when this model cannot decode step by step."""
         if self.position_mode == "length":
             raise ValueError(
                 "position_mode='length' moves every position with the sequence length: a cache of earlier "
                 "positions is never valid, so this model cannot decode step by step. Use position_mode='fixed' "
                 f"or 'clamped' (the same weights). Received: position_mode={self.position_mode!r}"
             )
+
+    def get_initial_cache(self, batch_size):
+        """The decoding cache before any position: each block's (`block_{i}`) and each row's `position` `[B]`."""
+        self.check_decodes()
         cache = {
             f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)
         }

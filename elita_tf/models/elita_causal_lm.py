@@ -95,9 +95,11 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         training length (`ElitaBackbone.decode_limit` is None).
 
         Raises:
-            ValueError: for no prompts, a `max_length` below 1 or past the positions the model
-                holds, or (with a preprocessor) a prompt that leaves no room for a new token.
+            ValueError: for a model that cannot decode (`position_mode="length"`), no prompts, a
+                `max_length` below 1 or past the positions the model holds, or (with a preprocessor) a
+                prompt that leaves no room for a new token.
         """
+        self.backbone.check_decodes()  # here, not in the traced step, whose error Keras wraps in its frames
         if isinstance(inputs, bytes):
             inputs = inputs.decode("utf-8")
         elif isinstance(inputs, (list, tuple)):
