@@ -34,6 +34,7 @@ from elita_tf.models.architectures import (
     upgrade_config,
 )
 from elita_tf.models.decoder_layers import make_layers
+from elita_tf.models.dtype_policies import SavedPolicies
 from elita_tf.models.presets import resolve_preset, saved_mixed_precision
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
@@ -97,7 +98,7 @@ _SEED = MODEL_SIZES["seed"]  # the default size
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
+class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone):
     """A decoder language model of ELiTA or any related block, as a keras-hub backbone.
 
     `{"token_ids": int [B, T], "padding_mask": [B, T]}` -> logits
@@ -357,41 +358,11 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
         config.update(self._architecture)
         if self.lora_rank is not None:
             config["lora_rank"] = self.lora_rank
-        quantized = {
-            layer.path: layer.quantization_mode
-            for layer in self._flatten_layers(include_self=False)
-            if layer.quantization_mode is not None
-        }
-        if quantized:
-            # Also outside `dtype`: keras-hub's generic `Backbone.from_preset` and `CausalLM.from_preset` replace
-            # a saved `dtype` (the DTypePolicyMap of a quantized model) with None.
-            config["quantized_layers"] = quantized
-        policy = self.dtype_policy
-        policy = policy.default_policy if isinstance(policy, keras.dtype_policies.DTypePolicyMap) else policy
-        if policy.compute_dtype != policy.variable_dtype:
-            # keras-hub reads a saved `dtype` as a plain dtype (`"mixed_bfloat16"` raises in its `from_preset`),
-            # its generic `Backbone.from_preset` replaces it with None, and a quantized model's saved map has no
-            # default policy: the policy is kept apart.
-            config["mixed_precision_policy"] = policy.name
-            if not quantized:
-                config["dtype"] = None
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = upgrade_config(config)  # a preset or checkpoint of an older elita-tf
-        quantized = config.pop("quantized_layers", None)
-        mixed = config.pop("mixed_precision_policy", None)
-        dtype = config.get("dtype")
-        if mixed is not None and (dtype is None or quantized and isinstance(dtype, dict)):
-            dtype = config["dtype"] = mixed  # a `dtype` given (float32, say) wins over the saved one
-        if quantized and not isinstance(dtype, (dict, keras.dtype_policies.DTypePolicyMap)):
-            policy = keras.dtype_policies.get(dtype) if dtype is not None else keras.config.dtype_policy()
-            policies = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
-            for path, mode in quantized.items():
-                policies[path] = keras.dtype_policies.get(f"{mode}_from_{policy.name}")
-            config["dtype"] = policies
-        return super().from_config(config)
+        return super().from_config(upgrade_config(config))  # a preset or checkpoint of an older elita-tf
 
     def count_params_without_embeddings(self):
         """Weights of the blocks and norms: `count_params()` less the token and position tables and the head."""

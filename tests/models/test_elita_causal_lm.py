@@ -1,5 +1,6 @@
 import json
 import shutil
+import warnings
 
 import keras
 import keras_hub
@@ -277,6 +278,15 @@ def test_an_int8_preset_loads_through_keras_hub_s_generic_entry_points(proto, tm
     for loaded in loads:
         assert loaded.token_embedding.quantization_mode == "int8"
         np.testing.assert_array_equal(loaded(x), want)
+
+
+def test_quantize_warns_only_of_a_layer_with_a_matrix_it_leaves_float():
+    for name, left_float in [("elita", set()), ("transformer", {"PositionEmbedding"})]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _backbone(name).quantize("int8")
+        named = {str(w.message).split()[1] for w in caught if "does not have a `quantize` method" in str(w.message)}
+        assert named == left_float  # not the input, dropout, the norms or softmax: they have nothing to quantize
 
 
 @pytest.mark.parametrize("quantized", [False, True])
