@@ -18,7 +18,7 @@ import sys
 
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
-from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, QUANTIZATIONS
+from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, QUANTIZATIONS, check_max_new_tokens
 
 FORMATS = ("saved_model", "litert", "preset")
 _FORMAT_NAMES = {"saved_model": "SavedModel", "litert": "LiteRT", "preset": "keras-hub preset"}
@@ -84,9 +84,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.quantize and args.format != "litert":
         parser.error(f"--quantize applies to --format litert. Received: --format {args.format}")
-    if args.max_new_tokens < 1:
-        parser.error(f"`max_new_tokens` must be a positive integer. Received: max_new_tokens={args.max_new_tokens}")
     try:  # before the model loads: seconds, and nothing to write over
+        check_max_new_tokens(args.max_new_tokens)
         check_output(args.output, args.format)
     except ValueError as error:
         parser.error(str(error))

@@ -54,7 +54,8 @@ from elita_tf.models import ElitaBackbone
 from elita_tf.models.architectures import upgrade_config
 
 IDENTITY_KEY = "elita_tf_identity"  # the flatbuffer metadata entry that holds `model_identity`
-_KERAS_FIELDS = ("name", "trainable", "dtype")  # get_config() fields that are not the architecture
+# get_config() fields that are not the architecture.
+_KERAS_FIELDS = ("name", "trainable", "dtype", "mixed_precision_policy")
 
 
 def model_identity(causal_lm, quantize=None):
@@ -226,9 +227,18 @@ def export_litert(causal_lm, path, quantize=None):
         `path`.
 
     Raises:
-        ValueError: for another `quantize`.
+        ValueError: for another `quantize`, or a quantized `causal_lm` (`quantize("int8")`: the converter takes
+            float weights and quantizes them itself).
     """
     check_quantize(quantize)
+    modes = {layer.quantization_mode for layer in causal_lm.backbone._flatten_layers()} - {None}
+    if modes:
+        # Keras' int8 layers multiply int8 activations, which LiteRT's fully connected op does not take.
+        raise ValueError(
+            "export_litert takes a float model, and this one is quantized: export the float model (the preset or "
+            f"run before `quantize`) with quantize='int8' (elita-export --quantize int8). Received: "
+            f"quantization_mode={', '.join(sorted(modes))}"
+        )
     decoder = OnDeviceDecoder(_float32(causal_lm.backbone))
     functions = [decoder.prefill.get_concrete_function(), decoder.decode.get_concrete_function()]
     converter = tf.lite.TFLiteConverter.from_concrete_functions(functions, decoder)

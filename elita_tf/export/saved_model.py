@@ -5,7 +5,8 @@
 Signatures (dynamic batch and length):
 - `serving_default(token_ids int32 [B, T]) -> {"logits": float32 [B, T, V]}`
 - `generate(prompts string [B], max_new_tokens int32 []) -> {"text": string [B], "token_ids": int32 [B, N]}`:
-  SentencePiece tokenisation, `ElitaCausalLM.generate_step` with keras-hub's greedy sampler, and
+  SentencePiece tokenisation with the start token before each prompt (as `ElitaCausalLM.generate`),
+  `ElitaCausalLM.generate_step` with keras-hub's greedy sampler, and
   detokenisation, all in the graph.
 
 Loading the SavedModel needs the tensorflow-text ops registered (`load_saved_model`, or `import tensorflow_text` first);
@@ -18,18 +19,17 @@ TensorFlow's `saved_model_cli show` needs nothing, and `saved_model_cli run` run
 
 import keras
 import keras_hub
-import sentencepiece
 import tensorflow as tf
 
 from elita_tf.data.tokenizer import make_tokenizer
-from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS
+from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from elita_tf.models import ElitaCausalLM
 
 
-def _seed_empty(ragged, token_id):
-    """Rows with no token get `token_id`: an empty prompt starts a new line of text."""
-    empty = tf.cast(tf.equal(ragged.row_lengths(), 0), tf.int64)
-    seed = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(empty)], token_id), empty)
+def _prepend(ragged, token_id, rows):
+    """`token_id` before each row of `ragged` where the bool `rows` `[B]` is True."""
+    count = tf.cast(rows, tf.int64)
+    seed = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(count)], token_id), count)
     return tf.concat([tf.cast(seed, ragged.dtype), ragged], axis=1)
 
 
@@ -65,8 +65,9 @@ def _check_length(longest, max_new_tokens, limit, cap):
 def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
     """Writes `causal_lm` (an `ElitaCausalLM` with its preprocessor) as a SavedModel; returns `path`.
 
-    `generate` continues an empty prompt from the end-of-line id (every
-    training line ends with it), returns empty texts for `max_new_tokens=0`,
+    `generate` reads each prompt as `ElitaCausalLM.generate` does, after the
+    start token (the end-of-line id: every training line ends with it), so
+    both give the same greedy tokens; it returns empty texts for `max_new_tokens=0`,
     and fails with the values named for zero prompts, a negative `max_new_tokens`, one
     above the export's cap, or one that takes the prompt past
     `max_sequence_length` in a model with finite buffers. `serving_default`
@@ -80,16 +81,15 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
             for: a serving signature's memory and time grow with it, so a
             request past it fails instead. Defaults to `1024`.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"`max_new_tokens` must be a positive integer. Received: max_new_tokens={max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
     if causal_lm.preprocessor is None:
         raise ValueError(
             "The SavedModel's `generate` signature tokenizes text: export an ElitaCausalLM with its preprocessor "
             "(ElitaCausalLM.from_preset gives one). Received: preprocessor=None"
         )
-    proto = causal_lm.preprocessor.tokenizer.proto
-    tokenizer = make_tokenizer(proto, add_eos=False)
-    end_of_line = sentencepiece.SentencePieceProcessor(model_proto=proto).eos_id()
+    preprocessor = causal_lm.preprocessor
+    tokenizer = make_tokenizer(preprocessor.tokenizer.proto, add_eos=False)
+    start = preprocessor.tokenizer.start_token_id  # the end-of-line piece: a prompt starts a new line of text
     backbone = causal_lm.backbone
     greedy = ElitaCausalLM(backbone)  # the same weights, with keras-hub's greedy sampler
     greedy.sampler = keras_hub.samplers.GreedySampler()
@@ -106,7 +106,11 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
         empty = tf.debugging.Assert(tf.size(prompts) > 0, ["generate needs at least one prompt. Received: 0 prompts"])
         with tf.control_dependencies([empty]):
             prompts = tf.identity(prompts)
-        ragged = _seed_empty(tokenizer.tokenize(prompts), end_of_line)
+        ragged = tokenizer.tokenize(prompts)
+        # As keras-hub's `generate_preprocess`: the start token before every prompt (`add_start_token`); an
+        # empty prompt has nothing else to continue from.
+        rows = tf.fill([tf.size(prompts)], True) if preprocessor.add_start_token else tf.equal(ragged.row_lengths(), 0)
+        ragged = _prepend(ragged, start, rows)
         lengths = tf.cast(ragged.row_lengths(), tf.int32)
         longest = tf.reduce_max(lengths)
         max_new_tokens = _check_length(longest, max_new_tokens, backbone.decode_limit, cap)

@@ -6,6 +6,7 @@ import tensorflow as tf
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 from elita_tf.ops.causal_softmax_mean import (
     SOFTMAX_MEAN_CHUNK_SIZE,
     causal_softmax_mean,
@@ -16,7 +17,7 @@ from elita_tf.ops.utils.dtypes import accumulator_dtype
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class AdditiveAttention(CausalMixer):
+class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
     """Causal (windowed) multi-head additive attention, as in fastformerLM.
 
     The attention part of a `FastformerForCausalLM` layer (Fastformer, Wu et

@@ -4,6 +4,7 @@ from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import as_sequence, check_choice, check_sequence_call, take_arguments_as_given
 from elita_tf.layers.options import NORMS, RESIDUALS
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
+from elita_tf.layers.renamed_arguments import upgrade_arguments
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.private_apis import global_state
 
@@ -202,7 +203,12 @@ class DecoderBlock(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
-        config = dict(config)
+        import elita_tf.layers as package
+
+        # The package loads lazily: every layer class registered, the mixer and FFN a config names load.
+        for name in package.__all__:
+            getattr(package, name)
+        config = upgrade_arguments(cls.__name__, config)  # a `.keras` file of elita-tf 0.1.0
         config["mixer"] = keras.saving.deserialize_keras_object(config["mixer"])
         if config.get("ffn") is not None:
             config["ffn"] = keras.saving.deserialize_keras_object(config["ffn"])

@@ -2,10 +2,11 @@ import keras
 
 from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class FeedForward(keras.layers.Layer):
+class FeedForward(UpgradesRenamedArguments, keras.layers.Layer):
     """The position-wise two-layer MLP of a Transformer block, and the One Wide FFN (Pires et al. 2023).
 
         y = W2 act(W1 x + b1) + b2
@@ -102,3 +103,7 @@ class FeedForward(keras.layers.Layer):
             }
         )
         return config
+
+
+# elita-tf 0.1.0 saved this layer as `WideFeedForward(width, num_layers)`: its `.keras` files name it so.
+keras.saving.get_custom_objects()["elita_tf>WideFeedForward"] = FeedForward

@@ -3,11 +3,12 @@ import tensorflow as tf
 
 from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 from elita_tf.ops.pairwise_projection import pairwise_product, pairwise_projection
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class FeedForward2(keras.layers.Layer):
+class FeedForward2(UpgradesRenamedArguments, keras.layers.Layer):
     """ELiTA's trilinear feed-forward layer (`FeedForward2`).
 
     Two swish branches of widths `a = intermediate_dim` and `b = factor` are

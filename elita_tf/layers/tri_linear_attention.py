@@ -7,6 +7,7 @@ import tensorflow as tf
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
+from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 from elita_tf.ops.banded_attention import BANDED_CHUNK_SIZE, banded_attention, empty_banded_state
 from elita_tf.ops.banded_attention_step import banded_attention_step
 from elita_tf.ops.utils.dtypes import accumulator_dtype
@@ -25,7 +26,7 @@ def _norm(x):
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class TriLinearAttention(CausalMixer):
+class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
     """The 3Lin layer (Andrey Gulin): bilinear attention and an xor-sparse trilinear Combiner.
 
     From the residual state `s_t` it computes the update that the model adds

@@ -10,6 +10,7 @@ The `*-reference` recipes wrap the blocks as their original authors did (`docs/d
 """
 
 from elita_tf.layers.options import NORMS, POSITION_MODES
+from elita_tf.layers.renamed_arguments import upgrade_arguments
 
 BLOCK_TYPES = ("elita", "transformer", "simplified", "linear", "3lin", "additive")
 FFN_TYPES = ("feedforward2", "mlp", "wide", "none")
@@ -141,25 +142,17 @@ _FLAGS = (
     "ffn_bias",
     "first_value_projection",
 )
-# Arguments that elita-tf 0.1.0 named otherwise (keras-hub's names now), old name: new name.
-_RENAMED = {
-    "norm_epsilon": "layer_norm_epsilon",
-    "tied_embeddings": "tie_word_embeddings",
-    "windows": "sliding_window_sizes",
-}
-
-
 def upgrade_config(config):
     """An `ElitaBackbone` config (or a run's recorded architecture) written by an older elita-tf, in today's names.
 
-    The one place that knows the old names: presets, checkpoints and run directories of elita-tf
-    0.1.0 load through it. A config in today's names is returned as it is.
+    Presets, checkpoints and run directories of elita-tf 0.1.0 load through it
+    (`layers.renamed_arguments` holds the old names). A config in today's names is returned as it is.
 
     Example:
     >>> upgrade_config({"vocabulary_size": 100, "tied_embeddings": True})
     {'vocabulary_size': 100, 'tie_word_embeddings': True}
     """
-    return {_RENAMED.get(name, name): value for name, value in config.items()}
+    return upgrade_arguments("ElitaBackbone", config)
 
 
 def architecture(name):

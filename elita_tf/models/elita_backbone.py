@@ -34,7 +34,8 @@ from elita_tf.models.architectures import (
     upgrade_config,
 )
 from elita_tf.models.decoder_layers import make_layers
-from elita_tf.models.presets import resolve_preset
+from elita_tf.models.dtype_policies import SavedPolicies
+from elita_tf.models.presets import resolve_preset, saved_mixed_precision
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.positions import real_extent
@@ -97,7 +98,7 @@ _SEED = MODEL_SIZES["seed"]  # the default size
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
-class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
+class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone):
     """A decoder language model of ELiTA or any related block, as a keras-hub backbone.
 
     `{"token_ids": int [B, T], "padding_mask": [B, T]}` -> logits
@@ -255,14 +256,18 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
             check_integer_ids(inputs["token_ids"], self.vocabulary_size)
         return super().call(inputs, training=training, mask=mask)
 
-    def get_initial_cache(self, batch_size):
-        """The decoding cache before any position: each block's (`block_{i}`) and each row's `position` `[B]`."""
+    def check_decodes(self):
+        """Raises ValueError, naming the position mode, when this model cannot decode step by step."""
         if self.position_mode == "length":
             raise ValueError(
                 "position_mode='length' moves every position with the sequence length: a cache of earlier "
                 "positions is never valid, so this model cannot decode step by step. Use position_mode='fixed' "
                 f"or 'clamped' (the same weights). Received: position_mode={self.position_mode!r}"
             )
+
+    def get_initial_cache(self, batch_size):
+        """The decoding cache before any position: each block's (`block_{i}`) and each row's `position` `[B]`."""
+        self.check_decodes()
         cache = {
             f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)
         }
@@ -353,29 +358,11 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
         config.update(self._architecture)
         if self.lora_rank is not None:
             config["lora_rank"] = self.lora_rank
-        quantized = {
-            layer.path: layer.quantization_mode
-            for layer in self._flatten_layers(include_self=False)
-            if layer.quantization_mode is not None
-        }
-        if quantized:
-            # Also outside `dtype`: keras-hub's generic `Backbone.from_preset` and `CausalLM.from_preset` replace
-            # a saved `dtype` (the DTypePolicyMap of a quantized model) with None.
-            config["quantized_layers"] = quantized
         return config
 
     @classmethod
     def from_config(cls, config):
-        config = upgrade_config(config)  # a preset or checkpoint of an older elita-tf
-        quantized = config.pop("quantized_layers", None)
-        dtype = config.get("dtype")
-        if quantized and not isinstance(dtype, (dict, keras.dtype_policies.DTypePolicyMap)):
-            policy = keras.dtype_policies.get(dtype) if dtype is not None else keras.config.dtype_policy()
-            policies = keras.dtype_policies.DTypePolicyMap(default_policy=policy)
-            for path, mode in quantized.items():
-                policies[path] = keras.dtype_policies.get(f"{mode}_from_{policy.name}")
-            config["dtype"] = policies
-        return super().from_config(config)
+        return super().from_config(upgrade_config(config))  # a preset or checkpoint of an older elita-tf
 
     def count_params_without_embeddings(self):
         """Weights of the blocks and norms: `count_params()` less the token and position tables and the head."""
@@ -397,9 +384,13 @@ class ElitaBackbone(lora.LoraAdapters, keras_hub.models.Backbone):
         """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
 
         A quantized preset (`quantize("int8")`, then `save_to_preset`) loads
-        quantized, through this class or keras-hub's generic `Backbone.from_preset`.
+        quantized, through this class or keras-hub's generic `Backbone.from_preset`;
+        a mixed-precision one in its policy, or in the `dtype` given (`dtype="float32"`).
         """
-        return super().from_preset(resolve_preset(preset, load_weights), load_weights=load_weights, **kwargs)
+        preset = resolve_preset(preset, load_weights)
+        if kwargs.get("dtype") is None:
+            kwargs["dtype"] = saved_mixed_precision(preset)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
 
 def architecture_config(name, **overrides):

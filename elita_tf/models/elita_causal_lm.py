@@ -9,7 +9,7 @@ from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models.chunked_loss_training import ChunkedLossTraining, padding_mask_of
 from elita_tf.models.elita_backbone import ElitaBackbone
 from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
-from elita_tf.models.presets import resolve_preset
+from elita_tf.models.presets import resolve_preset, saved_mixed_precision
 from elita_tf.private_apis import in_symbolic_scope
 
 
@@ -95,9 +95,11 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         training length (`ElitaBackbone.decode_limit` is None).
 
         Raises:
-            ValueError: for no prompts, a `max_length` below 1 or past the positions the model
-                holds, or (with a preprocessor) a prompt that leaves no room for a new token.
+            ValueError: for a model that cannot decode (`position_mode="length"`), no prompts, a
+                `max_length` below 1 or past the positions the model holds, or (with a preprocessor) a
+                prompt that leaves no room for a new token.
         """
+        self.backbone.check_decodes()  # here, not in the traced step, whose error Keras wraps in its frames
         if isinstance(inputs, bytes):
             inputs = inputs.decode("utf-8")
         elif isinstance(inputs, (list, tuple)):
@@ -293,5 +295,11 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder."""
-        return super().from_preset(resolve_preset(preset, load_weights), load_weights=load_weights, **kwargs)
+        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
+
+        A mixed-precision preset loads in its policy, or in the `dtype` given (`dtype="float32"`).
+        """
+        preset = resolve_preset(preset, load_weights)
+        if kwargs.get("dtype") is None:
+            kwargs["dtype"] = saved_mixed_precision(preset)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)

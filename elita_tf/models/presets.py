@@ -89,6 +89,20 @@ def read_preset_config(preset):
     return upgrade_config(config)
 
 
+def saved_mixed_precision(preset):
+    """The mixed-precision policy name (`"mixed_bfloat16"`) that a local preset's config holds as its `dtype`, or None.
+
+    A preset saved before the backbone kept that name apart (`mixed_precision_policy`) holds it as
+    `dtype`, which keras-hub's `from_preset` reads as a plain dtype and refuses; passed as the
+    `dtype` argument instead, it loads.
+    """
+    if not isinstance(preset, str) or not os.path.isfile(os.path.join(preset, "config.json")):
+        return None
+    dtype = read_preset_config(preset).get("dtype")
+    name = dtype.get("config", {}).get("name") if isinstance(dtype, dict) else dtype
+    return name if isinstance(name, str) and name.startswith("mixed_") else None
+
+
 def _check_preset_files(preset, load_weights):
     """Names the file of a local preset that is missing or unreadable, which keras-hub, h5py and SentencePiece
     would report without its name (or, for the weights, as a sharded index `model.weights.json`)."""

@@ -30,9 +30,15 @@ def _causal_lm(name, proto, dtype=None):
     return ElitaCausalLM(backbone, ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=16))
 
 
+def _prompt_ids(proto, prompts):
+    """Each prompt's ids as `ElitaCausalLM.generate` reads them: after the start token."""
+    start = ElitaTokenizer(proto=proto).start_token_id
+    return [[start] + row for row in make_tokenizer(proto, add_eos=False).tokenize(tf.constant(prompts)).to_list()]
+
+
 def _greedy_ids(causal_lm, proto, prompts, new_tokens):
     """Each prompt's `new_tokens` greedy ids, through `ElitaCausalLM.generate` on token ids."""
-    ids = make_tokenizer(proto, add_eos=False).tokenize(tf.constant(prompts)).to_list()
+    ids = _prompt_ids(proto, prompts)
     width = max(map(len, ids)) + new_tokens
     token_ids = np.array([row + [0] * (width - len(row)) for row in ids], "int32")
     padding_mask = np.array([[i < len(row) for i in range(width)] for row in ids])
@@ -75,6 +81,19 @@ def test_fresh_process_gives_the_keras_logits_and_text(exported):
     want = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
     np.testing.assert_allclose(got["logits"], want, rtol=1e-5, atol=1e-5)
     assert got["text"] == text
+
+
+def test_generate_gives_the_greedy_text_of_elita_causal_lm_generate(proto, tmp_path):
+    causal_lm = _causal_lm("elita", proto)
+    export_saved_model(causal_lm, str(tmp_path / "saved"))
+    generate = tf.saved_model.load(str(tmp_path / "saved")).signatures["generate"]
+    causal_lm.compile(sampler="greedy")
+    tokenizer = make_tokenizer(proto, add_eos=False)
+    for prompt, ids in zip(PROMPTS, _prompt_ids(proto, PROMPTS)):
+        # keras-hub's `max_length` counts the start token and the prompt.
+        want = causal_lm.generate(prompt, max_length=len(ids) + 6, stop_token_ids=None)
+        new = generate(prompts=tf.constant([prompt]), max_new_tokens=tf.constant(6))["token_ids"][0]
+        assert tokenizer.detokenize(tf.concat([ids[1:], new], 0)).numpy().decode() == want
 
 
 def test_signatures_refuse_or_define_every_edge_case(exported):
@@ -200,7 +219,7 @@ def test_a_mixed_precision_model_exports_and_generates_the_keras_tokens(policy_n
     # rounding step apart in the compute dtype) each may pick the other token. Each row must agree up to
     # its first difference, and there the two tokens' logits, recomputed over the shared prefix, must tie.
     epsilon = EPSILON[keras.mixed_precision.Policy(policy_name).compute_dtype]
-    prompt_ids = make_tokenizer(proto, add_eos=False).tokenize(tf.constant(PROMPTS)).to_list()
+    prompt_ids = _prompt_ids(proto, PROMPTS)
     differing = 0
     for prompt, got_row, want_row in zip(prompt_ids, got, want):
         mismatch = np.flatnonzero(got_row != want_row)
@@ -256,3 +275,13 @@ def test_export_cli_writes_only_over_its_own_exports(tmp_path, capsys):
         assert "is not an elita-train run directory" in err, err
     err = _refused(["--run-dir", run, "--output", str(tmp_path / "new")], capsys)
     assert "is not an elita-train run directory" in err, err
+
+
+def test_a_cap_past_the_int32_max_new_tokens_is_refused_when_parsed(tmp_path, capsys):
+    run, out = str(tmp_path / "no-run"), str(tmp_path / "out")
+    err = _refused(["--run-dir", run, "--output", out, "--max-new-tokens", "3000000000"], capsys)
+    assert err.count("\n") == 1 and "at most 2147483647" in err and "Received: max_new_tokens=3000000000" in err
+    err = _refused(["--run-dir", run, "--output", out, "--max-new-tokens", "2147483647"], capsys)
+    assert "is not an elita-train run directory" in err, err  # the largest cap passes, on to loading the run
+    with pytest.raises(ValueError, match="Received: max_new_tokens=2147483648"):
+        export_saved_model(None, out, max_new_tokens=2**31)

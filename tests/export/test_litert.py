@@ -15,7 +15,8 @@ from elita_tf.cli.train import parse_args
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.export import LiteRTModel, export_litert, litert
 from elita_tf.export.litert import flatten_state, model_identity, read_identity
-from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM, architectures
+from elita_tf.layers.renamed_arguments import RENAMED_ARGUMENTS
+from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
 from elita_tf.training import train
 from elita_tf.training.evaluate import evaluate
 from elita_tf.training.run_directory import load_run_model
@@ -186,7 +187,7 @@ def test_the_file_carries_its_run_and_another_run_s_file_is_refused(trained, tin
     assert read_identity(files["int8"])["quantize"] == "int8"
     # A file of elita-tf 0.1.0 names the architecture's fields as it did, and is its run's.
     identity = model_identity(causal_lm)
-    old_names = {new: old for old, new in architectures._RENAMED.items()}
+    old_names = {new: old for old, new in RENAMED_ARGUMENTS["ElitaBackbone"].items()}
     identity["architecture"] = {old_names.get(k, k): v for k, v in identity["architecture"].items()}
     assert "tied_embeddings" in identity["architecture"]
     with monkeypatch.context() as patch:
@@ -240,6 +241,16 @@ def tiny_file(tmp_path_factory):
     size = {"hidden_dim": 16, "num_layers": 1, "num_heads": 2, "head_dim": 8, "max_sequence_length": 16}
     backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=50, **size)
     return export_litert(ElitaCausalLM(backbone), str(tmp_path_factory.mktemp("tiny") / "tiny.tflite"))
+
+
+def test_a_quantized_model_is_refused_in_one_line_that_says_what_to_export(tmp_path):
+    backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=50, hidden_dim=16, num_layers=1, head_dim=8)
+    backbone.quantize("int8")
+    with pytest.raises(ValueError) as error:
+        export_litert(ElitaCausalLM(backbone), str(tmp_path / "q.tflite"))
+    message = str(error.value)
+    assert "\n" not in message and "quantize='int8'" in message and message.endswith("Received: quantization_mode=int8")
+    assert not os.path.exists(tmp_path / "q.tflite")
 
 
 def test_generate_refuses_a_negative_or_fractional_count(tiny_file):

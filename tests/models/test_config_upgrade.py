@@ -8,6 +8,8 @@ ids (`expected.json`).
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import keras_hub
 import numpy as np
@@ -46,6 +48,31 @@ def test_the_old_names_are_upgraded_in_one_place():
     )
     assert not {"norm_epsilon", "tied_embeddings", "windows"} & set(new)
     assert upgrade_config(new) == new
+
+
+LOAD_LAYERS = """
+import json, sys, keras, numpy as np
+from elita_tf.layers import DecoderBlock, FeedForward2, TriLinearAttention  # the model's outermost classes
+model = keras.saving.load_model(sys.argv[1] + "/layers.keras")
+with open(sys.argv[1] + "/expected.json") as f:
+    expected = json.load(f)
+np.testing.assert_allclose(model(np.asarray(expected["inputs"], "float32")), expected["outputs"], rtol=1e-6, atol=1e-6)
+ffn2, block, additive_block, three_lin = model.layers[1:]
+print(json.dumps([
+    type(ffn2).__name__, ffn2.intermediate_dim, block.layer_norm_epsilon, additive_block.mixer.sliding_window_size,
+    type(additive_block.ffn).__name__, additive_block.ffn.intermediate_dim, additive_block.ffn.shared_by,
+    three_lin.sliding_window_size,
+]))
+"""
+
+
+def test_a_keras_file_of_old_layer_arguments_loads_with_its_outputs():
+    # A fresh process: the layers' modules load lazily, so only the classes imported above are registered.
+    folder = os.path.join(os.path.dirname(FIXTURE), "layers-0.1.0")
+    done = subprocess.run([sys.executable, "-c", LOAD_LAYERS, folder], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The old arguments in today's names (`WideFeedForward` is `FeedForward`).
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == ["FeedForward2", 12, 1e-3, 4, "FeedForward", 24, 2, 4]
 
 
 def test_an_old_preset_loads_through_every_entry_point_with_its_logits(old_run):
