@@ -26,7 +26,8 @@ def _setting(text):
     try:
         sequence_length, num_pairs = (int(part) for part in text.split(":"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a setting is SEQUENCE_LENGTH:NUM_PAIRS, as 64:4. Received: {text!r}") from None
+        message = f"a setting is SEQUENCE_LENGTH:NUM_PAIRS, as 64:4. Received: {text!r}"
+        raise argparse.ArgumentTypeError(message) from None
     return sequence_length, num_pairs
 
 
@@ -36,7 +37,9 @@ def parse_args(argv=None):
     parser = ArgumentParser(prog="elita-recall", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output-dir", required=True)
     parser.add_argument(
-        "--architectures", nargs="+", help=f"default: the seven designs, {' '.join(DESIGNS)} (--quick: elita transformer)"
+        "--architectures",
+        nargs="+",
+        help=f"default: the seven designs, {' '.join(DESIGNS)} (--quick: elita transformer)",
     )
     parser.add_argument("--quick", action="store_true", help="a grid of seconds, for CI: its own tiny defaults")
     parser.add_argument("--widths", nargs="+", type=int, help=f"default: {' '.join(map(str, default['widths']))}")
@@ -47,7 +50,10 @@ def parse_args(argv=None):
         help="SEQUENCE_LENGTH:NUM_PAIRS each; default: " + " ".join(f"{t}:{p}" for t, p in default["settings"]),
     )
     parser.add_argument(
-        "--learning-rates", nargs="+", type=float, help=f"the sweep; default: {' '.join(map(str, default['learning_rates']))}"
+        "--learning-rates",
+        nargs="+",
+        type=float,
+        help=f"the sweep, the best reported; default: {' '.join(map(str, default['learning_rates']))}",
     )
     for name, kind in (
         ("vocabulary_size", int),

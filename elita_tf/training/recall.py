@@ -7,7 +7,9 @@ Zoology's figure 2 (Arora et al., 2023, https://arxiv.org/abs/2312.04927) at CPU
 architecture with 2 layers at widths {64, 128, 256}, on sequence length 64 with 4 and 16 pairs and
 256 with 16 and 64 (`elita_tf.data.mqar`). As Zoology's `train.py`: AdamW (weight decay 0.1), a
 cosine schedule to 0 over the epochs, and training stops at the end of the first epoch whose test
-accuracy exceeds 0.99. A cell's accuracy is the share of the test set's queries whose argmax is
+accuracy exceeds 0.99. Unlike Zoology's fixed 100,000 sequences, each epoch draws new ones: a
+fixed set of CPU size is memorised (the loss falls while test accuracy stays at 1/P). A cell's
+accuracy is the share of the test set's queries whose argmax is
 their value; a design's figure at a setting and width is the best over the learning rates.
 
 Each trained cell is one json file, `OUTPUT_DIR/cells/ARCHITECTURE/T{T}-P{P}/w{W}-lr{LR}.json`,
@@ -45,6 +47,8 @@ class RecallSettings:
         num_layers: blocks.
         num_heads: heads per block.
         weight_decay: AdamW's.
+        power_a: MQAR's power law of query gaps (Zoology's 0.01).
+        random_non_queries: random tokens between the queries (Zoology's default), or 0 (its figure 2's).
         seed: data, initialisation and shuffle.
     """
 
@@ -59,13 +63,15 @@ class RecallSettings:
     num_layers: int = 2
     num_heads: int = 4
     weight_decay: float = 0.1
+    power_a: float = 0.01
+    random_non_queries: bool = True
     seed: int = 0
 
     def __post_init__(self):
         from elita_tf.data.mqar import check_mqar  # NumPy: a command's --help loads none
 
         for sequence_length, num_pairs in self.settings:
-            check_mqar(self.vocabulary_size, sequence_length, num_pairs)
+            check_mqar(self.vocabulary_size, sequence_length, num_pairs, self.power_a)
         for width in self.widths:
             if width % self.num_heads:
                 raise ValueError(
@@ -96,7 +102,8 @@ def cell_path(output_dir, architecture, sequence_length, num_pairs, width, learn
 
 def cell_cost(settings, sequence_length, width):
     """A cell's training multiply-adds at most (every epoch): tokens × (blocks' `12 d²` + attention + head)."""
-    per_token = settings.num_layers * (12 * width * width + 2 * sequence_length * width) + width * settings.vocabulary_size
+    blocks = settings.num_layers * (12 * width * width + 2 * sequence_length * width)
+    per_token = blocks + width * settings.vocabulary_size
     return 3 * settings.epochs * settings.train_examples * sequence_length * per_token
 
 
@@ -144,6 +151,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     from elita_tf.models import ElitaBackbone, ElitaCausalLM
 
     task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=sequence_length, num_pairs=num_pairs)
+    task.update(power_a=settings.power_a, random_non_queries=settings.random_non_queries)
     keras.backend.clear_session()
     keras.utils.set_random_seed(settings.seed)
     backbone = ElitaBackbone.from_architecture(
@@ -164,7 +172,8 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
         weighted_metrics=None,
     )
-    test = mqar_dataset(mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task), settings.batch_size, False)
+    test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
+    test = mqar_dataset(test_arrays, settings.batch_size, shuffle=False)
     by_epoch, losses = [], []
     start = time.perf_counter()
     for epoch in range(settings.epochs):
@@ -226,23 +235,24 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
     settings = RecallSettings() if settings is None else settings
     for name in architectures:
         recipe(name)  # unknown names fail before any training
-    cells = [
-        (name, width, sequence_length, num_pairs, learning_rate)
+    cells = [  # cell_path's arguments
+        (name, sequence_length, num_pairs, width, learning_rate)
         for sequence_length, num_pairs in settings.settings
         for name in architectures
         for width in settings.widths
         for learning_rate in settings.learning_rates
     ]
-    todo = [cell for cell in cells if not os.path.exists(cell_path(output_dir, *cell[:1], *cell[2:4], cell[1], cell[4]))]
-    total = sum(cell_cost(settings, cell[2], cell[1]) for cell in todo)
+    todo = [cell for cell in cells if not os.path.exists(cell_path(output_dir, *cell))]
+    total = sum(cell_cost(settings, cell[1], cell[3]) for cell in todo)
     log(
         f"{len(cells)} cells, {len(cells) - len(todo)} done, {len(todo)} to train: at most {total / 1e12:.1f} "
         "T multiply-adds (early stops cut it)"
     )
     start, done_cost = time.perf_counter(), 0
-    for name, width, sequence_length, num_pairs, learning_rate in todo:
+    for cell in todo:
+        name, sequence_length, num_pairs, width, learning_rate = cell
         record = train_cell(name, width, sequence_length, num_pairs, learning_rate, settings, log)
-        write_json(cell_path(output_dir, name, sequence_length, num_pairs, width, learning_rate), record)
+        write_json(cell_path(output_dir, *cell), record)
         done_cost += cell_cost(settings, sequence_length, width)
         elapsed = time.perf_counter() - start
         log(
@@ -252,8 +262,7 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
         )
     records = []
     for cell in cells:
-        name, width, sequence_length, num_pairs, learning_rate = cell
-        with open(cell_path(output_dir, name, sequence_length, num_pairs, width, learning_rate)) as f:
+        with open(cell_path(output_dir, *cell)) as f:
             records.append(json.load(f))
     return write_report(output_dir, records)
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from elita_tf.cli import recall as cli
-from elita_tf.training.recall import best_of_sweep, cell_path
+from elita_tf.training.recall import best_of_sweep, cell_path, recall_accuracy
 from elita_tf.training.recall_report import recall_table
 
 
@@ -32,6 +32,29 @@ def test_quick_grid_writes_cells_table_and_plot_and_resumes(tmp_path, capsys):
     assert cli.main(["--quick", "--output-dir", output]) == 0
     assert "2 cells, 2 done, 0 to train" in capsys.readouterr().out
     assert os.stat(cell).st_mtime_ns == before
+
+
+def test_accuracy_is_the_share_of_queries_whose_argmax_is_their_value():
+    import numpy as np
+
+    from elita_tf.data.mqar import mqar_arrays, mqar_dataset
+    from elita_tf.models import ElitaBackbone, ElitaCausalLM
+
+    backbone = ElitaBackbone.from_architecture(
+        "transformer", vocabulary_size=32, num_layers=1, hidden_dim=16, num_heads=2, head_dim=8, max_sequence_length=16
+    )
+    model = ElitaCausalLM(backbone)
+    token_ids, targets, weights = arrays = mqar_arrays(40, 32, 16, 2, seed=0)
+    # An untrained model's argmax at the queries, and a target that agrees with it at every other query.
+    predicted = np.argmax(model({"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}), axis=-1)
+    queries = np.flatnonzero(weights.reshape(-1))
+    rigged = targets.reshape(-1).copy()
+    rigged[queries[::2]] = predicted.reshape(-1)[queries[::2]]
+    rigged[queries[1::2]] = (predicted.reshape(-1)[queries[1::2]] + 1) % 32
+    # Everywhere else the targets are the predictions: only the queries may count.
+    rigged[weights.reshape(-1) == 0] = predicted.reshape(-1)[weights.reshape(-1) == 0]
+    dataset = mqar_dataset((token_ids, rigged.reshape(targets.shape), weights), 16, shuffle=False)
+    assert recall_accuracy(model, dataset) == pytest.approx(0.5)
 
 
 def _record(architecture, width, learning_rate, accuracy, sequence_length=64, num_pairs=4):
