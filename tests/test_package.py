@@ -65,8 +65,8 @@ def test_import_and_the_commands_help_load_no_tensorflow():
     code = (
         "import sys, contextlib, io\n"
         "import elita_tf\n"
-        "from elita_tf.cli import compare, evaluate, export, train\n"
-        "for main in (train.main, compare.main, evaluate.main, export.main):\n"
+        "from elita_tf.cli import compare, evaluate, export, recall, train\n"
+        "for main in (train.main, compare.main, evaluate.main, export.main, recall.main):\n"
         "    for argv in (['--help'], ['--no-such-flag']):\n"
         "        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
         "            try:\n"

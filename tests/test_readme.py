@@ -41,12 +41,14 @@ COMMANDS = {
     "elita-compare": "elita_tf.cli.compare",
     "elita-evaluate": "elita_tf.cli.evaluate",
     "elita-export": "elita_tf.cli.export",
+    "elita-recall": "elita_tf.cli.recall",
 }
 SHRINK = {
     "elita-train": [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()],
     "elita-compare": [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()],
     "elita-evaluate": ["--eval-batches=1", "--batch-size=2"],
     "elita-export": [],
+    "elita-recall": ["--quick"],
 }
 SET_UP = ("python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest")
 

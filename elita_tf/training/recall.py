@@ -1,0 +1,290 @@
+"""What each design can recall: every architecture trained on MQAR at several widths, the best of a learning-rate sweep.
+
+    from elita_tf.training.recall import recall_grid
+    recall_grid("runs/recall", ["elita", "transformer"])
+
+Zoology's figure 2 (Arora et al., 2023, https://arxiv.org/abs/2312.04927) at CPU size: each
+architecture with 2 layers at widths {64, 128, 256}, on sequence length 64 with 4 and 16 pairs and
+256 with 16 and 64 (`elita_tf.data.mqar`). As Zoology's `train.py`: AdamW (weight decay 0.1), a
+cosine schedule to 0 over the epochs, and training stops at the end of the first epoch whose test
+accuracy exceeds 0.99. Unlike Zoology's fixed 100,000 sequences, each epoch draws new ones: a
+fixed set of CPU size is memorised (the loss falls while test accuracy stays at 1/P). A cell's
+accuracy is the share of the test set's queries whose argmax is
+their value; a design's figure at a setting and width is the best over the learning rates.
+
+Each trained cell is one json file, `OUTPUT_DIR/cells/ARCHITECTURE/T{T}-P{P}/w{W}-lr{LR}.json`,
+with every setting and seed: a finished cell is never trained again, so an interrupted grid
+resumes where it stopped. Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the
+best of each sweep and every cell) and `OUTPUT_DIR/recall.png` (accuracy against width, one panel a
+setting, one line a design, as Zoology's figure 2) are written.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+# The seven designs of the comparison (the `*-reference` recipes are the same blocks wrapped otherwise).
+DESIGNS = ("elita", "transformer", "simplified", "simplified-wide", "linear", "3lin", "additive")
+# Zoology's early stop: training ends once test accuracy passes it.
+SOLVED = 0.99
+
+
+@dataclasses.dataclass(frozen=True)
+class RecallSettings:
+    """The grid and the training of every cell.
+
+    Attributes:
+        widths: the hidden widths `d`; heads are `num_heads` of `d / num_heads` each.
+        settings: `(sequence_length, num_pairs)` pairs.
+        learning_rates: the sweep; each cell's figure is the best of them.
+        vocabulary_size: MQAR's `V` (keys `[1, V/2)`, values `[V/2, V)`).
+        train_examples: training sequences of an epoch, drawn anew every epoch (seed `(seed, 0, epoch)`):
+            a fixed set this small is memorised (test accuracy stays at chance while the loss falls).
+        test_examples: test sequences, one set (seed `(seed, 1)`: none of the training draws).
+        epochs: at most; a cell stops after the first epoch whose test accuracy passes `SOLVED`.
+        batch_size: sequences per step.
+        num_layers: blocks.
+        num_heads: heads per block.
+        weight_decay: AdamW's.
+        power_a: MQAR's power law of query gaps (Zoology's 0.01).
+        random_non_queries: random tokens between the queries (Zoology's default), or 0 (its figure 2's).
+        seed: data, initialisation and shuffle.
+    """
+
+    widths: tuple = (64, 128, 256)
+    settings: tuple = ((64, 4), (64, 16), (256, 16), (256, 64))
+    learning_rates: tuple = (1e-3, 3e-3)
+    vocabulary_size: int = 512
+    train_examples: int = 8192
+    test_examples: int = 1024
+    epochs: int = 8
+    batch_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    weight_decay: float = 0.1
+    power_a: float = 0.01
+    random_non_queries: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        from elita_tf.data.mqar import check_mqar  # NumPy: a command's --help loads none
+
+        for sequence_length, num_pairs in self.settings:
+            check_mqar(self.vocabulary_size, sequence_length, num_pairs, self.power_a)
+        for width in self.widths:
+            if width % self.num_heads:
+                raise ValueError(
+                    f"Every width must split into {self.num_heads} heads. Received: widths={list(self.widths)}"
+                )
+
+
+# `--quick`'s settings (`RecallSettings(**QUICK)`): two designs' worth of seconds, for CI.
+QUICK = dict(
+    widths=(16,),
+    settings=((16, 2),),
+    learning_rates=(3e-3,),
+    vocabulary_size=32,
+    train_examples=128,
+    test_examples=64,
+    epochs=1,
+    batch_size=32,
+    num_layers=2,
+    num_heads=2,
+)
+
+
+def cell_path(output_dir, architecture, sequence_length, num_pairs, width, learning_rate):
+    """Where the cell's json lives."""
+    setting = f"T{sequence_length}-P{num_pairs}"
+    return os.path.join(output_dir, "cells", architecture, setting, f"w{width}-lr{learning_rate:g}.json")
+
+
+def cell_cost(settings, sequence_length, width):
+    """A cell's training multiply-adds at most (every epoch): tokens × (blocks' `12 d²` + attention + head)."""
+    blocks = settings.num_layers * (12 * width * width + 2 * sequence_length * width)
+    per_token = blocks + width * settings.vocabulary_size
+    return 3 * settings.epochs * settings.train_examples * sequence_length * per_token
+
+
+def _accuracy_function(model):
+    import tensorflow as tf
+
+    backbone = model.backbone
+
+    @tf.function(reduce_retracing=True)
+    def hits(inputs, targets, weights):
+        # The head only at the queries: [M, d] -> [M, V].
+        hidden = backbone.hidden_states(inputs["token_ids"], tf.cast(inputs["padding_mask"], tf.bool))
+        where = tf.where(weights > 0)
+        logits = backbone.logits(tf.gather_nd(hidden, where))
+        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        correct = tf.cast(tf.equal(predicted, tf.gather_nd(targets, where)), tf.float32)
+        return tf.reduce_sum(correct), tf.cast(tf.shape(where)[0], tf.float32)
+
+    return hits
+
+
+def recall_accuracy(model, dataset):
+    """The share of `dataset`'s queries (weight > 0) whose argmax is their value."""
+    hits = _accuracy_function(model)
+    correct = total = 0.0
+    for inputs, targets, weights in dataset:
+        c, n = hits(inputs, targets, weights)
+        correct, total = correct + float(c), total + float(n)
+    return correct / total
+
+
+def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, settings, log=None):
+    """Trains one architecture at one width, setting and learning rate; returns the cell's record.
+
+    Args:
+        log: optional callable taking a line after each epoch.
+
+    Returns:
+        A dict: `accuracy` (the last epoch's test accuracy, in [0, 1]), `accuracy_by_epoch`, `solved`,
+        `params`, `steps`, `seconds`, and every setting and seed.
+    """
+    import keras
+
+    from elita_tf.data.mqar import mqar_arrays, mqar_dataset
+    from elita_tf.models import ElitaBackbone, ElitaCausalLM
+
+    task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=sequence_length, num_pairs=num_pairs)
+    task.update(power_a=settings.power_a, random_non_queries=settings.random_non_queries)
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(settings.seed)
+    backbone = ElitaBackbone.from_architecture(
+        architecture,
+        vocabulary_size=settings.vocabulary_size,
+        hidden_dim=width,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        head_dim=width // settings.num_heads,
+        max_sequence_length=sequence_length,
+    )
+    model = ElitaCausalLM(backbone)
+    steps_per_epoch = settings.train_examples // settings.batch_size
+    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, settings.epochs * steps_per_epoch)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(schedule, weight_decay=settings.weight_decay),
+        # Averaged over the queries: every other position weighs 0.
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+        weighted_metrics=None,
+    )
+    test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
+    test = mqar_dataset(test_arrays, settings.batch_size, shuffle=False)
+    by_epoch, losses = [], []
+    start = time.perf_counter()
+    for epoch in range(settings.epochs):
+        train_arrays = mqar_arrays(settings.train_examples, seed=(settings.seed, 0, epoch), **task)
+        train = mqar_dataset(train_arrays, settings.batch_size, seed=settings.seed)
+        history = model.fit(train, epochs=1, verbose=0, shuffle=False)  # the dataset shuffles
+        losses.append(float(history.history["loss"][-1]))
+        by_epoch.append(recall_accuracy(model, test))
+        if log is not None:
+            log(
+                f"  epoch {len(by_epoch)}: loss {losses[-1]:.4f}, accuracy {by_epoch[-1]:.3f}, "
+                f"{time.perf_counter() - start:.0f} s"
+            )
+        if by_epoch[-1] > SOLVED:
+            break
+    return {
+        "architecture": architecture,
+        "width": width,
+        "sequence_length": sequence_length,
+        "num_pairs": num_pairs,
+        "learning_rate": learning_rate,
+        "accuracy": by_epoch[-1],
+        "solved": by_epoch[-1] > SOLVED,
+        "accuracy_by_epoch": by_epoch,
+        "loss_by_epoch": losses,
+        "params": backbone.count_params(),
+        "steps": int(model.optimizer.iterations.numpy()),
+        "seconds": time.perf_counter() - start,
+        "settings": dataclasses.asdict(settings),
+    }
+
+
+def write_json(path, content):
+    """Writes `content` as json to `path` (its folder made), atomically: a cell is there whole or not at all."""
+    from elita_tf.training.run_directory import write_atomically
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_atomically(path, json.dumps(content, indent=1) + "\n")
+
+
+def _hours(seconds):
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+
+
+def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
+    """Trains every cell of the grid not yet in `output_dir`, then writes the table, the json and the plot.
+
+    Args:
+        output_dir: str. Cells, table, json and plot go here; finished cells are kept and not retrained.
+        architectures: names from `elita_tf.models.ARCHITECTURES`.
+        settings: `RecallSettings`; None for the defaults.
+        log: callable taking a line of progress.
+
+    Returns:
+        `{"best": [...], "cells": [...]}` as written to `recall.json`.
+    """
+    from elita_tf.models.architectures import architecture as recipe
+
+    settings = RecallSettings() if settings is None else settings
+    for name in architectures:
+        recipe(name)  # unknown names fail before any training
+    cells = [  # cell_path's arguments
+        (name, sequence_length, num_pairs, width, learning_rate)
+        for sequence_length, num_pairs in settings.settings
+        for name in architectures
+        for width in settings.widths
+        for learning_rate in settings.learning_rates
+    ]
+    todo = [cell for cell in cells if not os.path.exists(cell_path(output_dir, *cell))]
+    total = sum(cell_cost(settings, cell[1], cell[3]) for cell in todo)
+    log(
+        f"{len(cells)} cells, {len(cells) - len(todo)} done, {len(todo)} to train: at most {total / 1e12:.1f} "
+        "T multiply-adds (early stops cut it)"
+    )
+    start, done_cost = time.perf_counter(), 0
+    for cell in todo:
+        name, sequence_length, num_pairs, width, learning_rate = cell
+        record = train_cell(name, width, sequence_length, num_pairs, learning_rate, settings, log)
+        write_json(cell_path(output_dir, *cell), record)
+        done_cost += cell_cost(settings, sequence_length, width)
+        elapsed = time.perf_counter() - start
+        log(
+            f"{name} d={width} T={sequence_length} P={num_pairs} lr={learning_rate:g}: accuracy "
+            f"{record['accuracy']:.3f} in {record['steps']} steps, {record['seconds']:.0f} s; "
+            f"elapsed {_hours(elapsed)}, at most {_hours(elapsed / done_cost * (total - done_cost))} left"
+        )
+    records = []
+    for cell in cells:
+        with open(cell_path(output_dir, *cell)) as f:
+            records.append(json.load(f))
+    return write_report(output_dir, records)
+
+
+def best_of_sweep(records):
+    """The best learning rate's record of each (architecture, setting, width), in the records' order."""
+    best = {}
+    for record in records:
+        key = (record["architecture"], record["sequence_length"], record["num_pairs"], record["width"])
+        if key not in best or record["accuracy"] > best[key]["accuracy"]:
+            best[key] = record
+    return list(best.values())
+
+
+def write_report(output_dir, records):
+    """Writes `recall.md`, `recall.json` and `recall.png` of the cells' records; returns the json's content."""
+    from elita_tf.training.recall_report import plot_recall, recall_table  # matplotlib, once there is a grid
+
+    best = best_of_sweep(records)
+    report = {"best": best, "cells": records}
+    write_json(os.path.join(output_dir, "recall.json"), report)
+    with open(os.path.join(output_dir, "recall.md"), "w") as f:
+        f.write(recall_table(best))
+    plot_recall(best, os.path.join(output_dir, "recall.png"))
+    return report

@@ -1,0 +1,106 @@
+"""`elita-recall` (`elita_tf.training.recall`): the quick grid end to end, resuming, the table and the errors."""
+
+import json
+import os
+
+import pytest
+
+from elita_tf.cli import recall as cli
+from elita_tf.training.recall import best_of_sweep, cell_path, recall_accuracy
+from elita_tf.training.recall_report import recall_table
+
+
+def test_quick_grid_writes_cells_table_and_plot_and_resumes(tmp_path, capsys):
+    output = str(tmp_path / "recall")
+    assert cli.main(["--quick", "--output-dir", output]) == 0
+    for name in ("recall.md", "recall.json", "recall.png"):
+        assert os.path.getsize(os.path.join(output, name)) > 0
+    with open(os.path.join(output, "recall.json")) as f:
+        report = json.load(f)
+    assert [r["architecture"] for r in report["best"]] == ["elita", "transformer"]
+    for record in report["cells"]:
+        assert 0.0 <= record["accuracy"] <= 1.0
+        assert record["steps"] > 0 and record["settings"]["seed"] == 0
+        assert all(0.0 <= a <= 1.0 for a in record["accuracy_by_epoch"])
+    table = open(os.path.join(output, "recall.md")).read()
+    assert table.splitlines()[0] == "| model | T=16 P=2 d=16 |"
+    assert "| elita | " in table and "| transformer | " in table
+    # Run again: every cell is kept, none trained.
+    cell = cell_path(output, "elita", 16, 2, 16, 3e-3)
+    before = os.stat(cell).st_mtime_ns
+    capsys.readouterr()
+    assert cli.main(["--quick", "--output-dir", output]) == 0
+    assert "2 cells, 2 done, 0 to train" in capsys.readouterr().out
+    assert os.stat(cell).st_mtime_ns == before
+
+
+def test_accuracy_is_the_share_of_queries_whose_argmax_is_their_value():
+    import numpy as np
+
+    from elita_tf.data.mqar import mqar_arrays, mqar_dataset
+    from elita_tf.models import ElitaBackbone, ElitaCausalLM
+
+    backbone = ElitaBackbone.from_architecture(
+        "transformer", vocabulary_size=32, num_layers=1, hidden_dim=16, num_heads=2, head_dim=8, max_sequence_length=16
+    )
+    model = ElitaCausalLM(backbone)
+    token_ids, targets, weights = arrays = mqar_arrays(40, 32, 16, 2, seed=0)
+    # An untrained model's argmax at the queries, and a target that agrees with it at every other query.
+    predicted = np.argmax(model({"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}), axis=-1)
+    queries = np.flatnonzero(weights.reshape(-1))
+    rigged = targets.reshape(-1).copy()
+    rigged[queries[::2]] = predicted.reshape(-1)[queries[::2]]
+    rigged[queries[1::2]] = (predicted.reshape(-1)[queries[1::2]] + 1) % 32
+    # Everywhere else the targets are the predictions: only the queries may count.
+    rigged[weights.reshape(-1) == 0] = predicted.reshape(-1)[weights.reshape(-1) == 0]
+    dataset = mqar_dataset((token_ids, rigged.reshape(targets.shape), weights), 16, shuffle=False)
+    assert recall_accuracy(model, dataset) == pytest.approx(0.5)
+
+
+def _record(architecture, width, learning_rate, accuracy, sequence_length=64, num_pairs=4):
+    return {
+        "architecture": architecture,
+        "width": width,
+        "sequence_length": sequence_length,
+        "num_pairs": num_pairs,
+        "learning_rate": learning_rate,
+        "accuracy": accuracy,
+    }
+
+
+def test_the_table_holds_the_best_learning_rate_of_each_cell():
+    records = [
+        _record("elita", 64, 1e-3, 0.25),
+        _record("elita", 64, 3e-3, 0.5),
+        _record("elita", 128, 1e-3, 0.75),
+        _record("elita", 128, 3e-3, 0.625),
+        _record("transformer", 64, 1e-3, 1.0),
+        _record("transformer", 64, 3e-3, 0.125),
+    ]
+    best = best_of_sweep(records)
+    assert [(r["architecture"], r["width"], r["accuracy"]) for r in best] == [
+        ("elita", 64, 0.5),
+        ("elita", 128, 0.75),
+        ("transformer", 64, 1.0),
+    ]
+    lines = recall_table(best).splitlines()
+    assert lines[0] == "| model | T=64 P=4 d=64 | T=64 P=4 d=128 |"
+    assert lines[2] == "| elita | 0.500 (lr 0.003) | 0.750 (lr 0.001) |"
+    assert lines[3] == "| transformer | 1.000 (lr 0.001) |  |"
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--settings", "64:40"], "Received: num_pairs=40"),
+        (["--settings", "64"], "Received: '64'"),
+        (["--architectures", "nope"], "Received: name='nope'"),
+        (["--widths", "30", "--num-heads", "4"], "Received: widths=[30]"),
+    ],
+)
+def test_bad_flags_end_in_one_line(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--output-dir", str(tmp_path), *flags])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("elita-recall: error: ") and message in error and error.count("\n") == 1
