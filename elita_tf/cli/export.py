@@ -18,6 +18,7 @@ import sys
 
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
+from elita_tf.cli.quiet import start_tensorflow
 from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, QUANTIZATIONS, check_max_new_tokens
 
 FORMATS = ("saved_model", "litert", "preset")
@@ -34,6 +35,7 @@ def _is_export(path, format):
                 return json.load(f).get("class_name") == "ElitaBackbone"
         except (OSError, ValueError, AttributeError):
             return False
+    start_tensorflow()
     from elita_tf.export.litert import read_identity  # the flatbuffer reader: TensorFlow
 
     try:
@@ -89,6 +91,7 @@ def main(argv=None):
         check_output(args.output, args.format)
     except ValueError as error:
         parser.error(str(error))
+    start_tensorflow()
     from elita_tf.training.checkpoints import CorruptCheckpointError  # TensorFlow, once the arguments are checked
     from elita_tf.training.run_directory import load_run_model
 

@@ -16,6 +16,7 @@ import sys
 
 # No TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command, split_debug
+from elita_tf.cli.quiet import start_tensorflow
 from elita_tf.training.recall import DESIGNS, QUICK, RecallSettings
 
 QUICK_ARCHITECTURES = ["elita", "transformer"]
@@ -96,6 +97,7 @@ def main(argv=None):
     output_dir, architectures, settings = parse_args(argv)
 
     def body():
+        start_tensorflow()
         from elita_tf.training.recall import recall_grid
 
         print(f"elita-recall: {', '.join(architectures)}; {settings}", flush=True)

@@ -63,14 +63,15 @@ def test_a_command_s_error_reaches_the_shell_as_one_line(tmp_path):
     )
 
 
-def test_tensorflow_starts_without_lines_a_user_cannot_act_on(tmp_path):
+@pytest.mark.parametrize("command", ["evaluate", "export"])
+def test_tensorflow_starts_without_lines_a_user_cannot_act_on(tmp_path, command):
     # The user's environment, without the tests' TF_CPP_MIN_LOG_LEVEL: TensorFlow's C++ start-up lines
     # (twice; cuInit's failure where there is no GPU) and grain's jax profiler warning stay out.
     env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-    command = [sys.executable, "-m", "elita_tf.cli.evaluate", "--run-dir", str(tmp_path / "none")]
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    argv = ["--run-dir", str(tmp_path / "none")] + (["--output", str(tmp_path / "out")] if command == "export" else [])
+    done = subprocess.run([sys.executable, "-m", f"elita_tf.cli.{command}", *argv], capture_output=True, text=True, env=env)
     assert done.returncode == 2
-    assert done.stderr.startswith("elita-evaluate: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"elita-{command}: error: ") and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_a_user_s_own_log_level_stays():
