@@ -22,8 +22,10 @@ _LOG_LINE = re.compile(
 )
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _PREINIT = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-# Error lines that only say the machine has no GPU: the commands run on the CPU then, as they should.
-_NO_GPU = ("failed call to cuInit",)
+# Error lines a user cannot act on: the machine has no GPU (the commands run on the CPU then, as they
+# should), and TensorFlow 2.19 registering its CUDA plugins twice, with or without a GPU.
+_NOISE = ("failed call to cuInit", "Unable to register cuFFT factory", "Unable to register cuDNN factory")
+_NOISE += ("Unable to register cuBLAS factory",)
 # The second line of cpu_feature_guard's message; any other line that is not absl's is kept.
 _CONTINUATION = "To enable the following instructions"
 
@@ -59,7 +61,7 @@ def without_noise(text, level):
         match = _LOG_LINE.match(line)
         if match:
             severity = _SEVERITY[match.group("severity") or match.group("old_severity")]
-            dropped = severity < level or (level >= 2 and any(noise in line for noise in _NO_GPU))
+            dropped = severity < level or (level >= 2 and any(noise in line for noise in _NOISE))
         elif line.startswith(_PREINIT):
             dropped = level >= 1
         else:
