@@ -2,8 +2,26 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+if os.environ.get("KERAS_BACKEND") == "jax":  # float64 references and inputs, as on the other backends
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "tf_only: TensorFlow by nature (tf.data, SavedModel, LiteRT, HLO, tf.distribute)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if keras.backend.backend() == "tensorflow":
+        return
+    skip = pytest.mark.skip(reason=f"TensorFlow by nature; Keras runs on {keras.backend.backend()}")
+    for item in items:
+        if "tf_only" in item.keywords:
+            item.add_marker(skip)
 
 # The files of a keras-hub preset of an ElitaCausalLM with its preprocessor, and nothing else.
 PRESET_FILES = ["assets", "config.json", "metadata.json", "model.weights.h5", "preprocessor.json", "task.json"]

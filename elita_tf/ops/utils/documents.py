@@ -1,8 +1,8 @@
 """Packed documents: positions that restart at each document, and scans that a document start clears."""
 
-import tensorflow as tf
+from keras import ops
 
-from elita_tf.ops.utils.positions import pad_axis, shift_right
+from elita_tf.ops.utils.positions import gather_rows, pad_axis, shift_right
 
 
 def document_index(document_starts, length_multiple=1):
@@ -11,8 +11,8 @@ def document_index(document_starts, length_multiple=1):
     `document_starts` is bool `[B, T]`, True where a new document starts (nothing
     before it is seen from there on). Padding continues the last segment.
     """
-    document_starts = tf.cast(document_starts, tf.int32)
-    return tf.cumsum(pad_axis(document_starts, 1, (-tf.shape(document_starts)[1]) % length_multiple), axis=1)
+    document_starts = ops.cast(document_starts, "int32")
+    return ops.cumsum(pad_axis(document_starts, 1, (-ops.shape(document_starts)[1]) % length_multiple), axis=1)
 
 
 def gated_scan(gates, items, combine, axis):
@@ -26,28 +26,28 @@ def gated_scan(gates, items, combine, axis):
     every round differentiable.
 
     Args:
-        gates: bool `[..., K]`, `axis = gates.shape.rank - 1`.
+        gates: bool `[..., K]`, `axis = len(gates.shape) - 1`.
         items: tuple of tensors `[..., K, ...]`.
         combine: `(earlier, later) -> merged`, on tuples like `items`; associative.
         axis: int, the scanned axis.
     """
     items = tuple(items)
-    size = tf.shape(gates)[axis]
+    size = ops.shape(gates)[axis]
 
     def expand(mask, x):
-        return tf.reshape(mask, tf.concat([tf.shape(mask), tf.ones([x.shape.rank - mask.shape.rank], tf.int32)], 0))
+        return ops.reshape(mask, (*ops.shape(mask), *[1] * (len(x.shape) - len(mask.shape))))
 
     def body(steps, gates, *items):
         # Entry k holds the span (k - steps, k]; it takes the span before it unless a barrier is in its own.
         merged = combine(tuple(shift_right(x, axis, 0, steps) for x in items), items)
-        take = gates & (tf.range(size) >= steps)
-        items = tuple(tf.where(expand(take, x), m, x) for m, x in zip(merged, items))
+        take = ops.logical_and(gates, ops.arange(size, dtype="int32") >= steps)
+        items = tuple(ops.where(expand(take, x), m, x) for m, x in zip(merged, items))
         # The first `steps` entries are complete prefixes: whatever their gate, nothing lies before them.
-        return (steps * 2, gates & shift_right(gates, axis, False, steps), *items)
+        return (steps * 2, ops.logical_and(gates, shift_right(gates, axis, False, steps)), *items)
 
     static_size = gates.shape[axis]
-    if static_size is None:
-        _, _, *items = tf.while_loop(lambda steps, *_: steps < size, body, (tf.constant(1), gates, *items))
+    if static_size is None:  # a length unknown at tracing (TensorFlow alone traces those)
+        _, _, *items = ops.while_loop(lambda steps, *_: steps < size, body, (ops.convert_to_tensor(1), gates, *items))
         return tuple(items)
     # A known length unrolls its rounds: shifts by constants, which XLA needs (its pads take static sizes).
     steps = 1
@@ -65,18 +65,18 @@ def document_positions(length, start=None, document_starts=None):
         start: optional int `[B]`, the index of the first position (a continued sequence).
         document_starts: optional bool `[B, T]`, True where a new document starts.
     """
-    index = tf.range(length)[None, :]
+    index = ops.arange(length, dtype="int32")[None, :]
     if start is not None:
-        index = index + start[:, None]
+        index = index + ops.cast(start, "int32")[:, None]
     if document_starts is not None:
-        ones = tf.ones_like(document_starts, tf.int32)
-        (count,) = gated_scan(tf.logical_not(document_starts), (ones,), lambda a, b: (a[0] + b[0],), axis=1)
-        index = tf.where(tf.cumsum(tf.cast(document_starts, tf.int32), axis=1) > 0, count - 1, index)
+        ones = ops.ones_like(document_starts, "int32")
+        (count,) = gated_scan(ops.logical_not(document_starts), (ones,), lambda a, b: (a[0] + b[0],), axis=1)
+        index = ops.where(ops.cumsum(ops.cast(document_starts, "int32"), axis=1) > 0, count - 1, index)
     return index
 
 
 def position_after(index, start, end):
     """The index after each row's last real position: `index [B, T]` at `end - 1`, plus 1 (`start` where `end = 0`)."""
-    end = tf.broadcast_to(end, tf.shape(start))
-    last = tf.gather(pad_axis(index, 1, 1), tf.maximum(end - 1, 0), batch_dims=1)
-    return tf.where(end > 0, last + 1, start)
+    end = ops.broadcast_to(end, ops.shape(start))
+    last = gather_rows(pad_axis(index, 1, 1), ops.maximum(end - 1, 0)[:, None], 1)[:, 0]
+    return ops.where(end > 0, last + 1, start)

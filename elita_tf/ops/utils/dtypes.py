@@ -1,6 +1,6 @@
 """Dtypes: where accumulations happen, and the finite stand-ins for log(0)."""
 
-import tensorflow as tf
+import keras
 
 # A finite stand-in for log(0): exp() of it is exactly 0, and unlike -inf it
 # never makes `-inf - -inf = nan` in a forward or backward pass.
@@ -13,6 +13,14 @@ UNSEEN_LOGIT = 1e8 * NEG_INF
 
 
 def accumulator_dtype(dtype):
-    """float64 stays float64, anything else is accumulated in float32."""
-    dtype = tf.as_dtype(dtype)
-    return tf.float64 if dtype == tf.float64 else tf.float32
+    """float64 stays float64, anything else is accumulated in float32 (a dtype name)."""
+    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+
+
+def dtype_of(x):
+    """`x`'s dtype as Keras names it (`"float32"`, `"bool"`, ...), on every backend."""
+    return keras.backend.standardize_dtype(x.dtype)
+
+
+def is_float(x):
+    return "float" in dtype_of(x)

@@ -1,8 +1,10 @@
 """NaN and Inf inputs kept from travelling back in time through a causal token mixer."""
 
-import tensorflow as tf
+import keras
+from keras import ops
 
-from elita_tf.ops.utils import xla
+from elita_tf import backend
+from elita_tf.ops.utils.dtypes import is_float
 
 
 def contain_nonfinite(compute, inputs, padding_mask=None):
@@ -39,29 +41,29 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     Returns:
         What `compute` returns, with the rules above applied.
     """
-    finite = tf.math.is_finite(inputs)  # [B, T, d]
+    finite = ops.isfinite(inputs)  # [B, T, d]
     # XLA fuses each reduction of `finite` below into one pass; elsewhere rows first, so that the rest are small.
-    rows = finite if xla.compiled_or_on_gpu() else tf.reduce_all(finite, axis=-1, keepdims=True)
+    rows = finite if backend.compiled_or_on_gpu() else ops.all(finite, axis=-1, keepdims=True)
     # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
     # would keep for the backward pass beside the norm's output that it equals.
-    clean = xla.branch_or_select(
-        tf.reduce_all(rows),
-        lambda: tf.identity(inputs),
-        lambda: tf.where(finite, inputs, tf.zeros([], inputs.dtype)),
+    clean = backend.branch_or_select(
+        ops.all(rows),
+        lambda: ops.copy(inputs),
+        lambda: ops.where(finite, inputs, ops.zeros((), inputs.dtype)),
     )
     result = compute(clean)
-    bad = tf.logical_not(rows)
+    bad = ops.logical_not(rows)
     if padding_mask is not None:
-        bad &= tf.cast(padding_mask, tf.bool)[..., None]  # real positions that hold NaN or Inf
+        bad = ops.logical_and(bad, ops.cast(padding_mask, "bool")[..., None])  # real positions that hold NaN or Inf
     # The first bad real position of each row, or T: a minimum, where a running count over time would take
     # several passes (and kernels) under XLA.
-    length = tf.shape(inputs)[1]
-    first_bad = tf.reduce_min(tf.where(bad, tf.range(length)[None, :, None], length), axis=[1, 2])  # [B]
-    poisoned = tf.range(length)[None, :] >= first_bad[:, None]  # [B, T]: rows at or after one
+    length = ops.shape(inputs)[1]
+    first_bad = ops.min(ops.where(bad, ops.arange(length, dtype="int32")[None, :, None], length), axis=[1, 2])  # [B]
+    poisoned = ops.arange(length, dtype="int32")[None, :] >= first_bad[:, None]  # [B, T]: rows at or after one
 
     def poison_rows(x):
-        mask = tf.reshape(poisoned, tf.concat([tf.shape(poisoned), tf.ones([x.shape.rank - 2], tf.int32)], 0))
-        return tf.where(mask, tf.constant(float("nan"), x.dtype), x)
+        mask = ops.reshape(poisoned, (*ops.shape(poisoned), *[1] * (len(x.shape) - 2)))
+        return ops.where(mask, ops.full((), float("nan"), x.dtype), x)
 
     if not isinstance(result, tuple):
         return poison_rows(result)
@@ -69,9 +71,9 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     any_bad = first_bad < length  # [B]
 
     def poison_state(x):
-        if not x.dtype.is_floating or x.shape.rank == 0:
+        if not is_float(x) or len(x.shape) == 0:
             return x
-        mask = tf.reshape(any_bad, tf.concat([tf.shape(any_bad), tf.ones([x.shape.rank - 1], tf.int32)], 0))
-        return tf.where(mask, tf.constant(float("nan"), x.dtype), x)
+        mask = ops.reshape(any_bad, (*ops.shape(any_bad), *[1] * (len(x.shape) - 1)))
+        return ops.where(mask, ops.full((), float("nan"), x.dtype), x)
 
-    return poison_rows(outputs), tf.nest.map_structure(poison_state, cache)
+    return poison_rows(outputs), keras.tree.map_structure(poison_state, cache)

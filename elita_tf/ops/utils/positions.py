@@ -1,16 +1,23 @@
 """Positions along time: padding, shifting and cutting an axis, writing into a fixed-size buffer, where each row's real
 positions end."""
 
-import tensorflow as tf
+from keras import ops
 
 
 def pad_axis(x, axis, pad, value=0):
     """`x` with `pad` entries of `value` appended along `axis`; `x` itself, no op, when `pad` is a Python 0."""
     if isinstance(pad, int) and pad == 0:
         return x
-    paddings = [[0, 0]] * x.shape.rank
+    paddings = [[0, 0]] * len(x.shape)
     paddings[axis] = [0, pad]
-    return tf.pad(x, paddings, constant_values=value)
+    return ops.pad(x, paddings, constant_values=value)
+
+
+def gather_rows(x, index, axis):
+    """`x` at `index [B, K]` along `axis` (>= 1), each batch row (axis 0) with its own indices: `[B, ..., K, ...]`."""
+    shape = [1] * len(x.shape)
+    shape[0], shape[axis] = -1, index.shape[1] if index.shape[1] is not None else ops.shape(index)[1]
+    return ops.take_along_axis(x, ops.reshape(index, shape), axis=axis)
 
 
 def write_positions(buffer, new, index, axis):
@@ -21,22 +28,23 @@ def write_positions(buffer, new, index, axis):
     slices, so every shape stays static and XLA compiles a decoding loop
     around it.
     """
-    new = tf.cast(new, buffer.dtype)
-    index = tf.convert_to_tensor(index, tf.int32)
-    length = tf.shape(new)[axis]
+    new = ops.cast(new, buffer.dtype)
+    index = ops.cast(index, "int32")
+    length = ops.shape(new)[axis]
     new = pad_axis(new, axis, 1)  # one spare entry, so that T = 0 gathers from a non-empty tensor
-    slots = tf.range(tf.shape(buffer)[axis])
-    shape = [1] * buffer.shape.rank
-    if index.shape.rank == 0:
+    slots = ops.arange(ops.shape(buffer)[axis], dtype="int32")
+    rank = len(buffer.shape)
+    shape = [1] * rank
+    if len(index.shape) == 0:
         slot = slots - index
-        gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis)
+        gathered = ops.take(new, ops.clip(slot, 0, length), axis=axis)
         shape[axis] = -1
     else:
         slot = slots[None, :] - index[:, None]  # [B, L]
-        gathered = tf.gather(new, tf.clip_by_value(slot, 0, length), axis=axis, batch_dims=1)
-        shape[0], shape[axis] = -1, tf.shape(buffer)[axis]
-    written = (slot >= 0) & (slot < length)
-    return tf.where(tf.reshape(written, shape), gathered, buffer)
+        gathered = gather_rows(new, ops.clip(slot, 0, length), axis)
+        shape[0], shape[axis] = -1, ops.shape(buffer)[axis]
+    written = ops.logical_and(slot >= 0, slot < length)
+    return ops.where(ops.reshape(written, shape), gathered, buffer)
 
 
 def real_extent(mask, length):
@@ -48,10 +56,10 @@ def real_extent(mask, length):
     keeps its place.
     """
     if mask is None:
-        return tf.convert_to_tensor(length, tf.int32)
-    positions = tf.range(1, tf.shape(mask)[1] + 1)[None, :]
+        return ops.convert_to_tensor(length, "int32")
+    positions = ops.arange(1, ops.shape(mask)[1] + 1, dtype="int32")[None, :]
     # At least 0: the maximum over no positions (T = 0) is the smallest int32.
-    return tf.maximum(tf.reduce_max(tf.where(tf.cast(mask, tf.bool), positions, 0), axis=1), 0)
+    return ops.maximum(ops.max(ops.where(ops.cast(mask, "bool"), positions, 0), axis=1, initial=0), 0)
 
 
 def window_after(sequence, end, size, axis):
@@ -61,14 +69,14 @@ def window_after(sequence, end, size, axis):
     ones; with the new positions ending at `end` (`real_extent`, `[B]` or a
     scalar), these are the `size` most recent: right padding never enters the ring.
     """
-    end = tf.broadcast_to(tf.convert_to_tensor(end, tf.int32), tf.shape(sequence)[:1])
-    index = end[:, None] + tf.range(size)[None, :]  # [B, size]
-    return tf.gather(sequence, index, axis=axis, batch_dims=1)
+    end = ops.broadcast_to(ops.cast(end, "int32"), ops.shape(sequence)[:1])
+    index = end[:, None] + ops.arange(size, dtype="int32")[None, :]  # [B, size]
+    return gather_rows(sequence, index, axis)
 
 
 def static_size(x, axis):
     """`x`'s size along `axis`: a Python int when the shape is known at tracing, else a tensor."""
-    return x.shape[axis] if x.shape[axis] is not None else tf.shape(x)[axis]
+    return ops.shape(x)[axis]
 
 
 def leading(x, length):
@@ -83,7 +91,7 @@ def shift_right(x, axis, fill=0.0, steps=1):
 
     A pad and a slice: their gradients are a slice and a pad, not a scatter.
     """
-    pad = [[0, 0]] * x.shape.rank
+    pad = [[0, 0]] * len(x.shape)
     pad[axis] = [steps, 0]
-    padded = tf.pad(x, pad, constant_values=fill)
-    return tf.slice(padded, tf.zeros_like(tf.shape(x)), tf.shape(x))
+    padded = ops.pad(x, pad, constant_values=fill)
+    return ops.slice(padded, [0] * len(x.shape), ops.shape(x))

@@ -1,0 +1,49 @@
+"""What `keras.ops` lacks, one module a Keras backend: the ops call these, never a backend by name.
+
+    compiled_or_on_gpu()                  whether the code is compiled (XLA, `jit`, `torch.compile`) or on a GPU
+    branch_or_select(usual, fast, general)
+                                          `fast()` where `usual` holds, else `general()`: a branch where that is
+                                          cheap, `general()` alone where a branch would cost more
+    cumulative_logsumexp(x, axis, reverse=False)
+    ordered(after, compute)               `compute()` once the tensors `after` exist (TensorFlow's control
+                                          dependencies keep a backward pass from forming everything at once)
+    check_less_equal(x, limit, message)   a run-time check, where the backend can raise one
+    custom_gradient(forward)              `forward(*tensors) -> (outputs, grad)`, `grad(upstream)` returning
+                                          one gradient per tensor; nothing differentiated is closed over
+
+The module of the backend Keras runs on is chosen when this package is first imported, as Keras
+chooses its own.
+"""
+
+import keras
+
+_BACKEND = keras.backend.backend()
+if _BACKEND == "tensorflow":
+    from elita_tf.backend.tensorflow import *  # noqa: F401,F403
+elif _BACKEND == "jax":
+    from elita_tf.backend.jax import *  # noqa: F401,F403
+elif _BACKEND == "torch":
+    from elita_tf.backend.torch import *  # noqa: F401,F403
+else:
+    raise ImportError(
+        f"elita_tf's layers run on the TensorFlow, JAX and PyTorch backends of Keras. Received: {_BACKEND!r}"
+    )
+
+
+def custom_gradient(forward):
+    """`keras.ops.custom_gradient` for `forward(*tensors) -> (outputs, grad)`, with `grad(upstream)` on every backend.
+
+    Keras calls the gradient function as `grad(upstream)` on TensorFlow and JAX and as
+    `grad(*inputs, upstream=upstream)` on PyTorch; this takes both. `forward` must close over no
+    tensor that is differentiated (JAX refuses it): whatever the gradient needs is an argument.
+    """
+
+    def with_gradient(*args):
+        outputs, grad = forward(*args)
+
+        def gradient(*upstreams, upstream=None):
+            return tuple(grad(upstreams[0] if upstream is None else upstream))
+
+        return outputs, gradient
+
+    return keras.ops.custom_gradient(with_gradient)

@@ -1,0 +1,29 @@
+"""The JAX side of `elita_tf.backend`: everything is compiled by XLA, so no branch on data."""
+
+import jax
+import numpy as np
+
+__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+
+
+def compiled_or_on_gpu():
+    return True
+
+
+def branch_or_select(usual, fast, general):
+    return general()
+
+
+def cumulative_logsumexp(x, axis, reverse=False):
+    return jax.lax.cumlogsumexp(x, axis=axis % x.ndim, reverse=reverse)
+
+
+def ordered(after, compute):
+    return compute()
+
+
+def check_less_equal(x, limit, message):
+    """Raises where the values are known (eagerly); under `jit` there is nothing to raise from."""
+    if not isinstance(x, jax.core.Tracer) and not isinstance(limit, jax.core.Tracer):
+        if not np.all(np.asarray(x) <= np.asarray(limit)):
+            raise ValueError(f"{message}. Received: {np.asarray(x)} > {np.asarray(limit)}")

@@ -1,0 +1,34 @@
+"""The TensorFlow side of `elita_tf.backend`."""
+
+import tensorflow as tf
+
+from elita_tf.private_apis import in_xla_context
+
+__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+
+
+def compiled_or_on_gpu():
+    """Whether the graph being traced is compiled by XLA, or a GPU is visible to TensorFlow."""
+    return in_xla_context(tf.compat.v1.get_default_graph()) or bool(tf.config.list_logical_devices("GPU"))
+
+
+def branch_or_select(usual, fast, general):
+    """On a CPU without XLA a `tf.cond`: the general form, an extra pass, runs only when needed. Traced for
+    XLA or with a GPU visible, `general()` alone: a branch copies its predicate to the host, and under XLA ends
+    the GPU's command buffer there, which costs more than the extra pass that XLA fuses into its neighbours."""
+    if compiled_or_on_gpu():
+        return general()
+    return tf.cond(usual, fast, general)
+
+
+def cumulative_logsumexp(x, axis, reverse=False):
+    return tf.math.cumulative_logsumexp(x, axis=axis, reverse=reverse)
+
+
+def ordered(after, compute):
+    with tf.control_dependencies(tf.nest.flatten(after)):
+        return compute()
+
+
+def check_less_equal(x, limit, message):
+    tf.debugging.assert_less_equal(x, limit, message=message)

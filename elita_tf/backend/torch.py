@@ -1,0 +1,33 @@
+"""The PyTorch side of `elita_tf.backend`."""
+
+import torch
+
+__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+
+
+def compiled_or_on_gpu():
+    return torch.compiler.is_compiling() or torch.cuda.is_available()
+
+
+def branch_or_select(usual, fast, general):
+    """Eager on a CPU, a Python branch on the value; compiled or on a GPU, `general()` alone (no host sync)."""
+    if compiled_or_on_gpu():
+        return general()
+    return fast() if bool(usual) else general()
+
+
+def cumulative_logsumexp(x, axis, reverse=False):
+    if reverse:
+        return torch.flip(torch.logcumsumexp(torch.flip(x, [axis]), axis), [axis])
+    return torch.logcumsumexp(x, axis)
+
+
+def ordered(after, compute):
+    return compute()
+
+
+def check_less_equal(x, limit, message):
+    if not torch.compiler.is_compiling():
+        x, limit = torch.as_tensor(x), torch.as_tensor(limit)
+        if not bool(torch.all(x <= limit)):
+            raise ValueError(f"{message}. Received: {x.cpu().numpy()} > {limit.cpu().numpy()}")

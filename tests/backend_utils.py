@@ -1,0 +1,88 @@
+"""The tests' view of the Keras backend: tensors in, NumPy out, and gradients, the same on every backend.
+
+The op and layer tests run under `KERAS_BACKEND=tensorflow|jax|torch` (float64 included: JAX's x64
+mode is on in the tests). A test that is TensorFlow by nature (tf.data, SavedModel, LiteRT, XLA's
+HLO, `tf.distribute`, `tf.function` signatures) carries `@pytest.mark.tf_only` and is skipped elsewhere.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+BACKEND = keras.backend.backend()
+
+
+def tensor(x, dtype=None):
+    """A backend tensor of the array `x` (its own dtype unless `dtype` is given)."""
+    x = np.asarray(x)
+    return ops.convert_to_tensor(x, dtype or x.dtype.name)
+
+
+def numpy(x):
+    """`x` as a NumPy array (float arrays of bfloat16 and float16 widened to float32)."""
+    x = ops.convert_to_numpy(x)
+    return x.astype(np.float32) if x.dtype.name in ("bfloat16", "float16") else x
+
+
+def random_normal(shape, seed, dtype="float32", scale=1.0):
+    return tensor(np.random.default_rng(seed).normal(size=shape) * scale, dtype)
+
+
+def _flatten(x):
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def outputs_and_gradients(fn, args, cotangents, variables=()):
+    """`fn(*args)`'s outputs (float `args`; anything else `fn` closes over) and the gradients of `Σ_k sum(outputs_k * cotangents_k)` with respect to each
+    of `args` and then each Keras variable in `variables`, all as NumPy arrays.
+
+    `fn` returns a tensor or a tuple of them (one cotangent each, `None` to leave one out). Gradients are
+    taken by the backend itself: `tf.GradientTape`, `jax.vjp` (variables through a `keras.StatelessScope`)
+    or `torch.autograd.grad`. A gradient that does not reach an argument is zeros.
+    """
+    args = [ops.convert_to_tensor(a) for a in args]
+    variables = list(variables)
+
+    def loss_of(outputs):
+        total = 0.0
+        for out, cot in zip(_flatten(outputs), _flatten(cotangents)):
+            if cot is not None:
+                dtypes = (keras.backend.standardize_dtype(out.dtype), np.asarray(cot).dtype.name)
+                wide = "float64" if "float64" in dtypes else "float32"
+                total = total + ops.sum(ops.cast(out, wide) * tensor(cot, wide))
+        return total
+
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(args)
+            outputs = fn(*args)
+            loss = loss_of(outputs)
+        grads = tape.gradient(loss, args + [v.value for v in variables])
+        grads = [tf.zeros_like(t) if g is None else tf.convert_to_tensor(g) for g, t in zip(grads, args + [v.value for v in variables])]
+    elif BACKEND == "jax":
+        import jax
+
+        def loss_fn(arg_values, variable_values):
+            with keras.StatelessScope(state_mapping=list(zip(variables, variable_values))):
+                outputs = fn(*arg_values)
+            return loss_of(outputs), outputs
+
+        (_, outputs), (g_args, g_vars) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+            args, [v.value for v in variables]
+        )
+        grads = list(g_args) + list(g_vars)
+    else:
+        import torch
+
+        args = [a.detach().clone().requires_grad_(a.is_floating_point()) for a in args]
+        outputs = fn(*args)
+        loss = loss_of(outputs)
+        targets = [a for a in args] + [v.value for v in variables]
+        wanted = [t for t in targets if t.requires_grad]
+        got = iter(torch.autograd.grad(loss, wanted, allow_unused=True))
+        grads = [next(got) if t.requires_grad else None for t in targets]
+        grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
+    outputs = [numpy(o) for o in _flatten(outputs)]
+    return outputs, [numpy(g) for g in grads]
