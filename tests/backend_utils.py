@@ -86,3 +86,17 @@ def outputs_and_gradients(fn, args, cotangents, variables=()):
         grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
     outputs = [numpy(o) for o in _flatten(outputs)]
     return outputs, [numpy(g) for g in grads]
+
+
+def compiled(fn):
+    """`fn` compiled as the backend compiles a training step: `tf.function(jit_compile=True)` (XLA), `jax.jit`, or
+    on PyTorch `fn` itself (`torch.compile` takes minutes on a CPU; eager is PyTorch's usual form)."""
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn

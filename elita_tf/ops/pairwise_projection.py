@@ -1,6 +1,7 @@
 """FeedForward2's kernel: per-row outer products of two branches, and their projection without keeping them."""
 
 import tensorflow as tf
+from keras import ops
 
 
 def outer_product(u, v):
@@ -16,7 +17,7 @@ def outer_product(u, v):
     takes float32 products in TF32 rounds the factors as it does in other
     products.
     """
-    return tf.matmul(tf.expand_dims(u, -1), tf.expand_dims(v, -2))
+    return ops.matmul(ops.expand_dims(u, -1), ops.expand_dims(v, -2))
 
 
 @tf.custom_gradient
