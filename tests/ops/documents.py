@@ -1,7 +1,7 @@
 """Running an op one document at a time: what an op given `document_starts` must equal."""
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 
 def random_document_starts(batch, length, seed=0):
@@ -41,7 +41,7 @@ def by_document(call, inputs, document_starts, initial_state):
                 state = None  # a document starts here
             outputs, state = call(tuple(t[row : row + 1, :, start:end] for t in inputs), state)
             pieces.append(outputs)
-        rows_out.append([tf.concat(parts, axis=2) for parts in zip(*pieces)])
+        rows_out.append([ops.concatenate(parts, axis=2) for parts in zip(*pieces)])
         rows_state.append(state)
-    outputs = [tf.concat(parts, axis=0) for parts in zip(*rows_out)]
-    return outputs, [tf.concat(parts, axis=0) for parts in zip(*rows_state)]
+    outputs = [ops.concatenate(parts, axis=0) for parts in zip(*rows_out)]
+    return outputs, [ops.concatenate(parts, axis=0) for parts in zip(*rows_state)]

@@ -1,10 +1,13 @@
 """Mixed precision checked by value: an op on 16-bit inputs against the same op on those inputs in float32."""
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
+
+from tests.backend_utils import outputs_and_gradients
 
 # Machine epsilon of each 16-bit dtype: the unit these tolerances are counted in.
-EPSILON = {tf.float16: 2.0**-10, tf.bfloat16: 2.0**-7}
+EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def assert_low_precision_follows_float32(op, inputs, dtype, output_tolerance=1e-4):
@@ -17,28 +20,27 @@ def assert_low_precision_follows_float32(op, inputs, dtype, output_tolerance=1e-
 
     Args:
         op: callable on the inputs, returning a tensor or a nest of tensors.
-        inputs: float tensors.
-        dtype: `tf.float16` or `tf.bfloat16`.
+        inputs: float tensors or arrays.
+        dtype: `"float16"` or `"bfloat16"`.
     """
-    low = [tf.cast(x, dtype) for x in inputs]
-    rounded = [tf.cast(x, tf.float32) for x in low]
+    low = [ops.cast(x, dtype) for x in inputs]
+    rounded = [ops.cast(x, "float32") for x in low]
 
-    def run(args):
-        with tf.GradientTape() as tape:
-            tape.watch(args)
-            outputs = [o for o in tf.nest.flatten(op(*args)) if o.dtype.is_floating]
-            rng = np.random.default_rng(3)
-            loss = sum(tf.reduce_sum(tf.cast(o, tf.float32) * rng.normal(size=o.shape)) for o in outputs)
-        return outputs, tape.gradient(loss, args)
+    def float_outputs(*args):
+        return tuple(o for o in keras.tree.flatten(op(*args)) if "float" in keras.backend.standardize_dtype(o.dtype))
 
-    (got, got_grads), (want, want_grads) = run(low), run(rounded)
-    for g, w in zip(got, want):
-        assert g.dtype == tf.float32, f"an output in {g.dtype.name}: the op does not accumulate in float32"
-        scale = max(np.abs(w.numpy()).max(), 1e-30)
-        np.testing.assert_allclose(g, w, rtol=output_tolerance, atol=output_tolerance * scale)
-    for g, w in zip(got_grads, want_grads):
-        assert g is not None and g.dtype == dtype
-        w = w.numpy()
-        np.testing.assert_allclose(
-            tf.cast(g, tf.float32), w, rtol=EPSILON[dtype], atol=EPSILON[dtype] * np.abs(w).max()
+    rng = np.random.default_rng(3)
+    cotangents = [rng.normal(size=o.shape).astype(np.float32) for o in float_outputs(*rounded)]
+    (got, got_grads), (want, want_grads) = (
+        outputs_and_gradients(float_outputs, args, cotangents) for args in (low, rounded)
+    )
+    for raw in float_outputs(*low):
+        assert keras.backend.standardize_dtype(raw.dtype) == "float32", (
+            f"an output in {raw.dtype}: the op does not accumulate in float32"
         )
+    for g, w in zip(got, want):
+        scale = max(np.abs(w).max(), 1e-30)
+        np.testing.assert_allclose(g, w, rtol=output_tolerance, atol=output_tolerance * scale)
+    # The gradients come back in their inputs' 16-bit dtype (`numpy` widens them to float32 for the check).
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=EPSILON[dtype], atol=EPSILON[dtype] * np.abs(w).max())
