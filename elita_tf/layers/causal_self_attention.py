@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
@@ -51,8 +51,8 @@ class CausalSelfAttention(CausalMixer):
 
     Example:
     >>> layer = CausalSelfAttention(num_heads=4)
-    >>> layer(tf.zeros([2, 10, 32])).shape
-    TensorShape([2, 10, 32])
+    >>> keras.ops.shape(layer(keras.ops.zeros((2, 10, 32))))
+    (2, 10, 32)
 
     References:
         - [Vaswani et al., 2017](https://arxiv.org/abs/1706.03762)
@@ -89,14 +89,14 @@ class CausalSelfAttention(CausalMixer):
         if cache is None:
             # Causality, padding and documents in one mask. Not `use_causal_mask=True`: Keras builds that mask
             # from cumulative sums of ones, which XLA constant-folds position by position (minutes at T = 2048).
-            attention_mask = causal_visibility(tf.shape(inputs)[1], padding_mask, document_starts)[:, 0]
+            attention_mask = causal_visibility(ops.shape(inputs)[1], padding_mask, document_starts)[:, 0]
             return attention(inputs, inputs, attention_mask=attention_mask, training=training)
         # Decoding: the new positions are written into the cache, then attend over it.
         cache, visible = update_kv_cache(
             cache, attention.key_dense(inputs), attention.value_dense(inputs), padding_mask, name=self.name
         )
         context = softmax_attention(attention.query_dense(inputs), cache["key"], cache["value"], visible)
-        return attention.output_dense(tf.cast(context, self.compute_dtype)), cache
+        return attention.output_dense(ops.cast(context, self.compute_dtype)), cache
 
     def initial_state(self, batch_size, dtype=None):
         """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`, `L = max_sequence_length`."""

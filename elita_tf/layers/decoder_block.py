@@ -65,8 +65,8 @@ class DecoderBlock(keras.layers.Layer):
     Example:
     >>> from elita_tf.layers import Attention2, FeedForward2
     >>> block = DecoderBlock(Attention2(4, 16, 8), FeedForward2(), norm="unscaled_layer_norm")
-    >>> block(tf.zeros([2, 10, 32])).shape
-    TensorShape([2, 10, 32])
+    >>> keras.ops.shape(block(keras.ops.zeros((2, 10, 32))))
+    (2, 10, 32)
     """
 
     def __init__(

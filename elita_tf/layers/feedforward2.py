@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
@@ -41,8 +41,8 @@ class FeedForward2(UpgradesRenamedArguments, keras.layers.Layer):
 
     Example:
     >>> layer = FeedForward2(factor=8)
-    >>> layer(tf.zeros([2, 10, 16])).shape
-    TensorShape([2, 10, 16])
+    >>> keras.ops.shape(layer(keras.ops.zeros((2, 10, 16))))
+    (2, 10, 16)
 
     References:
         - [ELiTA, A. C. O. Sharma](https://github.com/acosharma/elita-transformer)
@@ -123,17 +123,17 @@ class FeedForward2(UpgradesRenamedArguments, keras.layers.Layer):
     def call(self, inputs, padding_mask=None, training=None):
         inputs, _ = check_sequence_call(self, inputs, padding_mask)
         width = inputs.shape[-1]
-        x = tf.reshape(inputs, [-1, width])  # [B*T, d]: plain 2-D matrix products
+        x = ops.reshape(inputs, (-1, width))  # [B*T, d]: plain 2-D matrix products
         alpha = self.w1_dense(x)  # [B*T, a], before its swish
         beta = self.w2_dense(x)  # [B*T, b], before its swish
         if self.w3_dense.quantization_mode is None:
             # `kernel` includes a LoRA update; the fused form keeps no [B*T, a, b] product for the gradient,
             # and takes the swish itself, so that only the pre-activations are held for the gradient.
-            kernel = tf.cast(self.w3_dense.kernel, alpha.dtype)
-            outputs = pairwise_projection(alpha, beta, kernel, swish=True) + tf.cast(self.w3_dense.bias, alpha.dtype)
+            kernel = ops.cast(self.w3_dense.kernel, alpha.dtype)
+            outputs = pairwise_projection(alpha, beta, kernel, swish=True) + ops.cast(self.w3_dense.bias, alpha.dtype)
         else:  # int8 weights: the quantized layer's own call
-            outputs = self.w3_dense(pairwise_product(tf.nn.silu(alpha), tf.nn.silu(beta)))  # [B*T, a, b] -> [B*T, d]
-        return tf.reshape(outputs, tf.shape(inputs))
+            outputs = self.w3_dense(pairwise_product(ops.silu(alpha), ops.silu(beta)))  # [B*T, a, b] -> [B*T, d]
+        return ops.reshape(outputs, ops.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.checks import input_width
 from elita_tf.ops.utils.dtypes import accumulator_dtype
@@ -22,8 +22,8 @@ class OuterEpsilonRMSNormalization(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Example:
-    >>> OuterEpsilonRMSNormalization()(tf.ones([2, 5, 8])).shape
-    TensorShape([2, 5, 8])
+    >>> keras.ops.shape(OuterEpsilonRMSNormalization()(keras.ops.ones((2, 5, 8))))
+    (2, 5, 8)
 
     References:
         - [He and Hofmann, 2023](https://arxiv.org/abs/2311.01906), `RMSNorm` in the authors'
@@ -42,9 +42,9 @@ class OuterEpsilonRMSNormalization(keras.layers.Layer):
 
     def call(self, inputs):
         dtype = accumulator_dtype(self.compute_dtype)
-        x = tf.cast(inputs, dtype)
-        rms = tf.sqrt(tf.reduce_mean(tf.square(x), axis=-1, keepdims=True))
-        return tf.cast(tf.cast(self.scale, dtype) * x / (rms + self.epsilon), self.compute_dtype)
+        x = ops.cast(inputs, dtype)
+        rms = ops.sqrt(ops.mean(ops.square(x), axis=-1, keepdims=True))
+        return ops.cast(ops.cast(self.scale, dtype) * x / (rms + self.epsilon), self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):
         return inputs_shape

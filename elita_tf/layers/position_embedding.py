@@ -1,6 +1,7 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
+from elita_tf import backend
 from elita_tf.layers.checks import check_positive_int, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.utils.documents import document_positions
@@ -27,9 +28,9 @@ class PositionEmbedding(keras.layers.Layer):
             restart at 0 there (packed documents).
 
     Example:
-    >>> x = tf.zeros([2, 10, 16])
-    >>> (x + PositionEmbedding(max_sequence_length=256)(x)).shape
-    TensorShape([2, 10, 16])
+    >>> x = keras.ops.zeros((2, 10, 16))
+    >>> keras.ops.shape(x + PositionEmbedding(max_sequence_length=256)(x))
+    (2, 10, 16)
     """
 
     def __init__(self, max_sequence_length, initializer=None, **kwargs):
@@ -47,21 +48,22 @@ class PositionEmbedding(keras.layers.Layer):
         )
 
     def call(self, inputs, start_index=None, document_starts=None):
-        length = tf.shape(inputs)[1]
+        length = ops.shape(inputs)[1]
         if start_index is not None:
-            start_index = tf.broadcast_to(tf.cast(start_index, tf.int32), tf.shape(inputs)[:1])
+            start_index = ops.broadcast_to(ops.cast(start_index, "int32"), ops.shape(inputs)[:1])
         positions = document_positions(length, start_index, document_starts)
-        tf.debugging.assert_less(
-            tf.reduce_max(tf.concat([[-1], tf.reshape(positions, [-1])], 0)),
-            self.max_sequence_length,
+        # positions < max_sequence_length, integers: at most max_sequence_length - 1.
+        backend.check_less_equal(
+            ops.max(ops.concatenate([ops.full((1,), -1, "int32"), ops.reshape(positions, (-1,))], 0)),
+            self.max_sequence_length - 1,
             message=(
                 f"'{self.name}' has learned positions for sequences of at most "
                 f"max_sequence_length={self.max_sequence_length}"
             ),
         )
-        embedded = tf.cast(tf.gather(self.embeddings, tf.maximum(positions, 0)), self.compute_dtype)
+        embedded = ops.cast(ops.take(self.embeddings, ops.maximum(positions, 0), axis=0), self.compute_dtype)
         # The inputs' full shape: a [1, 0, d] addend is taken for a bias by oneDNN's Add at T = 0.
-        return tf.broadcast_to(embedded, tf.shape(inputs))
+        return ops.broadcast_to(embedded, ops.shape(inputs))
 
     def compute_output_shape(self, inputs_shape):
         return tuple(inputs_shape)

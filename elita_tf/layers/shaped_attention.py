@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
@@ -61,8 +61,8 @@ class ShapedAttention(CausalMixer):
 
     Example:
     >>> layer = ShapedAttention(num_heads=4)
-    >>> x = tf.random.normal([2, 10, 32])
-    >>> bool(tf.reduce_all(tf.abs(layer(x) - x) < 1e-5))  # A = I at init
+    >>> x = keras.random.normal([2, 10, 32])
+    >>> bool(keras.ops.all(keras.ops.abs(layer(x) - x) < 1e-5))  # A = I at init
     True
 
     References:
@@ -154,13 +154,13 @@ class ShapedAttention(CausalMixer):
         values = inputs
         if self.value_projection:
             values = self.value_gain * self.value_dense(inputs) + self.value_skip_gain * inputs
-        split = lambda t: tf.reshape(t, tf.concat([tf.shape(t)[:2], [heads, width // heads]], 0))  # noqa: E731
+        split = lambda t: ops.reshape(t, (*ops.shape(t)[:2], heads, width // heads))  # noqa: E731
         q = self.query_dense(inputs)
         k = self.key_dense(inputs)
         v = split(values)  # [B, T, H, e]
 
         if cache is None:
-            visible = causal_visibility(tf.shape(inputs)[1], padding_mask, document_starts)
+            visible = causal_visibility(ops.shape(inputs)[1], padding_mask, document_starts)
             keys, all_values = k, v
         else:
             cache, visible = update_kv_cache(cache, k, v, padding_mask, name=self.name)
@@ -168,14 +168,14 @@ class ShapedAttention(CausalMixer):
         attended = softmax_attention(q, keys, all_values, visible)
         # C v: the uniform average of the visible values, never materialised as C.
         acc = attended.dtype
-        seen = tf.cast(visible[:, 0], acc)  # [B or 1, T, S]
-        seen = seen / tf.maximum(tf.reduce_sum(seen, axis=-1, keepdims=True), 1.0)
-        seen = tf.broadcast_to(seen, tf.concat([tf.shape(all_values)[:1], tf.shape(seen)[1:]], 0))
-        centre = tf.einsum("bts,bshe->bthe", seen, tf.cast(all_values, acc))
+        seen = ops.cast(visible[:, 0], acc)  # [B or 1, T, S]
+        seen = seen / ops.maximum(ops.sum(seen, axis=-1, keepdims=True), 1.0)
+        seen = ops.broadcast_to(seen, (*ops.shape(all_values)[:1], *ops.shape(seen)[1:]))
+        centre = ops.einsum("bts,bshe->bthe", seen, ops.cast(all_values, acc))
 
-        gain = lambda w: tf.cast(w, acc)[:, None]  # noqa: E731  [H, 1]
-        y = gain(self.alpha) * tf.cast(v, acc) + gain(self.beta) * attended - gain(self.gamma) * centre
-        outputs = tf.reshape(tf.cast(y, self.compute_dtype), tf.shape(inputs))
+        gain = lambda w: ops.cast(w, acc)[:, None]  # noqa: E731  [H, 1]
+        y = gain(self.alpha) * ops.cast(v, acc) + gain(self.beta) * attended - gain(self.gamma) * centre
+        outputs = ops.reshape(ops.cast(y, self.compute_dtype), ops.shape(inputs))
         return outputs if cache is None else (outputs, cache)
 
     cache_names = KV_CACHE_NAMES

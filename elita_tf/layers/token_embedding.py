@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.checks import check_token_ids
 
@@ -22,9 +22,9 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
 
     Example:
     >>> embed = TokenEmbedding(100, 16)
-    >>> logits = embed(embed(tf.constant([[1, 2, 3]])), reverse=True)
-    >>> logits.shape
-    TensorShape([1, 3, 100])
+    >>> logits = embed(embed(np.array([[1, 2, 3]])), reverse=True)
+    >>> keras.ops.shape(logits)
+    (1, 3, 100)
     """
 
     def __init__(self, input_dim, output_dim, embeddings_initializer=None, **kwargs):
@@ -60,7 +60,7 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         embedded = lookup(token_ids)
         # Where the range assertion cannot run (XLA drops it), an out-of-range id embeds to NaN:
         # a gather would clamp it (XLA) or return zeros (GPU), a silent wrong result.
-        return tf.where(in_range[..., None], embedded, tf.constant(float("nan"), embedded.dtype))
+        return ops.where(in_range[..., None], embedded, ops.cast(float("nan"), embedded.dtype))
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras refuses subclasses unless they opt in: the quantized call is the parent's.

@@ -2,7 +2,7 @@ import math
 
 import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
@@ -21,8 +21,8 @@ _LN2 = math.log(2.0)
 
 def _norm(x):
     """`Norm_D(x) = x * sqrt(D) / |x|` over the last axis (RMS 1, no gain); zero stays zero."""
-    mean_square = tf.reduce_mean(tf.square(x), axis=-1, keepdims=True)
-    return x * tf.math.rsqrt(tf.maximum(mean_square, tf.constant(_NORM_FLOOR, x.dtype)))
+    mean_square = ops.mean(ops.square(x), axis=-1, keepdims=True)
+    return x * ops.rsqrt(ops.maximum(mean_square, ops.cast(_NORM_FLOOR, x.dtype)))
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -102,7 +102,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
 
     Example:
     >>> layer = TriLinearAttention(query_dim=32, lowrank_dim=16, sliding_window_size=8)
-    >>> s = tf.random.normal([2, 100, 64])
+    >>> s = keras.random.normal([2, 100, 64])
     >>> s = s + layer(s)
     >>> y, cache = layer(s[:, :99], cache=layer.get_initial_cache(2))
     >>> y_last, cache = layer(s[:, 99:], cache=cache)  # one decoding step
@@ -208,7 +208,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
 
     def _project(self, x, dense):
         """`dense(x)` of `x [B, T, dim]` in the compute dtype, returned in the accumulator dtype."""
-        return tf.cast(dense(tf.cast(x, self.compute_dtype)), x.dtype)
+        return ops.cast(dense(ops.cast(x, self.compute_dtype)), x.dtype)
 
     def _attend_args(self):
         return {
@@ -220,7 +220,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
 
     def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         acc = accumulator_dtype(self.compute_dtype)
-        x = _norm(tf.cast(inputs, acc))
+        x = _norm(ops.cast(inputs, acc))
         qk = _norm(self._project(x, self.query_key_dense))[:, None]  # [B, 1, T, qdim]
         qv = self._project(x, self.query_value_dense)[:, None]
         k = _norm(self._project(x, self.key_dense))  # [B, T, tt]
@@ -248,10 +248,10 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
 
         # kv[b, k] = k[k xor b] * att[k]: 16 xor-permuted copies of the key.
         xor = np.bitwise_xor(np.arange(COMBINER_REP)[:, None], np.arange(self.lowrank_dim)[None, :])
-        kv = tf.gather(k, tf.constant(xor), axis=-1) * att[..., None, :]  # [B, T, 16, tt]
-        shape = tf.shape(kv)
-        kv = tf.reshape(kv, [shape[0], shape[1], COMBINER_REP * self.lowrank_dim])
-        outputs = self.combiner_dense(tf.cast(kv, self.compute_dtype))
+        kv = ops.take(k, ops.convert_to_tensor(xor, "int32"), axis=-1) * att[..., None, :]  # [B, T, 16, tt]
+        shape = ops.shape(kv)
+        kv = ops.reshape(kv, (shape[0], shape[1], COMBINER_REP * self.lowrank_dim))
+        outputs = self.combiner_dense(ops.cast(kv, self.compute_dtype))
         return outputs if cache is None else (outputs, dict(zip(self.cache_names, state)))
 
     cache_names = ("query_values", "values", "valid", "position")

@@ -18,8 +18,8 @@ class UnscaledLayerNormalization(keras.layers.Layer):
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Example:
-    >>> UnscaledLayerNormalization()(tf.zeros([2, 5, 8])).shape
-    TensorShape([2, 5, 8])
+    >>> keras.ops.shape(UnscaledLayerNormalization()(keras.ops.zeros((2, 5, 8))))
+    (2, 5, 8)
     """
 
     def __init__(self, epsilon=1e-3, **kwargs):

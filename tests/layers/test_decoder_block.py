@@ -1,7 +1,7 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers import (
     Attention2,
@@ -10,21 +10,22 @@ from elita_tf.layers import (
     FeedForward2,
     ShapedAttention,
 )
+from tests.backend_utils import compiled, numpy, random_normal, tensor
 
 WIDTH = 8
 
 
 def _float64(x):
-    return tf.cast(tf.convert_to_tensor(x), tf.float64)
+    return ops.cast(x.value, "float64")
 
 
 def _rms(x, layer):
-    return x * tf.math.rsqrt(tf.reduce_mean(x**2, -1, keepdims=True) + layer.epsilon) * _float64(layer.scale)
+    return x * ops.rsqrt(ops.mean(x**2, -1, keepdims=True) + layer.epsilon) * _float64(layer.scale)
 
 
 def _layer_norm(x, layer):
-    mean, var = tf.nn.moments(x, axes=[-1], keepdims=True)
-    normed = (x - mean) / tf.sqrt(var + layer.epsilon)
+    mean, var = ops.moments(x, axes=[-1], keepdims=True)
+    normed = (x - mean) / ops.sqrt(var + layer.epsilon)
     return normed if not getattr(layer, "scale", False) else normed * _float64(layer.gamma) + _float64(layer.beta)
 
 
@@ -41,14 +42,14 @@ def _randomised(block):
 def test_block_equations(residual, norm):
     mixer, ffn = ShapedAttention(2, dtype="float64"), FeedForward(use_bias=False, dtype="float64")
     block = _randomised(DecoderBlock(mixer, ffn, norm=norm, residual=residual, dtype="float64"))
-    x = tf.constant(np.random.default_rng(1).normal(size=(2, 37, WIDTH)))
+    x = tensor(np.random.default_rng(1).normal(size=(2, 37, WIDTH)))
     n = {
         "layer_norm": _layer_norm,
         "unscaled_layer_norm": _layer_norm,
         "rms_norm": _rms,
         None: lambda x, layer: x,
     }[norm]
-    mlp = lambda t: tf.nn.relu(t @ _float64(ffn.inner.kernel)) @ _float64(ffn.outer.kernel)  # noqa: E731
+    mlp = lambda t: ops.relu(t @ _float64(ffn.inner.kernel)) @ _float64(ffn.outer.kernel)  # noqa: E731
     xn = n(x, block.mixer_norm)
     if residual == "pre_norm":
         h = x + mixer(xn)
@@ -58,7 +59,7 @@ def test_block_equations(residual, norm):
     else:
         h = _float64(block.mixer_scale) * mixer(xn)
         want = h + _float64(block.ffn_scale) * mlp(n(h, block.ffn_norm))
-    np.testing.assert_allclose(block(x), want, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(numpy(block(x)), numpy(want), rtol=1e-10, atol=1e-10)
 
 
 def test_gains_start_at_their_settings_and_a_block_without_ffn_is_its_mixer_branch():
@@ -67,8 +68,8 @@ def test_gains_start_at_their_settings_and_a_block_without_ffn_is_its_mixer_bran
     assert float(block.mixer_scale) == 1.0 and float(block.ffn_scale) == pytest.approx(0.1)
     assert not hasattr(DecoderBlock(ShapedAttention(2)), "mixer_scale")  # pre-norm has no gains
     lone = _randomised(DecoderBlock(Attention2(2, 4, 2), norm=None))
-    x = tf.random.stateless_normal([2, 9, WIDTH], seed=[1, 2])
-    np.testing.assert_allclose(lone(x), x + lone.mixer(x), rtol=1e-6)
+    x = random_normal((2, 9, WIDTH), seed=1)
+    np.testing.assert_allclose(numpy(lone(x)), numpy(x + lone.mixer(x)), rtol=1e-6)
 
 
 def _shared_model(layers=3):
@@ -85,21 +86,24 @@ def test_a_shared_ffn_stays_shared_after_save(tmp_path):
     assert shared.inner.kernel.shape == (WIDTH, 4 * WIDTH * 3)
     wide_params = 2 * 4 * WIDTH * WIDTH * 3 + 4 * WIDTH * 3 + WIDTH
     assert shared.count_params() == wide_params
-    per_block = sum(w.shape.num_elements() for w in model.get_layer("block_0").weights) - wide_params
+    per_block = sum(int(np.prod(w.shape)) for w in model.get_layer("block_0").weights) - wide_params
     assert model.count_params() == wide_params + 3 * per_block  # counted once
     path = str(tmp_path / "wide.keras")
     model.save(path)
     restored = keras.models.load_model(path)
-    xs = tf.random.stateless_normal([2, 5, WIDTH], seed=[3, 4])
-    np.testing.assert_allclose(model(xs), restored(xs), rtol=1e-6, atol=1e-6)
+    xs = random_normal((2, 5, WIDTH), seed=3)
+    np.testing.assert_allclose(numpy(model(xs)), numpy(restored(xs)), rtol=1e-6, atol=1e-6)
     assert restored.count_params() == model.count_params()
     assert restored.get_layer("block_0").ffn is restored.get_layer("block_2").ffn
     kernel = restored.get_layer("block_1").ffn.inner.kernel
-    kernel.assign(tf.zeros_like(kernel))
-    assert not np.allclose(restored(xs), model(xs))  # one kernel drives every block
+    kernel.assign(ops.zeros_like(kernel))
+    assert not np.allclose(numpy(restored(xs)), numpy(model(xs)))  # one kernel drives every block
 
 
+@pytest.mark.tf_only
 def test_a_shared_ffn_stays_shared_in_a_saved_model(tmp_path):
+    import tensorflow as tf
+
     model, _ = _shared_model(2)
     path = str(tmp_path / "saved")
     model.export(path)
@@ -125,3 +129,18 @@ def test_bad_arguments_name_the_value():
         intermediate_dim=33, shared_by=2, activation="gelu", use_bias=False, kernel_initializer="he_normal"
     )
     assert FeedForward.from_config(wide.get_config()).get_config() == wide.get_config()
+
+
+def test_compiled_matches_eager_and_decoding():
+    block = _randomised(DecoderBlock(ShapedAttention(2, max_sequence_length=64), FeedForward2(), residual="sequential"))
+    x = random_normal((2, 21, WIDTH), seed=9, scale=0.5)
+    mask = np.ones((2, 21), bool)
+    mask[1, 2:5] = False
+    want = numpy(block(x, padding_mask=tensor(mask)))
+    got = numpy(compiled(lambda x, m: block(x, padding_mask=m))(x, tensor(mask)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    cache, outputs = block.get_initial_cache(2), []
+    for start, stop in [(0, 12), (12, 15)] + [(t, t + 1) for t in range(15, 21)]:
+        y, cache = block(x[:, start:stop], padding_mask=tensor(mask[:, start:stop]), cache=cache)
+        outputs.append(numpy(y))
+    np.testing.assert_allclose(np.concatenate(outputs, 1)[mask], want[mask], rtol=1e-4, atol=1e-4)

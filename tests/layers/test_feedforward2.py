@@ -1,10 +1,11 @@
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers import FeedForward2
 from elita_tf.ops.pairwise_projection import pairwise_product
+from tests.backend_utils import compiled, numpy, random_normal, tensor
 from tests.layers.reference_check import assert_matches_reference
 
 
@@ -19,21 +20,23 @@ def _layer(dtype="float32", **kwargs):
 
 def reference(layer, x):
     """The definition (docs/math.md §3) literally: einsum('bti,btj,ijw->btw') of the two swish branches."""
-    w = {n: tf.cast(tf.convert_to_tensor(getattr(layer, n)), tf.float64) for n in ["w1", "b1", "w2", "b2", "w3", "b3"]}
-    x = tf.cast(x, tf.float64)
-    swish = lambda z: z * tf.sigmoid(z)  # noqa: E731
-    alpha = swish(tf.einsum("btd,da->bta", x, w["w1"]) + w["b1"])
-    beta = swish(tf.einsum("btd,dk->btk", x, w["w2"]) + w["b2"])
-    return tf.einsum("bti,btj,ijw->btw", alpha, beta, w["w3"]) + w["b3"]
+    w = {n: ops.cast(getattr(layer, n).value, "float64") for n in ["w1", "b1", "w2", "b2", "w3", "b3"]}
+    x = ops.cast(x, "float64")
+    swish = lambda z: z * ops.sigmoid(z)  # noqa: E731
+    alpha = swish(ops.einsum("btd,da->bta", x, w["w1"]) + w["b1"])
+    beta = swish(ops.einsum("btd,dk->btk", x, w["w2"]) + w["b2"])
+    return ops.einsum("bti,btj,ijw->btw", alpha, beta, w["w3"]) + w["b3"]
 
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 def test_forward_and_gradients_match_reference(length):
     layer = _layer("float64", intermediate_dim=5, factor=3)
-    x = tf.constant(np.random.default_rng(1).normal(size=(2, length, 6)))
+    x = tensor(np.random.default_rng(1).normal(size=(2, length, 6)))
     assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-10, atol=1e-10)
     layer32 = _layer(intermediate_dim=5, factor=3)
-    np.testing.assert_allclose(layer32(tf.cast(x, tf.float32)), reference(layer32, x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        numpy(layer32(ops.cast(x, "float32"))), numpy(reference(layer32, x)), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_lora_trains_through_the_fused_projection():
@@ -42,15 +45,27 @@ def test_lora_trains_through_the_fused_projection():
     layer.w3_dense.enable_lora(2)
     layer.w3_dense.lora_kernel_b.assign(np.random.default_rng(2).normal(size=layer.w3_dense.lora_kernel_b.shape))
     assert "lora_kernel_a" in {w.path.rsplit("/", 1)[-1] for w in layer.trainable_weights}
-    x = tf.constant(np.random.default_rng(3).normal(size=(2, 7, 6)))
+    x = tensor(np.random.default_rng(3).normal(size=(2, 7, 6)))
 
     def einsum_layer(x):
-        flat = tf.reshape(x, [-1, 6])
-        alpha, beta = tf.nn.silu(layer.w1_dense(flat)), tf.nn.silu(layer.w2_dense(flat))  # the branches' swish
+        flat = ops.reshape(x, (-1, 6))
+        alpha, beta = ops.silu(layer.w1_dense(flat)), ops.silu(layer.w2_dense(flat))  # the branches' swish
         outputs = layer.w3_dense(pairwise_product(alpha, beta))
-        return tf.reshape(outputs, tf.shape(x))
+        return ops.reshape(outputs, ops.shape(x))
 
     assert_matches_reference(layer, einsum_layer, x, layer.trainable_weights, rtol=1e-10, atol=1e-10)
+
+
+def test_int8_quantized_layer_runs_the_einsum_layer():
+    layer = _layer(intermediate_dim=5, factor=3)
+    x = random_normal((2, 7, 6), seed=4)
+    before = numpy(layer(x))
+    inputs = keras.Input((None, 6))
+    keras.Model(inputs, layer(inputs)).quantize("int8")  # Keras quantizes the Dense/EinsumDense sublayers
+    assert layer.w3_dense.quantization_mode == "int8"
+    after = numpy(layer(x))
+    assert after.shape == before.shape and np.all(np.isfinite(after))
+    np.testing.assert_allclose(after, before, rtol=0.1, atol=0.1 * np.abs(before).max())
 
 
 def test_weights_and_parameter_count():
@@ -64,14 +79,20 @@ def test_weights_and_parameter_count():
     )
     d = 16
     assert layer.count_params() == 9 * d * d + 10 * d + 8
-    assert np.all(layer.b3.numpy() == 0)
+    assert np.all(numpy(layer.b3) == 0)
 
 
 def test_position_wise():
     layer = _layer()
-    x = tf.random.stateless_normal([2, 9, 6], seed=[0, 1])
-    np.testing.assert_allclose(layer(x[:, 4:5]), layer(x)[:, 4:5], rtol=1e-6, atol=1e-6)
-    assert layer(tf.zeros([2, 0, 6])).shape == (2, 0, 6)
+    x = random_normal((2, 9, 6), seed=0)
+    np.testing.assert_allclose(numpy(layer(x[:, 4:5])), numpy(layer(x))[:, 4:5], rtol=1e-6, atol=1e-6)
+    assert tuple(layer(ops.zeros((2, 0, 6))).shape) == (2, 0, 6)
+
+
+def test_compiled_matches_eager():
+    layer = _layer(intermediate_dim=5, factor=3)
+    x = random_normal((2, 33, 6), seed=5)
+    np.testing.assert_allclose(numpy(compiled(layer)(x)), numpy(layer(x)), rtol=1e-5, atol=1e-5)
 
 
 def test_config_round_trip_and_keras_save(tmp_path):
@@ -84,17 +105,18 @@ def test_config_round_trip_and_keras_save(tmp_path):
     model = keras.Model(inputs, layer(inputs))
     path = str(tmp_path / "ff.keras")
     model.save(path)
-    x = tf.random.stateless_normal([2, 5, 6], seed=[3, 4])
-    np.testing.assert_array_equal(model(x), keras.models.load_model(path)(x))
+    x = random_normal((2, 5, 6), seed=3)
+    np.testing.assert_array_equal(numpy(model(x)), numpy(keras.models.load_model(path)(x)))
 
 
 @pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(policy, name):
     policy(name)
     layer = FeedForward2()
-    y = layer(tf.random.stateless_normal([2, 4096, 16], seed=[5, 6]))
-    assert y.dtype == layer.compute_dtype and all(w.dtype == "float32" for w in layer.weights)
-    assert np.all(np.isfinite(tf.cast(y, tf.float32)))
+    y = layer(random_normal((2, 4096, 16), seed=6))
+    assert keras.backend.standardize_dtype(y.dtype) == layer.compute_dtype
+    assert all(w.dtype == "float32" for w in layer.weights)
+    assert np.all(np.isfinite(numpy(y)))
 
 
 def test_bad_inputs():
@@ -104,9 +126,9 @@ def test_bad_inputs():
         FeedForward2(intermediate_dim=-1)
     layer = FeedForward2()
     with pytest.raises(ValueError, match="ndim=3"):
-        layer(tf.zeros([3, 4]))
-    layer(tf.zeros([1, 2, 4]))
+        layer(ops.zeros((3, 4)))
+    layer(ops.zeros((1, 2, 4)))
     with pytest.raises(ValueError, match="axis -1"):
-        layer(tf.zeros([1, 2, 5]))
+        layer(ops.zeros((1, 2, 5)))
     with pytest.raises(TypeError, match="float inputs"):
-        FeedForward2()(tf.zeros([1, 2, 4], tf.int32))
+        FeedForward2()(ops.zeros((1, 2, 4), "int32"))

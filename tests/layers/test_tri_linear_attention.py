@@ -3,15 +3,23 @@ import math
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.tri_linear_attention import TriLinearAttention
 from elita_tf.models.decoder_layers import alibi_v1
+from tests.backend_utils import BACKEND, compiled, numpy, outputs_and_gradients, tensor
 from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12
 WEIGHTS = ["query_key_kernel", "query_value_kernel", "key_kernel", "value_kernel", "combiner_kernel"]
 NARROW = {"sliding_window_size": 5, "slope": 0.25, "hyper": 6.0}
+# A check that fails at run time: raised eagerly on JAX and PyTorch, by the graph on TensorFlow.
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    RUN_TIME_ERRORS = (ValueError, tf.errors.InvalidArgumentError)
+else:
+    RUN_TIME_ERRORS = ValueError
 
 
 def _layer(dtype="float32", seed=0, **kwargs):
@@ -28,19 +36,19 @@ def _layer(dtype="float32", seed=0, **kwargs):
     return layer
 
 
-def _inputs(length, batch=2, seed=1, dtype=tf.float32):
-    return tf.constant(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)) * 2.0, dtype)
+def _inputs(length, batch=2, seed=1, dtype="float32"):
+    return tensor(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)) * 2.0, dtype)
 
 
 def reference(layer, s, mask=None):
     """The layer's update by its definition (docs/math.md §6: base-2 logits, dense Combiner), float64, from its
     own weights."""
-    w = {name: tf.cast(tf.convert_to_tensor(getattr(layer, name)), tf.float64) for name in WEIGHTS}
-    s = tf.cast(s, tf.float64)
+    w = {name: ops.cast(getattr(layer, name).value, "float64") for name in WEIGHTS}
+    s = ops.cast(s, "float64")
 
     def norm(x):
-        length = tf.norm(x, axis=-1, keepdims=True)
-        return tf.where(length > 0, x * math.sqrt(x.shape[-1]) / length, 0.0)
+        length = ops.norm(x, axis=-1, keepdims=True)
+        return ops.where(length > 0, x * math.sqrt(x.shape[-1]) / length, 0.0)
 
     x = norm(s)
     qk, qv = norm(x @ w["query_key_kernel"]), x @ w["query_value_kernel"]
@@ -58,16 +66,18 @@ def reference(layer, s, mask=None):
     if mask is not None:
         span = span & np.asarray(mask)[:, None, :]
     distance = np.maximum(t - j, 1)
-    bits = tf.einsum("btq,bjq->btj", qk, qv) / (math.sqrt(layer.query_dim) * math.log(2))
+    bits = ops.einsum("btq,bjq->btj", qk, qv) / (math.sqrt(layer.query_dim) * math.log(2))
     bits += -layer.slope * distance + layer.hyper / distance
-    p = tf.where(span, tf.pow(tf.constant(2.0, tf.float64), tf.where(span, bits, 0.0)), 0.0)
-    att = tf.einsum("btj,bjk->btk", p, v) / (1.0 + tf.reduce_sum(p, -1, keepdims=True))
-    # Dense trilinear tensor: T3[a, c, z] = W_C[b tt + a, z] with c = a xor b.
+    p = ops.where(span, ops.power(ops.cast(2.0, "float64"), ops.where(span, bits, 0.0)), 0.0)
+    att = ops.einsum("btj,bjk->btk", p, v) / (1.0 + ops.sum(p, -1, keepdims=True))
+    # Dense trilinear tensor: T3[a, c, z] = W_C[b tt + a, z] with c = a xor b (a 0/1 selection of the rows).
     tt = layer.lowrank_dim
-    index = np.array([[a, a ^ b, b * tt + a] for b in range(16) for a in range(tt)])
-    rows = tf.gather(w["combiner_kernel"], index[:, 2])
-    dense = tf.scatter_nd(index[:, :2], rows, [tt, tt, s.shape[-1]])
-    return tf.einsum("bta,btc,acz->btz", att, k, dense)
+    select = np.zeros((tt, tt, 16 * tt))
+    for b in range(16):
+        for a in range(tt):
+            select[a, a ^ b, b * tt + a] = 1.0
+    dense = ops.einsum("acr,rz->acz", tensor(select), w["combiner_kernel"])
+    return ops.einsum("bta,btc,acz->btz", att, k, dense)
 
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
@@ -75,18 +85,18 @@ def reference(layer, s, mask=None):
 def test_forward_matches_reference(length, kind):
     x = _inputs(length)
     layer, layer64 = _layer(**kind), _layer("float64", **kind)
-    want = reference(layer, x)
+    want = numpy(reference(layer, x))
     assert np.abs(want).max() > 0.5 or length == 1  # row 0 sees only the null slot
-    np.testing.assert_allclose(layer(x), want, rtol=1e-4, atol=1e-4)
-    x64 = tf.cast(x, tf.float64)
-    np.testing.assert_allclose(layer64(x64), reference(layer64, x64), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(numpy(layer(x)), want, rtol=1e-4, atol=1e-4)
+    x64 = ops.cast(x, "float64")
+    np.testing.assert_allclose(numpy(layer64(x64)), numpy(reference(layer64, x64)), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 @pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
 def test_gradients_match_reference(length, kind):
     layer = _layer("float64", **kind)
-    x = _inputs(length, dtype=tf.float64)
+    x = _inputs(length, dtype="float64")
     variables = [getattr(layer, n) for n in WEIGHTS]
     assert_matches_reference(layer, lambda x: reference(layer, x), x, variables, rtol=1e-8, atol=1e-9)
 
@@ -110,37 +120,34 @@ def test_alibi_v1_matches_the_spec_table():
 def test_default_init():
     layer = TriLinearAttention(query_dim=32, lowrank_dim=32)
     x = _inputs(10, seed=3)
-    x = tf.concat([x] * 20, axis=-1)  # dim = 240
-    np.testing.assert_array_equal(layer(x), 0.0)  # zero Combiner: the identity of the residual stream
+    x = ops.concatenate([x] * 20, axis=-1)  # dim = 240
+    np.testing.assert_array_equal(numpy(layer(x)), 0.0)  # zero Combiner: the identity of the residual stream
     for name in WEIGHTS[:4]:
-        std = np.std(getattr(layer, name).numpy())
+        std = np.std(numpy(getattr(layer, name)))
         assert abs(std * math.sqrt(240) - 1.0) < 0.1, (name, std)
 
 
 def test_zero_state_stays_finite():
     layer = _layer(**NARROW)
-    x = tf.concat([tf.zeros([2, 3, WIDTH]), _inputs(5)], axis=1)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = layer(x)
-    grad = tape.gradient(y, x)
+    x = ops.concatenate([ops.zeros((2, 3, WIDTH)), _inputs(5)], axis=1)
+    (y,), (grad,) = outputs_and_gradients(layer, [x], [np.ones((2, 8, WIDTH))])
     assert np.all(np.isfinite(y)) and np.all(np.isfinite(grad))
-    np.testing.assert_allclose(y, reference(layer, x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, numpy(reference(layer, x)), rtol=1e-4, atol=1e-4)
 
 
 def test_decode_from_the_first_token():
     layer = _layer(**NARROW)
     x = _inputs(12)
-    full = layer(x)
+    full = numpy(layer(x))
     cache = layer.get_initial_cache(2)
     for t in range(12):
         y, cache = layer(x[:, t : t + 1], cache=cache)
-        np.testing.assert_allclose(y[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(numpy(y)[:, 0], full[:, t], rtol=1e-5, atol=1e-5)
 
 
 def test_wide_cache_overflow_is_an_error():
     layer = _layer(wide=True, max_sequence_length=8)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="fewer positions"):
+    with pytest.raises(RUN_TIME_ERRORS, match="fewer positions"):
         layer(_inputs(9), cache=layer.get_initial_cache(2))
 
 
@@ -151,10 +158,11 @@ def test_padding_mask_keeps_padded_inputs_out(kind):
     mask = np.ones((2, 60), bool)
     mask[0, 20:30] = False
     mask[1, 0] = False  # the start position is padding
-    noisy = tf.where(mask[..., None], x, 100.0)
-    y, y_noisy = layer(x, padding_mask=mask), layer(noisy, padding_mask=mask)
-    np.testing.assert_allclose(y.numpy()[mask], y_noisy.numpy()[mask], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(y, reference(layer, x, mask), rtol=1e-4, atol=1e-4)
+    noisy = ops.where(tensor(mask)[..., None], x, 100.0)
+    mask_t = tensor(mask)
+    y, y_noisy = numpy(layer(x, padding_mask=mask_t)), numpy(layer(noisy, padding_mask=mask_t))
+    np.testing.assert_allclose(y[mask], y_noisy[mask], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, numpy(reference(layer, x, mask)), rtol=1e-4, atol=1e-4)
 
 
 def test_bad_inputs():
@@ -168,12 +176,12 @@ def test_bad_inputs():
         TriLinearAttention(slope=float("nan"))
     layer = TriLinearAttention(query_dim=4, lowrank_dim=16, sliding_window_size=4)
     with pytest.raises(ValueError, match="ndim=3"):
-        layer(tf.zeros([4, 8]))
-    layer(tf.zeros([2, 3, 8]))
+        layer(ops.zeros((4, 8)))
+    layer(ops.zeros((2, 3, 8)))
     with pytest.raises(ValueError, match="axis -1"):
-        layer(tf.zeros([2, 3, 9]))
+        layer(ops.zeros((2, 3, 9)))
     with pytest.raises(TypeError, match="float inputs"):
-        TriLinearAttention(query_dim=4, lowrank_dim=16)(tf.zeros([2, 3, 8], tf.int32))
+        TriLinearAttention(query_dim=4, lowrank_dim=16)(ops.zeros((2, 3, 8), "int32"))
 
 
 def test_trains_with_fit():
@@ -189,3 +197,28 @@ def test_trains_with_fit():
     ids = np.random.default_rng(0).integers(0, 8, size=(256, 17))
     history = model.fit(ids[:, 1:], ids[:, :-1], batch_size=32, epochs=3, verbose=0)
     assert history.history["loss"][-1] < 0.2
+
+
+@pytest.mark.parametrize("kind", [NARROW, {"wide": True}])
+def test_compiled_matches_eager(kind):
+    layer = _layer(**kind)
+    x = _inputs(37)
+    mask = np.ones((2, 37), bool)
+    mask[1, 5:9] = False
+    mask = tensor(mask)
+    np.testing.assert_allclose(
+        numpy(compiled(lambda x, m: layer(x, padding_mask=m))(x, mask)),
+        numpy(layer(x, padding_mask=mask)),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_keras_save_and_load(tmp_path):
+    layer = _layer(**NARROW)
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, layer(inputs))
+    path = str(tmp_path / "tri.keras")
+    model.save(path)
+    x = _inputs(20)
+    np.testing.assert_array_equal(numpy(keras.models.load_model(path)(x)), numpy(model(x)))
