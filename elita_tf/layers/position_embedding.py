@@ -54,7 +54,7 @@ class PositionEmbedding(keras.layers.Layer):
         positions = document_positions(length, start_index, document_starts)
         # positions < max_sequence_length, integers: at most max_sequence_length - 1.
         backend.check_less_equal(
-            ops.max(ops.concatenate([ops.full((1,), -1, "int32"), ops.reshape(positions, (-1,))], 0)),
+            ops.max(ops.concatenate([ops.convert_to_tensor([-1], "int32"), ops.reshape(positions, (-1,))], 0)),
             self.max_sequence_length - 1,
             message=(
                 f"'{self.name}' has learned positions for sequences of at most "

@@ -248,7 +248,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
 
         # kv[b, k] = k[k xor b] * att[k]: 16 xor-permuted copies of the key.
         xor = np.bitwise_xor(np.arange(COMBINER_REP)[:, None], np.arange(self.lowrank_dim)[None, :])
-        kv = ops.take(k, ops.convert_to_tensor(xor, "int32"), axis=-1) * att[..., None, :]  # [B, T, 16, tt]
+        kv = ops.take(k, ops.convert_to_tensor(xor.astype("int32")), axis=-1) * att[..., None, :]  # [B, T, 16, tt]
         shape = ops.shape(kv)
         kv = ops.reshape(kv, (shape[0], shape[1], COMBINER_REP * self.lowrank_dim))
         outputs = self.combiner_dense(ops.cast(kv, self.compute_dtype))

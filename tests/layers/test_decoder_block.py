@@ -8,7 +8,9 @@ from elita_tf.layers import (
     DecoderBlock,
     FeedForward,
     FeedForward2,
+    OuterEpsilonRMSNormalization,
     ShapedAttention,
+    UnscaledLayerNormalization,
 )
 from tests.backend_utils import compiled, numpy, random_normal, tensor
 
@@ -144,3 +146,31 @@ def test_compiled_matches_eager_and_decoding():
         y, cache = block(x[:, start:stop], padding_mask=tensor(mask[:, start:stop]), cache=cache)
         outputs.append(numpy(y))
     np.testing.assert_allclose(np.concatenate(outputs, 1)[mask], want[mask], rtol=1e-4, atol=1e-4)
+
+
+def test_outer_epsilon_rms_norm_matches_its_definition():
+    layer = _randomised(OuterEpsilonRMSNormalization(epsilon=0.1, dtype="float64"))
+    x = np.random.default_rng(2).normal(size=(2, 5, WIDTH))
+    rms = np.sqrt(np.mean(x**2, -1, keepdims=True))
+    want = numpy(layer.scale) * x / (rms + 0.1)  # the epsilon outside the root
+    np.testing.assert_allclose(numpy(layer(tensor(x))), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: OuterEpsilonRMSNormalization(epsilon=1e-4),
+        lambda: UnscaledLayerNormalization(epsilon=1e-4),
+        lambda: FeedForward(intermediate_dim=12, activation="gelu"),
+    ],
+)
+def test_block_parts_compiled_and_saved(make, tmp_path):
+    layer = _randomised(make())
+    x = random_normal((2, 9, WIDTH), seed=4)
+    want = numpy(layer(x))
+    np.testing.assert_allclose(numpy(compiled(layer)(x)), want, rtol=1e-5, atol=1e-5)
+    inputs = keras.Input((None, WIDTH))
+    model = keras.Model(inputs, layer(inputs))
+    path = str(tmp_path / "part.keras")
+    model.save(path)
+    np.testing.assert_array_equal(numpy(keras.models.load_model(path)(x)), numpy(model(x)))
