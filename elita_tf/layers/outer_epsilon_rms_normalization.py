@@ -43,7 +43,8 @@ class OuterEpsilonRMSNormalization(keras.layers.Layer):
     def call(self, inputs):
         dtype = accumulator_dtype(self.compute_dtype)
         x = ops.cast(inputs, dtype)
-        rms = ops.sqrt(ops.mean(ops.square(x), axis=-1, keepdims=True))
+        # A sum over the width, not `ops.mean`: Keras' mean reduces float64 in float32 on JAX and PyTorch.
+        rms = ops.sqrt(ops.sum(ops.square(x), axis=-1, keepdims=True) / x.shape[-1])
         return ops.cast(ops.cast(self.scale, dtype) * x / (rms + self.epsilon), self.compute_dtype)
 
     def compute_output_shape(self, inputs_shape):

@@ -21,7 +21,8 @@ _LN2 = math.log(2.0)
 
 def _norm(x):
     """`Norm_D(x) = x * sqrt(D) / |x|` over the last axis (RMS 1, no gain); zero stays zero."""
-    mean_square = ops.mean(ops.square(x), axis=-1, keepdims=True)
+    # A sum over the width, not `ops.mean`: Keras' mean reduces float64 in float32 on JAX and PyTorch.
+    mean_square = ops.sum(ops.square(x), axis=-1, keepdims=True) / x.shape[-1]
     return x * ops.rsqrt(ops.maximum(mean_square, ops.cast(_NORM_FLOOR, x.dtype)))
 
 

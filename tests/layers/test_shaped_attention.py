@@ -35,8 +35,8 @@ def reference(layer, x, mask=None):
         visible = visible & np.asarray(mask, bool)[:, None, None, :]
     scores = ops.einsum("bhte,bhse->bhts", q, k) / np.sqrt(q.shape[-1])
     s = ops.softmax(ops.where(visible, scores, -1e300), axis=-1)
-    c = visible / np.maximum(visible.sum(-1, keepdims=True), 1)
-    eye = np.eye(length)[None, None]
+    c = tensor(visible / np.maximum(visible.sum(-1, keepdims=True), 1), "float64")
+    eye = tensor(np.eye(length)[None, None])
     gain = lambda g: w(g)[None, :, None, None]  # noqa: E731
     a = gain(layer.alpha) * eye + gain(layer.beta) * s - gain(layer.gamma) * c
     return ops.reshape(ops.einsum("bhts,bshe->bthe", a, v), (b, length, -1))

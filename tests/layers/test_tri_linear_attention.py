@@ -67,7 +67,7 @@ def reference(layer, s, mask=None):
         span = span & np.asarray(mask)[:, None, :]
     distance = np.maximum(t - j, 1)
     bits = ops.einsum("btq,bjq->btj", qk, qv) / (math.sqrt(layer.query_dim) * math.log(2))
-    bits += -layer.slope * distance + layer.hyper / distance
+    bits += tensor(-layer.slope * distance + layer.hyper / distance, "float64")
     p = ops.where(span, ops.power(ops.cast(2.0, "float64"), ops.where(span, bits, 0.0)), 0.0)
     att = ops.einsum("btj,bjk->btk", p, v) / (1.0 + ops.sum(p, -1, keepdims=True))
     # Dense trilinear tensor: T3[a, c, z] = W_C[b tt + a, z] with c = a xor b (a 0/1 selection of the rows).
