@@ -6,6 +6,7 @@ from keras import ops
 from elita_tf.layers import FeedForward2
 from elita_tf.ops.pairwise_projection import pairwise_product
 from tests.backend_utils import compiled, numpy, random_normal, tensor
+from tests.layers.keras_float64 import DENSE, float64_tolerance
 from tests.layers.reference_check import assert_matches_reference
 
 
@@ -32,7 +33,8 @@ def reference(layer, x):
 def test_forward_and_gradients_match_reference(length):
     layer = _layer("float64", intermediate_dim=5, factor=3)
     x = tensor(np.random.default_rng(1).normal(size=(2, length, 6)))
-    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-10, atol=1e-10)
+    tol = float64_tolerance(1e-10, DENSE)
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=tol, atol=tol)
     layer32 = _layer(intermediate_dim=5, factor=3)
     np.testing.assert_allclose(
         numpy(layer32(ops.cast(x, "float32"))), numpy(reference(layer32, x)), rtol=1e-5, atol=1e-5
@@ -53,7 +55,8 @@ def test_lora_trains_through_the_fused_projection():
         outputs = layer.w3_dense(pairwise_product(alpha, beta))
         return ops.reshape(outputs, ops.shape(x))
 
-    assert_matches_reference(layer, einsum_layer, x, layer.trainable_weights, rtol=1e-10, atol=1e-10)
+    tol = float64_tolerance(1e-10, DENSE)
+    assert_matches_reference(layer, einsum_layer, x, layer.trainable_weights, rtol=tol, atol=tol)
 
 
 def test_int8_quantized_layer_runs_the_einsum_layer():
