@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 
-__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = ["branch_or_select", "check_all", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
 
 
 def compiled_or_on_gpu():
@@ -27,3 +27,9 @@ def check_less_equal(x, limit, message):
     if not isinstance(x, jax.core.Tracer) and not isinstance(limit, jax.core.Tracer):
         if not np.all(np.asarray(x) <= np.asarray(limit)):
             raise ValueError(f"{message}. Received: {np.asarray(x)} > {np.asarray(limit)}")
+
+
+def check_all(condition, message, report):
+    """Traced (`jit`, `torch.compile`, Keras' symbolic build) there is nothing to raise from: the caller checks known
+    values itself."""
+    return None
