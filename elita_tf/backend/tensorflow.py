@@ -4,7 +4,16 @@ import tensorflow as tf
 
 from elita_tf.private_apis import in_xla_context
 
-__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = [
+    "branch_or_select",
+    "check_less_equal",
+    "compiled_or_on_gpu",
+    "cumulative_logsumexp",
+    "matmul",
+    "maximum",
+    "minimum",
+    "ordered",
+]
 
 
 def compiled_or_on_gpu():
@@ -32,3 +41,15 @@ def ordered(after, compute):
 
 def check_less_equal(x, limit, message):
     tf.debugging.assert_less_equal(x, limit, message=message)
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+def maximum(a, b):
+    return tf.maximum(a, b)
+
+
+def minimum(a, b):
+    return tf.minimum(a, b)
