@@ -11,6 +11,9 @@
     check_all(condition, message, report) a run-time check in a TensorFlow graph, reporting `report()` when it fails
     custom_gradient(forward)              `forward(*tensors) -> (outputs, grad)`, `grad(upstream)` returning
                                           one gradient per tensor; nothing differentiated is closed over
+    matmul(a, b, transpose_a=False, transpose_b=False)
+    maximum(a, b), minimum(a, b)          in the inputs' dtype (Keras' PyTorch backend takes float64 to
+                                          float32 in these); TensorFlow's transposes folded into the product
 
 The module of the backend Keras runs on is chosen when this package is first imported, as Keras
 chooses its own.

@@ -1,9 +1,20 @@
 """The JAX side of `elita_tf.backend`: everything is compiled by XLA, so no branch on data."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["branch_or_select", "check_all", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = [
+    "branch_or_select",
+    "check_all",
+    "check_less_equal",
+    "compiled_or_on_gpu",
+    "cumulative_logsumexp",
+    "matmul",
+    "maximum",
+    "minimum",
+    "ordered",
+]
 
 
 def compiled_or_on_gpu():
@@ -20,6 +31,18 @@ def cumulative_logsumexp(x, axis, reverse=False):
 
 def ordered(after, compute):
     return compute()
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    return jnp.matmul(jnp.swapaxes(a, -1, -2) if transpose_a else a, jnp.swapaxes(b, -1, -2) if transpose_b else b)
+
+
+def maximum(a, b):
+    return jnp.maximum(a, b)
+
+
+def minimum(a, b):
+    return jnp.minimum(a, b)
 
 
 def check_less_equal(x, limit, message):

@@ -4,7 +4,17 @@ import tensorflow as tf
 
 from elita_tf.private_apis import in_xla_context
 
-__all__ = ["branch_or_select", "check_all", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = [
+    "branch_or_select",
+    "check_all",
+    "check_less_equal",
+    "compiled_or_on_gpu",
+    "cumulative_logsumexp",
+    "matmul",
+    "maximum",
+    "minimum",
+    "ordered",
+]
 
 
 def compiled_or_on_gpu():
@@ -43,3 +53,15 @@ def check_all(condition, message, report):
             return tf.constant(False)
 
     return tf.cond(tf.reduce_all(condition), lambda: tf.constant(True), fail)
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+def maximum(a, b):
+    return tf.maximum(a, b)
+
+
+def minimum(a, b):
+    return tf.minimum(a, b)

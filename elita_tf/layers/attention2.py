@@ -251,8 +251,9 @@ class Attention2(CausalMixer):
             + [ops.reshape(ops.transpose(self.value_dense.kernel, [0, 2, 1]), [heads * depth, width])],
             axis=0,
         )
-        kernel = ops.transpose(ops.cast(kernel, self.compute_dtype))  # XLA folds it into the product
-        projected = ops.matmul(ops.reshape(inputs, [-1, width]), kernel)
+        projected = backend.matmul(
+            ops.reshape(inputs, [-1, width]), ops.cast(kernel, self.compute_dtype), transpose_b=True
+        )
         shape = ops.shape(inputs)
         logits = ops.reshape(projected[:, : 3 * heads], [shape[0], shape[1], 3, heads])
         kappa, delta, rho = ops.unstack(ops.cast(ops.transpose(logits, [2, 0, 3, 1]), acc), num=3)  # [B, H, T] each
