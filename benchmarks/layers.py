@@ -22,6 +22,10 @@ Subjects:
     python benchmarks/layers.py --subjects kernel elementwise --sequence-lengths 16384
     python benchmarks/layers.py --xla --dtype-policy mixed_bfloat16 --subjects kernel attention2 \
         --sequence-lengths 8192 --tokens 16384 --heads 8 --head-dim 64 --width 512     # the 25M size's shapes
+    python benchmarks/layers.py --backends tensorflow jax torch --subjects kernel attention2   # every backend
+
+Each measurement runs on one Keras backend (`--backends`, TensorFlow by default), in its own process;
+on JAX every function is `jax.jit`ted, on PyTorch it runs eagerly (`--xla`: `torch.compile`).
 
 Under a mixed policy the layers compute in its compute dtype, and the kernel takes its values in it (its logits
 stay float32, as `Attention2` passes them).
@@ -98,24 +102,24 @@ def _peak_rss_mib():
 def run_one(args):
     """Runs one (subject, T) in this process and prints one JSON line."""
     import keras
-    import tensorflow as tf
-
-    from elita_tf.ops import causal_softmax_mean
+    from keras import ops
 
     length, batch = args.sequence_length, max(1, args.tokens // args.sequence_length)
     heads, depth, width = args.heads, args.head_dim, args.width
     base = rss_mib()
     if args.subject in KERNELS or args.subject == "elementwise":
         logits, values = kernel_inputs(batch, heads, length, depth)
-        inputs = [logits, tf.cast(values, keras.DTypePolicy(args.dtype_policy).compute_dtype)]
+        inputs = [logits, ops.cast(values, keras.DTypePolicy(args.dtype_policy).compute_dtype)]
         if args.subject in KERNELS:
+            from elita_tf.ops import causal_softmax_mean
+
             form = KERNELS[args.subject]
             forward = lambda l, v: causal_softmax_mean(l, v, chunk_size=args.chunk_size, form=form)[0]  # noqa: E731
         else:
             forward = lambda l, v: v * 2.0  # noqa: E731
         weights = []
     else:
-        x = tf.random.normal([batch, length, width])
+        x = keras.random.normal([batch, length, width], seed=0)
         inputs = [x]
         layer = make_layer(args.subject, args)
         forward = layer
@@ -132,11 +136,11 @@ def run_one(args):
         wait_for(out)
         return time.perf_counter() - start, out
 
-    result = {"subject": args.subject, "T": length, "B": batch, "H": heads, "D": depth, "d": width}
+    result = {"subject": args.subject, "backend": keras.backend.backend(), "T": length, "B": batch, "H": heads, "D": depth, "d": width}
     result.update(dtype_policy=args.dtype_policy, xla=args.xla)
     for name, fn in [("fwd", fwd), ("fwd_bwd", fwd_bwd)]:
         compile_s, out = timed(fn)
-        finite = all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tf.nest.flatten(out) if t is not None)
+        finite = all(bool(ops.all(ops.isfinite(t))) for t in keras.tree.flatten(out) if t is not None)
         times = [timed(fn)[0] for _ in range(args.repeats)]
         median = statistics.median(times)
         result.update(
@@ -163,7 +167,16 @@ def main():
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--xla", action="store_true", help="compile with jit_compile=True")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["tensorflow"],
+        choices=["tensorflow", "jax", "torch"],
+        help="the Keras backends to measure, each (subject, T) on each; ratios are to TensorFlow's",
+    )
+    parser.add_argument(
+        "--xla", action="store_true", help="compile: XLA on TensorFlow, torch.compile on PyTorch (JAX always jits)"
+    )
     parser.add_argument("--dtype-policy", default="float32", help="the layers' Keras dtype policy, e.g. mixed_bfloat16")
     parser.add_argument(
         "--quadratic-max-len", type=int, default=4096, help="longest T for the softmax layers (T^2 memory)"
@@ -180,9 +193,9 @@ def main():
         return run_one(args)
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}")
-    print(f"# xla={args.xla} dtype_policy={args.dtype_policy}")
+    print(f"# backends={' '.join(args.backends)} xla={args.xla} dtype_policy={args.dtype_policy}")
     print(f"# tokens/batch={args.tokens} H={args.heads} D={args.head_dim} d={args.width} C={args.chunk_size}")
-    header = "| subject | T | B | fwd ms | fwd+bwd ms | fwd+bwd tokens/s | peak MiB | compile s | finite |"
+    header = "| backend | subject | T | B | fwd ms | fwd+bwd ms | fwd+bwd tokens/s | peak MiB | compile s | finite |"
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     results = []
@@ -190,54 +203,73 @@ def main():
         for subject in args.subjects:
             if subject in QUADRATIC and length > args.quadratic_max_len:
                 continue
-            cmd = [sys.executable, __file__, "--subject", subject, "--sequence-length", str(length)]
-            for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
-                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            cmd += ["--dtype-policy", args.dtype_policy] + (["--xla"] if args.xla else [])
-            timeout = time_left(args.deadline, args.timeout)
-            if timeout is None:
-                print(f"| {subject} | {length} | | skipped: past the deadline | | | | | |", flush=True)
-                continue
-            r, reason = run_measurement(cmd, timeout)
-            if r is None:
-                print(f"| {subject} | {length} | | {reason} | | | | | |", flush=True)
-                continue
-            results.append(r)
-            print(
-                f"| {subject} | {r['T']} | {r['B']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
-                f"{r['fwd_bwd_tokens_per_s']:,.0f} | {r['peak_mib']:.0f} | "
-                f"{r['fwd_compile_s'] + r['fwd_bwd_compile_s']:.1f} | {r['fwd_finite'] and r['fwd_bwd_finite']} |",
-                flush=True,
-            )
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(r) + "\n")
+            for backend in args.backends:
+                r = _measure(args, subject, length, backend)
+                if r is not None:
+                    results.append(r)
     if results:
         print(describe_environment(results[0]))
     _print_ratios(results)
 
 
+def _measure(args, subject, length, backend):
+    """One (subject, T) on one backend, in a process of its own: its row printed, its result returned (or None)."""
+    cmd = [sys.executable, __file__, "--subject", subject, "--sequence-length", str(length)]
+    for flag in ["tokens", "heads", "head_dim", "width", "chunk_size", "repeats"]:
+        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    cmd += ["--dtype-policy", args.dtype_policy] + (["--xla"] if args.xla else [])
+    timeout = time_left(args.deadline, args.timeout)
+    if timeout is None:
+        print(f"| {backend} | {subject} | {length} | | skipped: past the deadline | | | | | |", flush=True)
+        return None
+    os.environ["KERAS_BACKEND"] = backend  # the child's backend; this process imports none
+    r, reason = run_measurement(cmd, timeout)
+    if r is None:
+        print(f"| {backend} | {subject} | {length} | | {reason} | | | | | |", flush=True)
+        return None
+    print(
+        f"| {backend} | {subject} | {r['T']} | {r['B']} | {r['fwd_ms']:.1f} | {r['fwd_bwd_ms']:.1f} | "
+        f"{r['fwd_bwd_tokens_per_s']:,.0f} | {r['peak_mib']:.0f} | "
+        f"{r['fwd_compile_s'] + r['fwd_bwd_compile_s']:.1f} | {r['fwd_finite'] and r['fwd_bwd_finite']} |",
+        flush=True,
+    )
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(r) + "\n")
+    return r
+
+
 def _print_ratios(results):
-    """Ratios against baselines measured in the same run."""
-    by = {(r["subject"], r["T"]): r for r in results}
+    """Ratios against baselines measured in the same run: within each backend, and each backend against TensorFlow."""
+    by = {(r.get("backend", "tensorflow"), r["subject"], r["T"]): r for r in results}
     per_token = lambda r, k: r[f"{k}_ms"] / (r["B"] * r["T"])  # noqa: E731
     print()
-    for (subject, length), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if subject == "kernel" and ("elementwise", length) in by:
-            ratio = r["fwd_ms"] / by["elementwise", length]["fwd_ms"]
-            print(f"T={length}: kernel forward = {ratio:.1f}x one elementwise pass")
-        if subject in LAYERS and subject != "mha" and ("mha", length) in by:
-            mha = by["mha", length]
+    for (backend, subject, length), r in sorted(by.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1])):
+        if subject == "kernel" and (backend, "elementwise", length) in by:
+            ratio = r["fwd_ms"] / by[backend, "elementwise", length]["fwd_ms"]
+            print(f"{backend}, T={length}: kernel forward = {ratio:.1f}x one elementwise pass")
+        if subject in LAYERS and subject != "mha" and (backend, "mha", length) in by:
+            mha = by[backend, "mha", length]
             print(
-                f"T={length}: MultiHeadAttention / {subject} time per token: "
+                f"{backend}, T={length}: MultiHeadAttention / {subject} time per token: "
                 f"forward {per_token(mha, 'fwd') / per_token(r, 'fwd'):.1f}x, "
                 f"forward+backward {per_token(mha, 'fwd_bwd') / per_token(r, 'fwd_bwd'):.1f}x"
             )
-    for subject in ["kernel"] + LAYERS:
-        rows = [by[s, t] for s, t in by if s == subject and t >= 1024]
-        if len(rows) > 1:
-            costs = [per_token(r, "fwd_bwd") for r in rows]
-            print(f"{subject}: forward+backward time per token, max/min over T>=1024 = {max(costs) / min(costs):.2f}")
+        if backend != "tensorflow" and ("tensorflow", subject, length) in by:
+            tf_row = by["tensorflow", subject, length]
+            print(
+                f"{backend} / tensorflow, {subject}, T={length}: forward {r['fwd_ms'] / tf_row['fwd_ms']:.2f}x, "
+                f"forward+backward {r['fwd_bwd_ms'] / tf_row['fwd_bwd_ms']:.2f}x the time"
+            )
+    for backend in sorted({key[0] for key in by}):
+        for subject in ["kernel"] + LAYERS:
+            rows = [r for (b, s, t), r in by.items() if b == backend and s == subject and t >= 1024]
+            if len(rows) > 1:
+                costs = [per_token(r, "fwd_bwd") for r in rows]
+                print(
+                    f"{backend}, {subject}: forward+backward time per token, max/min over T>=1024 = "
+                    f"{max(costs) / min(costs):.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,24 @@ def time_left(deadline, timeout, least=60):
     return None if left < least else min(timeout, left)
 
 
+def _backend():
+    import keras
+
+    return keras.backend.backend()
+
+
 def device_description():
-    """The accelerator TensorFlow runs on, in words: the first GPU's name, or "CPU"."""
+    """The accelerator Keras' backend runs on, in words: the first GPU's name, or "CPU"."""
+    backend = _backend()
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        return "CPU" if device.platform == "cpu" else device.device_kind
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -69,24 +85,48 @@ def device_description():
 
 
 def environment():
-    """What a measurement ran on: the device in words, and TensorFlow's and Keras' versions."""
-    import keras
-    import tensorflow as tf
+    """What a measurement ran on: the device in words, the Keras backend and its version, and Keras' version."""
+    import importlib
 
-    return {"device": device_description(), "tensorflow": tf.__version__, "keras": keras.__version__}
+    import keras
+
+    backend = _backend()
+    version = importlib.import_module(backend).__version__
+    result = {"device": device_description(), "backend": backend, "backend_version": version}
+    if backend == "tensorflow":
+        result["tensorflow"] = version
+    return {**result, "keras": keras.__version__}
 
 
 def describe_environment(result):
-    """A table's last line, from a measurement: the parent process, which prints it, never imports TensorFlow."""
-    return f"# measured on {result['device']}, tensorflow {result['tensorflow']}, keras {result['keras']}"
+    """A table's last line, from a measurement: the parent process, which prints it, imports no backend."""
+    backend = result.get("backend", "tensorflow")
+    version = result.get("backend_version", result.get("tensorflow"))
+    return f"# measured on {result['device']}, {backend} {version}, keras {result['keras']}"
 
 
 def use_gpu_peak(result):
-    """On a GPU, where the tensors live, sets `result["peak_mib"]` to TensorFlow's peak there so far."""
-    import tensorflow as tf
+    """On a GPU, where the tensors live, sets `result["peak_mib"]` to the backend's peak there so far."""
+    backend = _backend()
+    peak = None
+    if backend == "jax":
+        import jax
 
-    if tf.config.list_logical_devices("GPU"):
-        result.update(peak_mib=tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20, peak_memory="gpu")
+        device = jax.devices()[0]
+        if device.platform != "cpu":
+            peak = device.memory_stats()["peak_bytes_in_use"]
+    elif backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            peak = torch.cuda.max_memory_allocated()
+    else:
+        import tensorflow as tf
+
+        if tf.config.list_logical_devices("GPU"):
+            peak = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+    if peak is not None:
+        result.update(peak_mib=peak / 2**20, peak_memory="gpu")
     return result
 
 
@@ -95,23 +135,38 @@ def wait_for(outputs):
 
     One element of each is read back: it waits for all of it, without a device-to-host copy of the rest.
     """
-    import tensorflow as tf
+    import keras
+    from keras import ops
 
-    tf.nest.map_structure(lambda t: None if t is None else tf.reshape(t, [-1])[-1].numpy(), outputs)
+    keras.tree.map_structure(lambda t: None if t is None else ops.convert_to_numpy(ops.reshape(t, [-1])[-1]), outputs)
 
 
 def kernel_inputs(batch, heads, length, depth):
     """The causal-mean kernel's inputs: logits `[B, H, T]` (standard deviation 5) and values `[B, H, T, D]`."""
-    import tensorflow as tf
+    if _backend() == "tensorflow":
+        import tensorflow as tf
 
-    return tf.random.normal([batch, heads, length]) * 5.0, tf.random.normal([batch, heads, length, depth])
+        return tf.random.normal([batch, heads, length]) * 5.0, tf.random.normal([batch, heads, length, depth])
+    import keras
+
+    return (
+        keras.random.normal([batch, heads, length], seed=0) * 5.0,
+        keras.random.normal([batch, heads, length, depth], seed=1),
+    )
 
 
 def loss_functions(forward, weights=(), jit_compile=False):
-    """`(fwd, fwd_bwd)`: `reduce_sum(forward(*inputs))` as a `tf.function`, and that with its gradients.
+    """`(fwd, fwd_bwd)`: `sum(forward(*inputs))`, and that with its gradients, compiled as the backend compiles.
 
-    `fwd_bwd` returns the loss and its gradients for every input and every tensor of `weights`.
+    `fwd_bwd` returns the loss and its gradients for every input and every tensor of `weights`. On
+    TensorFlow `tf.function`s (XLA with `jit_compile`); on JAX `jax.jit` always (the weights enter through a
+    `keras.StatelessScope`); on PyTorch eager autograd (`torch.compile` with `jit_compile`).
     """
+    backend = _backend()
+    if backend == "jax":
+        return _jax_loss_functions(forward, list(weights))
+    if backend == "torch":
+        return _torch_loss_functions(forward, list(weights), jit_compile)
     import tensorflow as tf
 
     def loss_and_grads(*inputs):
@@ -122,6 +177,43 @@ def loss_functions(forward, weights=(), jit_compile=False):
 
     fwd = tf.function(lambda *inputs: tf.reduce_sum(forward(*inputs)), jit_compile=jit_compile)
     return fwd, tf.function(loss_and_grads, jit_compile=jit_compile)
+
+
+def _jax_loss_functions(forward, weights):
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    def loss(values, inputs):
+        with keras.StatelessScope(state_mapping=list(zip(weights, values))):
+            return jnp.sum(forward(*inputs).astype(jnp.float32))
+
+    values = [w.value for w in weights]
+    fwd_jit = jax.jit(loss)
+    fwd_bwd_jit = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+
+    def fwd_bwd(*inputs):
+        value, (d_weights, d_inputs) = fwd_bwd_jit(values, list(inputs))
+        return value, list(d_inputs) + list(d_weights)
+
+    return (lambda *inputs: fwd_jit(values, list(inputs))), fwd_bwd
+
+
+def _torch_loss_functions(forward, weights, jit_compile):
+    import torch
+
+    def fwd(*inputs):
+        with torch.no_grad():
+            return torch.sum(forward(*inputs).float())
+
+    def loss_and_grads(*inputs):
+        inputs = [x.detach().requires_grad_(True) for x in inputs]
+        loss = torch.sum(forward(*inputs).float())
+        return loss, torch.autograd.grad(loss, inputs + [w.value for w in weights], allow_unused=True)
+
+    if jit_compile:
+        return torch.compile(fwd), torch.compile(loss_and_grads)
+    return fwd, loss_and_grads
 
 
 def training_model(architecture, output_head="chunked", dtype_policy="float32", jit_compile=False, **size):

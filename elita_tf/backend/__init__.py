@@ -8,8 +8,12 @@
     ordered(after, compute)               `compute()` once the tensors `after` exist (TensorFlow's control
                                           dependencies keep a backward pass from forming everything at once)
     check_less_equal(x, limit, message)   a run-time check, where the backend can raise one
+    check_all(condition, message, report) a run-time check in a TensorFlow graph, reporting `report()` when it fails
     custom_gradient(forward)              `forward(*tensors) -> (outputs, grad)`, `grad(upstream)` returning
                                           one gradient per tensor; nothing differentiated is closed over
+    matmul(a, b, transpose_a=False, transpose_b=False)
+    maximum(a, b), minimum(a, b)          in the inputs' dtype (Keras' PyTorch backend takes float64 to
+                                          float32 in these); TensorFlow's transposes folded into the product
 
 The module of the backend Keras runs on is chosen when this package is first imported, as Keras
 chooses its own.

@@ -1,9 +1,20 @@
 """The JAX side of `elita_tf.backend`: everything is compiled by XLA, so no branch on data."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = [
+    "branch_or_select",
+    "check_all",
+    "check_less_equal",
+    "compiled_or_on_gpu",
+    "cumulative_logsumexp",
+    "matmul",
+    "maximum",
+    "minimum",
+    "ordered",
+]
 
 
 def compiled_or_on_gpu():
@@ -22,8 +33,26 @@ def ordered(after, compute):
     return compute()
 
 
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    return jnp.matmul(jnp.swapaxes(a, -1, -2) if transpose_a else a, jnp.swapaxes(b, -1, -2) if transpose_b else b)
+
+
+def maximum(a, b):
+    return jnp.maximum(a, b)
+
+
+def minimum(a, b):
+    return jnp.minimum(a, b)
+
+
 def check_less_equal(x, limit, message):
     """Raises where the values are known (eagerly); under `jit` there is nothing to raise from."""
     if not isinstance(x, jax.core.Tracer) and not isinstance(limit, jax.core.Tracer):
         if not np.all(np.asarray(x) <= np.asarray(limit)):
             raise ValueError(f"{message}. Received: {np.asarray(x)} > {np.asarray(limit)}")
+
+
+def check_all(condition, message, report):
+    """Traced (`jit`, `torch.compile`, Keras' symbolic build) there is nothing to raise from: the caller checks known
+    values itself."""
+    return None

@@ -4,7 +4,17 @@ import tensorflow as tf
 
 from elita_tf.private_apis import in_xla_context
 
-__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = [
+    "branch_or_select",
+    "check_all",
+    "check_less_equal",
+    "compiled_or_on_gpu",
+    "cumulative_logsumexp",
+    "matmul",
+    "maximum",
+    "minimum",
+    "ordered",
+]
 
 
 def compiled_or_on_gpu():
@@ -32,3 +42,26 @@ def ordered(after, compute):
 
 def check_less_equal(x, limit, message):
     tf.debugging.assert_less_equal(x, limit, message=message)
+
+
+def check_all(condition, message, report):
+    """In a graph, an assertion that fails the step with `message` and the tensors `report()` gives (computed only
+    when it fails) unless `condition` holds everywhere; XLA drops it. Returns the check, for `ordered`."""
+
+    def fail():
+        with tf.control_dependencies([tf.debugging.Assert(False, [message, *report()], summarize=12)]):
+            return tf.constant(False)
+
+    return tf.cond(tf.reduce_all(condition), lambda: tf.constant(True), fail)
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+def maximum(a, b):
+    return tf.maximum(a, b)
+
+
+def minimum(a, b):
+    return tf.minimum(a, b)

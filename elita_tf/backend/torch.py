@@ -2,7 +2,17 @@
 
 import torch
 
-__all__ = ["branch_or_select", "check_less_equal", "compiled_or_on_gpu", "cumulative_logsumexp", "ordered"]
+__all__ = [
+    "branch_or_select",
+    "check_all",
+    "check_less_equal",
+    "compiled_or_on_gpu",
+    "cumulative_logsumexp",
+    "matmul",
+    "maximum",
+    "minimum",
+    "ordered",
+]
 
 
 def compiled_or_on_gpu():
@@ -26,8 +36,30 @@ def ordered(after, compute):
     return compute()
 
 
+def matmul(a, b, transpose_a=False, transpose_b=False):
+    return torch.matmul(a.mT if transpose_a else a, b.mT if transpose_b else b)
+
+
+def _like(x, other):
+    return x if isinstance(x, torch.Tensor) else torch.as_tensor(x, dtype=other.dtype, device=other.device)
+
+
+def maximum(a, b):
+    return torch.maximum(_like(a, b), _like(b, a))
+
+
+def minimum(a, b):
+    return torch.minimum(_like(a, b), _like(b, a))
+
+
 def check_less_equal(x, limit, message):
     if not torch.compiler.is_compiling():
         x, limit = torch.as_tensor(x), torch.as_tensor(limit)
         if not bool(torch.all(x <= limit)):
             raise ValueError(f"{message}. Received: {x.cpu().numpy()} > {limit.cpu().numpy()}")
+
+
+def check_all(condition, message, report):
+    """Traced (`jit`, `torch.compile`, Keras' symbolic build) there is nothing to raise from: the caller checks known
+    values itself."""
+    return None

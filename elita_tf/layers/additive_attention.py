@@ -1,7 +1,7 @@
 import math
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_positive_int, input_width
@@ -83,9 +83,9 @@ class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
 
     Example:
     >>> layer = AdditiveAttention(num_heads=4, sliding_window_size=16)
-    >>> x = tf.random.normal([2, 100, 64])
-    >>> layer(x).shape
-    TensorShape([2, 100, 64])
+    >>> x = np.random.default_rng(0).normal(size=[2, 100, 64]).astype("float32")
+    >>> tuple(layer(x).shape)
+    (2, 100, 64)
     >>> y, cache = layer(x[:, :99], cache=layer.get_initial_cache(2))
     >>> y_last, cache = layer(x[:, 99:], cache=cache)  # one decoding step
 
@@ -163,11 +163,11 @@ class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
         acc = accumulator_dtype(self.compute_dtype)
         width = x.shape[-1]
         head_dim = width // self.num_heads
-        batch, length = tf.shape(x)[0], tf.shape(x)[1]
-        values = tf.reshape(tf.cast(x, acc), [batch, length, self.num_heads, head_dim])
-        values = tf.transpose(values, [0, 2, 1, 3])  # [B, H, T, D]
-        pooling = tf.reshape(tf.cast(pooling, acc), [self.num_heads, head_dim])
-        logits = tf.einsum("bhtd,hd->bht", values, pooling) / math.sqrt(head_dim)  # [B, H, T]
+        batch, length = ops.shape(x)[0], ops.shape(x)[1]
+        values = ops.reshape(ops.cast(x, acc), [batch, length, self.num_heads, head_dim])
+        values = ops.transpose(values, [0, 2, 1, 3])  # [B, H, T, D]
+        pooling = ops.reshape(ops.cast(pooling, acc), [self.num_heads, head_dim])
+        logits = ops.einsum("bhtd,hd->bht", values, pooling) / math.sqrt(head_dim)  # [B, H, T]
         if step:
             step_mask = None if padding_mask is None else padding_mask[:, 0]
             mean, _, state = causal_softmax_mean_step(
@@ -184,8 +184,8 @@ class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
                 chunk_size=self.chunk_size,
                 document_starts=document_starts,
             )
-        mean = tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, width])
-        return tf.cast(mean, self.compute_dtype), state
+        mean = ops.reshape(ops.transpose(mean, [0, 2, 1, 3]), [batch, length, width])
+        return ops.cast(mean, self.compute_dtype), state
 
     document_starts_with_cache = True
 

@@ -1,5 +1,7 @@
 import keras
-import tensorflow as tf
+from keras import ops
+
+from elita_tf import backend
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
@@ -12,7 +14,6 @@ from elita_tf.ops.causal_softmax_mean import (
     empty_softmax_mean_state,
 )
 from elita_tf.ops.gated_projection import gate_and_mix, gated_output_projection
-from elita_tf.ops.utils import xla
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 from elita_tf.ops.utils.positions import real_extent
@@ -85,9 +86,9 @@ class Attention2(CausalMixer):
 
     Example:
     >>> layer = Attention2(num_heads=4, head_dim=16, position_dim=8)
-    >>> x = tf.random.normal([2, 100, 64])
-    >>> layer(x).shape
-    TensorShape([2, 100, 64])
+    >>> x = np.random.default_rng(0).normal(size=[2, 100, 64]).astype("float32")
+    >>> tuple(layer(x).shape)
+    (2, 100, 64)
     >>> y, cache = layer(x[:, :99], cache=layer.get_initial_cache(2))
     >>> y_last, cache = layer(x[:, 99:], cache=cache)  # one decoding step
 
@@ -206,11 +207,11 @@ class Attention2(CausalMixer):
         """`u [B or 1, T]` in the accumulator dtype, from the position index."""
         dtype = accumulator_dtype(self.compute_dtype)
         if self.position_mode == "clamped":
-            index = tf.minimum(index, self.position_scale - 1)
-        index = tf.cast(index, dtype)
+            index = ops.minimum(index, self.position_scale - 1)
+        index = ops.cast(index, dtype)
         if self.position_mode != "length":
             return index / (self.position_scale - 1)
-        denominator = tf.cast(tf.maximum(length - 1, 1), dtype)
+        denominator = ops.cast(ops.maximum(length - 1, 1), dtype)
         return self.time_scale * index / denominator
 
     def _position_terms(self, u):
@@ -221,11 +222,11 @@ class Attention2(CausalMixer):
         reductions over time.
         """
         dtype = u.dtype
-        weights = [[tf.cast(w, dtype) for w in pair] for pair in ((self.a1, self.b1), (self.a2, self.b2))]
-        frequencies_and_offsets = tf.stack([tf.stack(pair, axis=-1) for pair in weights])  # [2, H, p, 2]
-        basis = tf.stack([u, tf.ones_like(u)], axis=1)  # [B, 2, T]
-        phase = tf.einsum("shpk,bkt->sbhpt", frequencies_and_offsets, basis)  # [2, B, H, p, T]
-        p1, p2 = tf.unstack(tf.einsum("hp,sbhpt->sbht", tf.cast(self.c, dtype), tf.sin(phase)))
+        weights = [[ops.cast(w, dtype) for w in pair] for pair in ((self.a1, self.b1), (self.a2, self.b2))]
+        frequencies_and_offsets = ops.stack([ops.stack(pair, axis=-1) for pair in weights])  # [2, H, p, 2]
+        basis = ops.stack([u, ops.ones_like(u)], axis=1)  # [B, 2, T]
+        phase = ops.einsum("shpk,bkt->sbhpt", frequencies_and_offsets, basis)  # [2, B, H, p, T]
+        p1, p2 = ops.unstack(ops.einsum("hp,sbhpt->sbht", ops.cast(self.c, dtype), ops.sin(phase)), num=2)
         return p1, p2
 
     def _project(self, inputs):
@@ -239,23 +240,25 @@ class Attention2(CausalMixer):
         layers = (self.k1_dense, self.k2_dense, self.k3_dense, self.value_dense)
         # On a CPU without XLA four products cost less than gathering the kernels for one; int8 layers
         # take their own calls, which dequantize.
-        if not xla.compiled_or_on_gpu() or any(layer.quantization_mode is not None for layer in layers):
-            logits = (tf.cast(layer(inputs), acc) for layer in layers[:3])
-            return (*logits, tf.transpose(self.value_dense(inputs), [0, 2, 1, 3]))
+        if not backend.compiled_or_on_gpu() or any(layer.quantization_mode is not None for layer in layers):
+            logits = (ops.cast(layer(inputs), acc) for layer in layers[:3])
+            return (*logits, ops.transpose(self.value_dense(inputs), [0, 2, 1, 3]))
         heads, width, depth = self.value_dense.kernel.shape
         # The kernels stacked as rows, `[3H + H D, d]`: the logit kernels `[H, d]` as they are, so that neither
         # they nor their gradients need a transposed copy.
-        kernel = tf.concat(
+        kernel = ops.concatenate(
             [layer.kernel for layer in layers[:3]]
-            + [tf.reshape(tf.transpose(self.value_dense.kernel, [0, 2, 1]), [heads * depth, width])],
+            + [ops.reshape(ops.transpose(self.value_dense.kernel, [0, 2, 1]), [heads * depth, width])],
             axis=0,
         )
-        projected = tf.matmul(tf.reshape(inputs, [-1, width]), tf.cast(kernel, self.compute_dtype), transpose_b=True)
-        shape = tf.shape(inputs)
-        logits = tf.reshape(projected[:, : 3 * heads], [shape[0], shape[1], 3, heads])
-        kappa, delta, rho = tf.unstack(tf.cast(tf.transpose(logits, [2, 0, 3, 1]), acc))  # [B, H, T] each
-        values = tf.reshape(projected[:, 3 * heads :], [shape[0], shape[1], heads, depth])
-        return kappa, delta, rho, tf.transpose(values, [0, 2, 1, 3])
+        projected = backend.matmul(
+            ops.reshape(inputs, [-1, width]), ops.cast(kernel, self.compute_dtype), transpose_b=True
+        )
+        shape = ops.shape(inputs)
+        logits = ops.reshape(projected[:, : 3 * heads], [shape[0], shape[1], 3, heads])
+        kappa, delta, rho = ops.unstack(ops.cast(ops.transpose(logits, [2, 0, 3, 1]), acc), num=3)  # [B, H, T] each
+        values = ops.reshape(projected[:, 3 * heads :], [shape[0], shape[1], heads, depth])
+        return kappa, delta, rho, ops.transpose(values, [0, 2, 1, 3])
 
     document_starts_with_cache = True
 
@@ -265,7 +268,7 @@ class Attention2(CausalMixer):
                 "Decoding with a cache needs positions that do not move with the length: "
                 f"use position_mode='fixed' or 'clamped'. Received: position_mode={self.position_mode!r}"
             )
-        length = tf.shape(inputs)[1]
+        length = ops.shape(inputs)[1]
         start = None if cache is None else cache["position"]
         index = self._position_index(length, start, document_starts)
         p1, p2 = self._position_terms(self._positions(index, length))
@@ -274,7 +277,7 @@ class Attention2(CausalMixer):
         kappa, delta, rho, values = self._project(inputs)  # [B, H, T] (accumulator dtype) each, [B, H, T, D]
         kappa, rho = kappa + p1, rho + p2
         if self.logit_clip is not None:
-            kappa, delta, rho = (tf.clip_by_value(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))
+            kappa, delta, rho = (ops.clip(z, -self.logit_clip, self.logit_clip) for z in (kappa, delta, rho))
 
         state = None if cache is None else (cache["log_z"], cache["mean"])
         if cache is not None and inputs.shape[1] == 1:
@@ -290,14 +293,14 @@ class Attention2(CausalMixer):
                 chunk_size=self.chunk_size,
                 document_starts=document_starts,
             )
-        values, gate_logits = tf.cast(values, acc), delta - rho - log_z
+        values, gate_logits = ops.cast(values, acc), delta - rho - log_z
         if self.output_dense.quantization_mode is None:
             # `kernel` includes a LoRA update; the fused gate and projection keep only `mean` for the gradient.
-            kernel = tf.cast(self.output_dense.kernel, self.compute_dtype)
+            kernel = ops.cast(self.output_dense.kernel, self.compute_dtype)
             outputs = gated_output_projection(values, mean, gate_logits, kernel)
         else:  # int8 weights: the quantized layer's own call
             _, _, mixed = gate_and_mix(values, mean, gate_logits)
-            outputs = self.output_dense(tf.transpose(tf.cast(mixed, self.compute_dtype), [0, 2, 1, 3]))
+            outputs = self.output_dense(ops.transpose(ops.cast(mixed, self.compute_dtype), [0, 2, 1, 3]))
         if cache is None:
             return outputs
         # Right padding is not part of the sequence: the next position follows the last real one.
@@ -317,7 +320,7 @@ class Attention2(CausalMixer):
         """
         dtype = accumulator_dtype(dtype or self.compute_dtype)
         log_z, mean = empty_softmax_mean_state(batch_size, self.num_heads, self.head_dim, dtype=dtype)
-        return log_z, mean, tf.zeros([batch_size], tf.int32)
+        return log_z, mean, ops.zeros((batch_size,), "int32")
 
     def get_config(self):
         config = super().get_config()

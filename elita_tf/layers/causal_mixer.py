@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.checks import as_sequence, check_sequence_call, take_arguments_as_given
 from elita_tf.ops.utils.nonfinite import contain_nonfinite
@@ -71,7 +71,7 @@ class CausalMixer(keras.layers.Layer):
         if cache is not None and inputs.shape[1] == 1:
             if document_starts is not None:  # a step that starts a document starts from the empty cache
                 dtype = cache[self.cache_names[0]].dtype
-                empty = self.get_initial_cache(tf.shape(inputs)[0], dtype)
+                empty = self.get_initial_cache(ops.shape(inputs)[0], dtype)
                 cache = {
                     name: _select_rows(document_starts[:, 0], empty[name], cache[name]) for name in self.cache_names
                 }
@@ -92,18 +92,19 @@ class CausalMixer(keras.layers.Layer):
                 "restart inside a carried stream. Without a cache every mixer takes them (packed documents). "
                 f"Received: inputs with shape {inputs.shape}, document_starts={document_starts!r}"
             )
-        document_starts = tf.convert_to_tensor(document_starts)
-        if document_starts.dtype != tf.bool or document_starts.shape.rank != 2:
+        document_starts = ops.convert_to_tensor(document_starts)
+        dtype = keras.backend.standardize_dtype(document_starts.dtype)
+        if dtype != "bool" or len(document_starts.shape) != 2:
             raise ValueError(
                 "`document_starts` must be a bool tensor [B, T]. "
-                f"Received: document_starts with dtype {document_starts.dtype} "
-                f"and shape {document_starts.shape}"
+                f"Received: document_starts with dtype {dtype} "
+                f"and shape {tuple(document_starts.shape)}"
             )
         for axis, (got, want) in enumerate(zip(document_starts.shape, inputs.shape[:2])):
             if got is not None and want is not None and got != want:
                 raise ValueError(
                     f"`document_starts` must have the inputs' [B, T] = {list(inputs.shape[:2])}. "
-                    f"Received: document_starts with shape {document_starts.shape}"
+                    f"Received: document_starts with shape {tuple(document_starts.shape)}"
                 )
         return document_starts
 
@@ -132,5 +133,5 @@ class CausalMixer(keras.layers.Layer):
 
 def _select_rows(rows, where_true, where_false):
     """`where_true` in the rows (batch axis 0) where `rows [B]` holds, else `where_false`."""
-    shape = tf.concat([tf.shape(rows), tf.ones([where_false.shape.rank - 1], tf.int32)], 0)
-    return tf.where(tf.reshape(rows, shape), tf.cast(where_true, where_false.dtype), where_false)
+    shape = (*ops.shape(rows), *[1] * (len(where_false.shape) - 1))
+    return ops.where(ops.reshape(rows, shape), ops.cast(where_true, where_false.dtype), where_false)

@@ -3,7 +3,10 @@
 import weakref
 
 import keras
-import tensorflow as tf
+import numpy as np
+from keras import ops
+
+from elita_tf import backend
 
 
 def check_positive_int(name, value, allow_none=False):
@@ -21,11 +24,11 @@ def check_choice(name, value, choices):
 
 def check_float_sequence(layer, inputs):
     """Inputs must be a float `[B, T, d]` sequence (token ids go through an embedding first)."""
-    dtype = tf.as_dtype(inputs.dtype)
-    if not dtype.is_floating:
+    dtype = keras.backend.standardize_dtype(inputs.dtype)
+    if "float" not in dtype:
         raise TypeError(
             f"Layer '{layer.name}' expects float inputs of shape [batch, time, width]; "
-            f"embed integer token ids first. Received: inputs.dtype={dtype.name}"
+            f"embed integer token ids first. Received: inputs.dtype={dtype}"
         )
 
 
@@ -51,9 +54,21 @@ def take_arguments_as_given(layer):
 
 def as_sequence(inputs):
     """Arrays as tensors, so Keras builds from their shapes (the arguments are not converted)."""
-    if tf.is_tensor(inputs) or isinstance(inputs, keras.KerasTensor):
+    if ops.is_tensor(inputs) or isinstance(inputs, keras.KerasTensor):
         return inputs
-    return tf.convert_to_tensor(inputs)
+    return ops.convert_to_tensor(inputs)
+
+
+def _compatible(shape, other):
+    """Whether two shapes (tuples, `None` where unknown) can be the same."""
+    return len(shape) == len(other) and all(a is None or b is None or a == b for a, b in zip(shape, other))
+
+
+def _check_size(size, other, message):
+    """A run-time check that two sizes are equal, where either is known only at run time (TensorFlow alone traces
+    those); known sizes were checked when the call was traced."""
+    if not isinstance(size, int) or not isinstance(other, int):
+        backend.check_less_equal(ops.abs(size - other), 0, message)
 
 
 def check_sequence_call(layer, inputs, padding_mask=None, cache=None):
@@ -66,44 +81,46 @@ def check_sequence_call(layer, inputs, padding_mask=None, cache=None):
         `(inputs, padding_mask)`: the inputs in the layer's compute dtype, the
         mask as bool (or None).
     """
-    inputs = tf.convert_to_tensor(inputs)
+    inputs = ops.convert_to_tensor(inputs)
     check_float_sequence(layer, inputs)
-    if inputs.shape.rank != 3:
+    if len(inputs.shape) != 3:
         raise ValueError(
-            f"Layer '{layer.name}' expects inputs of shape [batch, time, width]. Received: inputs.shape={inputs.shape}"
+            f"Layer '{layer.name}' expects inputs of shape [batch, time, width]. "
+            f"Received: inputs.shape={tuple(inputs.shape)}"
         )
-    batch = tf.shape(inputs)[0]
+    batch = ops.shape(inputs)[0]
     if padding_mask is not None:
-        padding_mask = tf.convert_to_tensor(padding_mask)
-        if padding_mask.dtype != tf.bool and not padding_mask.dtype.is_integer:
+        padding_mask = ops.convert_to_tensor(padding_mask)
+        dtype = keras.backend.standardize_dtype(padding_mask.dtype)
+        if dtype != "bool" and "int" not in dtype:
             raise TypeError(
                 f"Layer '{layer.name}' expects a bool padding_mask [batch, time]. "
-                f"Received: padding_mask.dtype={padding_mask.dtype.name}"
+                f"Received: padding_mask.dtype={dtype}"
             )
-        if padding_mask.shape.rank != 2 or not padding_mask.shape.is_compatible_with(inputs.shape[:2]):
+        if not _compatible(tuple(padding_mask.shape), tuple(inputs.shape[:2])):
             raise ValueError(
-                f"Layer '{layer.name}' expects padding_mask of shape [batch, time] = {inputs.shape[:2]}, "
-                f"the inputs' first two axes. Received: padding_mask.shape={padding_mask.shape}"
+                f"Layer '{layer.name}' expects padding_mask of shape [batch, time] = {tuple(inputs.shape[:2])}, "
+                f"the inputs' first two axes. Received: padding_mask.shape={tuple(padding_mask.shape)}"
             )
-        tf.debugging.assert_equal(
-            tf.shape(padding_mask),
-            tf.shape(inputs)[:2],
-            message=f"Layer '{layer.name}': padding_mask must have the inputs' shape [batch, time]",
-        )
-        padding_mask = tf.cast(padding_mask, tf.bool)
+        for axis in range(2):
+            _check_size(
+                ops.shape(padding_mask)[axis],
+                ops.shape(inputs)[axis],
+                f"Layer '{layer.name}': padding_mask must have the inputs' shape [batch, time]",
+            )
+        padding_mask = ops.cast(padding_mask, "bool")
     if cache is not None:
         _check_cache(layer, cache, batch, inputs.shape[0])
-    return tf.cast(inputs, layer.compute_dtype), padding_mask
+    return ops.cast(inputs, layer.compute_dtype), padding_mask
 
 
 _CACHE_SHAPES = weakref.WeakKeyDictionary()
 
 
 def _cache_shapes(layer):
-    """`{name: shape}` of `layer.get_initial_cache(1)`, computed once per layer."""
+    """`{name: shape}` of `layer.get_initial_cache(1)`, computed once per layer (the shapes only, static)."""
     if layer not in _CACHE_SHAPES:
-        with tf.init_scope():
-            _CACHE_SHAPES[layer] = {name: t.shape for name, t in layer.get_initial_cache(1).items()}
+        _CACHE_SHAPES[layer] = {name: tuple(t.shape) for name, t in layer.get_initial_cache(1).items()}
     return _CACHE_SHAPES[layer]
 
 
@@ -117,71 +134,78 @@ def _check_cache(layer, cache, batch, static_batch):
         )
     batch_checked = False
     for name, shape in expected.items():
-        tensor = tf.convert_to_tensor(cache[name])
-        if shape.rank == 0:
+        tensor = ops.convert_to_tensor(cache[name])
+        if len(shape) == 0:
             continue
-        if tensor.shape.rank != shape.rank or not tensor.shape[1:].is_compatible_with(shape[1:]):
+        if len(tensor.shape) != len(shape) or not _compatible(tuple(tensor.shape[1:]), shape[1:]):
             raise ValueError(
                 f"Layer '{layer.name}': cache['{name}'] must have shape [batch, {', '.join(map(str, shape[1:]))}], "
-                f"as `get_initial_cache` makes it. Received: shape={tensor.shape}"
+                f"as `get_initial_cache` makes it. Received: shape={tuple(tensor.shape)}"
             )
         if static_batch is not None and tensor.shape[0] is not None and tensor.shape[0] != static_batch:
             raise ValueError(
                 f"Layer '{layer.name}': the cache was made for batch size {tensor.shape[0]}, but the inputs "
                 f"have batch size {static_batch}. Make it with `get_initial_cache({static_batch})`. "
-                f"Received: cache['{name}'].shape={tensor.shape}"
+                f"Received: cache['{name}'].shape={tuple(tensor.shape)}"
             )
         if not batch_checked:  # one run-time check a cache: its entries share the batch axis
-            tf.debugging.assert_equal(
-                tf.shape(tensor)[0],
-                batch,
-                message=f"Layer '{layer.name}': the cache's batch size differs from the inputs'",
+            _check_size(
+                ops.shape(tensor)[0], batch, f"Layer '{layer.name}': the cache's batch size differs from the inputs'"
             )
             batch_checked = True
 
 
 def check_integer_ids(token_ids, vocabulary_size, name="token_ids"):
     """Token ids as a tensor; a float (or any non-integer) dtype is a `TypeError`, never a cast."""
-    token_ids = tf.convert_to_tensor(token_ids)
-    if not token_ids.dtype.is_integer:
+    token_ids = ops.convert_to_tensor(token_ids)
+    dtype = keras.backend.standardize_dtype(token_ids.dtype)
+    if "int" not in dtype:
         raise TypeError(
             f"Token ids must be integers in [0, {vocabulary_size}); float ids are refused, not rounded. "
-            f"Received: {name}.dtype={token_ids.dtype.name}"
+            f"Received: {name}.dtype={dtype}"
         )
     return token_ids
+
+
+def _known_values(x):
+    """`x` as a NumPy array where its values are known (eagerly), else None (traced: a TensorFlow graph, `jax.jit`,
+    Keras' symbolic build)."""
+    try:
+        return ops.convert_to_numpy(x)
+    except Exception:  # each backend refuses a traced tensor with its own error
+        return None
 
 
 def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
     """Token ids must be integers in `[0, vocabulary_size)`: floats are refused, never rounded.
 
-    Eagerly, an id out of range raises `ValueError` at once. In a graph the
-    check is an assertion on `O(B * T)` integer compares that fails the step
-    with the first offending ids and their positions. XLA drops assertions,
-    so callers also mark what an out-of-range id produces (see
-    `TokenEmbedding`).
+    Eagerly, an id out of range raises `ValueError` at once. In a TensorFlow
+    graph the check is an assertion on `O(B * T)` integer compares that fails
+    the step with the first offending ids and their positions. XLA drops
+    assertions, and `jax.jit` has none, so callers also mark what an
+    out-of-range id produces (see `TokenEmbedding`).
 
     Returns:
         `(token_ids, in_range)`: the ids (depending on the assertion in a
         graph) and a bool tensor of their shape.
     """
     token_ids = check_integer_ids(token_ids, vocabulary_size, name)
-    in_range = (token_ids >= 0) & (token_ids < tf.cast(vocabulary_size, token_ids.dtype))
+    in_range = ops.logical_and(token_ids >= 0, token_ids < ops.cast(vocabulary_size, token_ids.dtype))
     message = f"Token ids must be in [0, vocabulary_size={vocabulary_size})."
-    if tf.executing_eagerly():
-        outside = tf.where(tf.logical_not(in_range))
-        if outside.shape[0]:
-            first = tuple(int(i) for i in outside[0].numpy())
-            value = int(tf.gather_nd(token_ids, outside[:1])[0])
-            raise ValueError(f"{message} Received: {name}[{', '.join(map(str, first))}]={value}")
+    values = _known_values(token_ids)
+    if values is not None:
+        outside = np.argwhere((values < 0) | (values >= vocabulary_size))
+        if len(outside):
+            first = tuple(int(i) for i in outside[0])
+            raise ValueError(f"{message} Received: {name}[{', '.join(map(str, first))}]={int(values[first])}")
         return token_ids, in_range
 
     def report():
         # Computed only when an id is out of range: the offending ids and their positions.
-        outside = tf.where(tf.logical_not(in_range))[:3]
-        data = [message, f"Received: {name} =", tf.gather_nd(token_ids, outside), "at", outside]
-        with tf.control_dependencies([tf.debugging.Assert(False, data, summarize=12)]):
-            return tf.constant(False)
+        outside = ops.logical_not(in_range)
+        positions = ops.stack(ops.nonzero(outside), axis=1)[:3]
+        ids = ops.take(ops.reshape(token_ids, [-1]), ops.nonzero(ops.reshape(outside, [-1]))[0][:3])
+        return [f"Received: {name} =", ids, "at", positions]
 
-    checked = tf.cond(tf.reduce_all(in_range), lambda: tf.constant(True), report)
-    with tf.control_dependencies([checked]):
-        return tf.identity(token_ids), in_range
+    checked = backend.check_all(in_range, message, report)
+    return backend.ordered([checked], lambda: ops.copy(token_ids)), in_range

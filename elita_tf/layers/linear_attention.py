@@ -1,5 +1,5 @@
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.layers.checks import check_choice, check_positive_int, input_width
@@ -12,8 +12,8 @@ from elita_tf.ops.linear_attention import (
 )
 
 FEATURE_MAPS = {
-    "elu+1": lambda x: tf.nn.elu(x) + 1.0,
-    "relu": tf.nn.relu,
+    "elu+1": lambda x: ops.elu(x) + 1.0,
+    "relu": ops.relu,
 }
 
 
@@ -56,8 +56,8 @@ class LinearAttention(CausalMixer):
 
     Example:
     >>> layer = LinearAttention(num_heads=4, head_dim=16)
-    >>> layer(tf.zeros([2, 100, 64])).shape
-    TensorShape([2, 100, 64])
+    >>> tuple(layer(np.zeros([2, 100, 64], "float32")).shape)
+    (2, 100, 64)
 
     References:
         - [Katharopoulos et al., 2020](https://arxiv.org/abs/2006.16236)
@@ -116,7 +116,7 @@ class LinearAttention(CausalMixer):
 
     def mix(self, inputs, padding_mask, cache, training, document_starts=None):
         phi = FEATURE_MAPS[self.feature_map]
-        to_heads = lambda t: tf.transpose(t, [0, 2, 1, 3])  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
+        to_heads = lambda t: ops.transpose(t, [0, 2, 1, 3])  # noqa: E731  [B, T, H, D] -> [B, H, T, D]
         q = to_heads(phi(self.query_dense(inputs)))
         k = to_heads(phi(self.key_dense(inputs)))
         v = to_heads(self.value_dense(inputs))
@@ -138,7 +138,7 @@ class LinearAttention(CausalMixer):
                 chunk_size=self.chunk_size,
                 document_starts=document_starts,
             )
-        outputs = self.output_dense(tf.cast(to_heads(y), self.compute_dtype))
+        outputs = self.output_dense(ops.cast(to_heads(y), self.compute_dtype))
         return outputs if cache is None else (outputs, dict(zip(self.cache_names, state)))
 
     cache_names = ("S", "z")

@@ -12,12 +12,15 @@ causal mean keeps anyway. Here it keeps `mean` alone and recomputes the
 difference and `y` (a few elementwise passes) when the gradient is taken.
 """
 
-import tensorflow as tf
+import keras
+from keras import ops
+
+from elita_tf import backend
 
 
 def gate_and_mix(values, mean, gate_logits):
     """The gate `g = sigmoid(gate_logits)[..., None]`, `values - mean`, and the gated `mean + g (values - mean)`."""
-    gate = tf.expand_dims(tf.sigmoid(gate_logits), -1)
+    gate = ops.expand_dims(ops.sigmoid(gate_logits), -1)
     difference = values - mean
     return gate, difference, mean + gate * difference
 
@@ -37,34 +40,36 @@ def gated_output_projection(values, mean, gate_logits, kernel):
         `[B, T, W]` in the kernel's dtype.
 
     Example:
-    >>> values, mean = tf.random.normal([2, 4, 10, 16]), tf.random.normal([2, 4, 10, 16])
-    >>> gated_output_projection(values, mean, tf.zeros([2, 4, 10]), tf.ones([4, 8, 16])).shape
-    TensorShape([2, 10, 8])
+    >>> values, mean = keras.random.normal([2, 4, 10, 16]), keras.random.normal([2, 4, 10, 16])
+    >>> tuple(gated_output_projection(values, mean, keras.ops.zeros([2, 4, 10]), keras.ops.ones([4, 8, 16])).shape)
+    (2, 10, 8)
     """
     heads, width, depth = kernel.shape
-    batch, length = tf.shape(values)[0], tf.shape(values)[2]
+    kernel_dtype = kernel.dtype
+    batch, length = ops.shape(values)[0], ops.shape(values)[2]
 
     def rows(x):
         """`[B, H, T, D]` to `[B * T, H * D]` in the kernel's dtype: the projection is one matrix product."""
-        return tf.reshape(tf.transpose(tf.cast(x, kernel.dtype), [0, 2, 1, 3]), [-1, heads * depth])
+        return ops.reshape(ops.transpose(ops.cast(x, kernel_dtype), [0, 2, 1, 3]), [-1, heads * depth])
 
-    @tf.custom_gradient
+    @backend.custom_gradient
     def project(values, mean, gate_logits, kernel):
-        flat_kernel = tf.reshape(tf.transpose(kernel, [0, 2, 1]), [heads * depth, width])  # small
+        flat_kernel = ops.reshape(ops.transpose(kernel, [0, 2, 1]), [heads * depth, width])  # small
         mixed = gate_and_mix(values, mean, gate_logits)[2]
-        outputs = tf.reshape(tf.matmul(rows(mixed), flat_kernel), [batch, length, width])
+        outputs = ops.reshape(backend.matmul(rows(mixed), flat_kernel), [batch, length, width])
 
         def grad(upstream):
-            with tf.name_scope("gated_projection_gradient"):
-                with tf.control_dependencies([upstream]):  # else every layer recomputes at once, early
-                    gate, difference, mixed = gate_and_mix(values, mean, gate_logits)
-                upstream = tf.reshape(upstream, [-1, width])
-                d_kernel = tf.reshape(tf.matmul(rows(mixed), upstream, transpose_a=True), [heads, depth, width])
-                d_kernel = tf.transpose(d_kernel, [0, 2, 1])
-                d_mixed = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [batch, length, heads, depth])
-                d_mixed = tf.cast(tf.transpose(d_mixed, [0, 2, 1, 3]), values.dtype)  # [B, H, T, D]
+            with keras.name_scope("gated_projection_gradient"):
+                # else every layer recomputes at once, early
+                gate, difference, mixed = backend.ordered([upstream], lambda: gate_and_mix(values, mean, gate_logits))
+                upstream = ops.reshape(upstream, [-1, width])
+                d_kernel = ops.reshape(backend.matmul(rows(mixed), upstream, transpose_a=True), [heads, depth, width])
+                d_kernel = ops.transpose(d_kernel, [0, 2, 1])
+                d_mixed = backend.matmul(upstream, flat_kernel, transpose_b=True)
+                d_mixed = ops.reshape(d_mixed, [batch, length, heads, depth])
+                d_mixed = ops.cast(ops.transpose(d_mixed, [0, 2, 1, 3]), values.dtype)  # [B, H, T, D]
                 d_values = gate * d_mixed
-                d_gate = tf.reduce_sum(d_mixed * difference, -1) * gate[..., 0] * (1 - gate[..., 0])
+                d_gate = ops.sum(d_mixed * difference, -1) * gate[..., 0] * (1 - gate[..., 0])
                 return d_values, d_mixed - d_values, d_gate, d_kernel
 
         return outputs, grad

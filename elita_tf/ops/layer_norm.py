@@ -19,9 +19,16 @@ gradient carries bfloat16's rounding of `y` (relative 2^-9), the precision
 the gradient has once it is cast to bfloat16.
 """
 
-import tensorflow as tf
+import keras
+from keras import ops
 
-from elita_tf.ops.utils.dtypes import accumulator_dtype
+from elita_tf import backend
+from elita_tf.ops.utils.dtypes import accumulator_dtype, dtype_of
+
+
+def _mean(x):
+    """The mean over the last axis, in `x`'s dtype (`ops.mean` computes float64 in float32 off TensorFlow)."""
+    return ops.sum(x, axis=-1, keepdims=True) / x.shape[-1]
 
 
 def unscaled_layer_norm(x, epsilon=1e-3):
@@ -35,27 +42,27 @@ def unscaled_layer_norm(x, epsilon=1e-3):
         A tensor of `x`'s shape and dtype.
 
     Example:
-    >>> y = unscaled_layer_norm(tf.constant([[1.0, 2.0, 3.0]]))
-    >>> [round(float(v), 3) for v in y[0]]
+    >>> y = unscaled_layer_norm(keras.ops.convert_to_tensor([[1.0, 2.0, 3.0]]))
+    >>> [round(float(v), 3) for v in keras.ops.convert_to_numpy(y)[0]]
     [-1.224, 0.0, 1.224]
     """
-    dtype = x.dtype
+    dtype = dtype_of(x)
     acc = accumulator_dtype(dtype)
 
-    @tf.custom_gradient
+    @backend.custom_gradient
     def norm(x):
-        wide = tf.cast(x, acc)
-        mean, variance = tf.nn.moments(wide, axes=[-1], keepdims=True)
-        inv = tf.math.rsqrt(variance + epsilon)
-        outputs = tf.cast(wide * inv - mean * inv, dtype)
+        wide = ops.cast(x, acc)
+        mean, variance = ops.moments(wide, axes=[-1], keepdims=True)
+        inv = ops.rsqrt(variance + epsilon)
+        outputs = ops.cast(wide * inv - mean * inv, dtype)
 
         def grad(upstream):
-            with tf.name_scope("layer_norm_gradient"):
-                with tf.control_dependencies([upstream]):  # widen y when its gradient is due, not all norms' at once
-                    y = tf.cast(outputs, acc)
-                g = tf.cast(upstream, acc)
-                centred = g - tf.reduce_mean(g, axis=-1, keepdims=True)
-                return tf.cast(inv * (centred - y * tf.reduce_mean(g * y, axis=-1, keepdims=True)), dtype)
+            with keras.name_scope("layer_norm_gradient"):
+                # widen y when its gradient is due, not all norms' at once
+                y = backend.ordered([upstream], lambda: ops.cast(outputs, acc))
+                g = ops.cast(upstream, acc)
+                centred = g - _mean(g)
+                return (ops.cast(inv * (centred - y * _mean(g * y)), dtype),)
 
         return outputs, grad
 

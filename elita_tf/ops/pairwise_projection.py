@@ -1,7 +1,12 @@
 """FeedForward2's kernel: per-row outer products of two branches, and their projection without keeping them."""
 
-import tensorflow as tf
+import functools
+import operator
+
+import keras
 from keras import ops
+
+from elita_tf import backend
 
 
 def outer_product(u, v):
@@ -17,10 +22,9 @@ def outer_product(u, v):
     takes float32 products in TF32 rounds the factors as it does in other
     products.
     """
-    return ops.matmul(ops.expand_dims(u, -1), ops.expand_dims(v, -2))
+    return backend.matmul(ops.expand_dims(u, -1), ops.expand_dims(v, -2))
 
 
-@tf.custom_gradient
 def pairwise_product(alpha, beta):
     """`alpha [N, a]` and `beta [N, b]` to their per-row outer product `[N, a, b]`: `alpha_i beta_j`.
 
@@ -30,12 +34,17 @@ def pairwise_product(alpha, beta):
     each reads the `[N, a, b]` gradient once (about a third less time for
     `FeedForward2`'s backward pass on a CPU).
     """
+    return _pairwise_product(alpha, beta)
+
+
+@backend.custom_gradient
+def _pairwise_product(alpha, beta):
     product = outer_product(alpha, beta)
 
     def grad(upstream):
-        with tf.name_scope("pairwise_product_gradient"):
-            d_alpha = tf.squeeze(tf.matmul(upstream, tf.expand_dims(beta, 2)), 2)
-            d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), upstream), 1)
+        with keras.name_scope("pairwise_product_gradient"):
+            d_alpha = ops.squeeze(backend.matmul(upstream, ops.expand_dims(beta, 2)), 2)
+            d_beta = ops.squeeze(backend.matmul(ops.expand_dims(alpha, 1), upstream), 1)
         return d_alpha, d_beta
 
     return product, grad
@@ -43,7 +52,7 @@ def pairwise_product(alpha, beta):
 
 def _swish_and_slope(x):
     """`swish(x) = x sigmoid(x)` and its derivative `sigmoid(x) (1 + x (1 - sigmoid(x)))`."""
-    s = tf.sigmoid(x)
+    s = ops.sigmoid(x)
     y = x * s
     return y, s + y * (1 - s)
 
@@ -70,55 +79,59 @@ def pairwise_projection(alpha, beta, kernel, swish=False, slice_rows=8192):
     activations (what a swish layer followed by this product would keep).
     """
     a, b, width = kernel.shape
-    flat_kernel = tf.reshape(kernel, [a * b, width])
 
     def slices(*tensors):
         rows = tensors[0].shape[0]
         if rows is None or rows <= slice_rows:
             return [tensors]
-        whole, rest = divmod(rows, slice_rows)
-        sizes = [slice_rows] * whole + ([rest] if rest else [])
-        return list(zip(*(tf.split(t, sizes) for t in tensors)))
+        # the first row of every slice after the first
+        starts = list(range(slice_rows, rows, slice_rows))
+        return list(zip(*(ops.split(t, starts) for t in tensors)))
 
     def in_turn(parts, step, after=()):
         """`step` on each slice, each after the previous slice's results exist."""
         results = []
         for part in parts:
-            with tf.control_dependencies(list(after)):
-                result = step(*part)
+            result = backend.ordered(list(after), lambda part=part: step(*part))
             results.append(result)
-            after = tf.nest.flatten(result)
+            after = keras.tree.flatten(result)
         return results
 
     def join(parts):
-        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+        return parts[0] if len(parts) == 1 else ops.concatenate(parts, 0)
 
-    def project_slice(alpha, beta):
-        if swish:
-            alpha, beta = tf.nn.silu(alpha), tf.nn.silu(beta)
-        product = tf.reshape(outer_product(alpha, beta), [-1, a * b])
-        return tf.matmul(product, flat_kernel)
-
-    @tf.custom_gradient
+    @backend.custom_gradient
     def project(alpha, beta, kernel):
+        flat_kernel = ops.reshape(kernel, [a * b, width])
+
+        def project_slice(alpha, beta):
+            if swish:
+                alpha, beta = ops.silu(alpha), ops.silu(beta)
+            product = ops.reshape(outer_product(alpha, beta), [-1, a * b])
+            return backend.matmul(product, flat_kernel)
+
         def grad(upstream):
-            with tf.name_scope("pairwise_projection_gradient"):
+            with keras.name_scope("pairwise_projection_gradient"):
 
                 def slice_gradients(alpha, beta, upstream):
                     if swish:  # the factors again, and the slopes that take their gradients to the pre-activations
                         (alpha, alpha_slope), (beta, beta_slope) = _swish_and_slope(alpha), _swish_and_slope(beta)
                     beta_upstream = outer_product(beta, upstream)  # [rows, b, w]
-                    d_kernel = tf.matmul(alpha, tf.reshape(beta_upstream, [-1, b * width]), transpose_a=True)
-                    with tf.control_dependencies([d_kernel]):  # the [rows, a, b] gradient once that factor is used
-                        d_product = tf.reshape(tf.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b])
-                    d_alpha = tf.squeeze(tf.matmul(d_product, tf.expand_dims(beta, 2)), 2)
-                    d_beta = tf.squeeze(tf.matmul(tf.expand_dims(alpha, 1), d_product), 1)
+                    d_kernel = backend.matmul(alpha, ops.reshape(beta_upstream, [-1, b * width]), transpose_a=True)
+                    # the [rows, a, b] gradient once that factor is used
+                    d_product = backend.ordered(
+                        [d_kernel],
+                        lambda: ops.reshape(backend.matmul(upstream, flat_kernel, transpose_b=True), [-1, a, b]),
+                    )
+                    d_alpha = ops.squeeze(backend.matmul(d_product, ops.expand_dims(beta, 2)), 2)
+                    d_beta = ops.squeeze(backend.matmul(ops.expand_dims(alpha, 1), d_product), 1)
                     if swish:
                         d_alpha, d_beta = d_alpha * alpha_slope, d_beta * beta_slope
                     return d_kernel, d_alpha, d_beta
 
                 d_kernel, d_alpha, d_beta = zip(*in_turn(slices(alpha, beta, upstream), slice_gradients))
-                return join(d_alpha), join(d_beta), tf.reshape(tf.add_n(d_kernel), [a, b, width])
+                d_kernel = functools.reduce(operator.add, d_kernel)  # a sum over the slices
+                return join(d_alpha), join(d_beta), ops.reshape(d_kernel, [a, b, width])
 
         return join(in_turn(slices(alpha, beta), project_slice)), grad
 

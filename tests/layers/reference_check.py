@@ -35,7 +35,8 @@ def assert_mixed_precision_finite(layer, x):
     y = layer(x)
     assert keras.backend.standardize_dtype(y.dtype) == layer.compute_dtype != "float32"
     assert all(w.dtype == "float32" for w in layer.weights)
-    cotangent = np.asarray(numpy(y), np.float32)  # the gradient of half the mean square, up to scale
+    # The gradient of the mean square, `2 y / N`: unscaled, the float16 gradients of a long input would overflow.
+    cotangent = 2.0 * np.asarray(numpy(y), np.float32) / np.prod(y.shape)
     (out,), grads = outputs_and_gradients(layer, [x], [cotangent], layer.trainable_weights)
     assert np.all(np.isfinite(out))
     assert all(np.all(np.isfinite(g)) for g in grads)

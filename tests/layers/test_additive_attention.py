@@ -1,9 +1,10 @@
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.layers.additive_attention import AdditiveAttention
 from elita_tf.ops.reference import causal_softmax_mean_reference
+from tests.backend_utils import compiled, numpy, outputs_and_gradients, tensor
 from tests.layers.reference_check import assert_matches_reference
 
 WIDTH = 12
@@ -37,8 +38,8 @@ def _layer(dtype="float32", seed=0, pooling_scale=1.0, **kwargs):
     return layer
 
 
-def _inputs(length, batch=2, seed=1, dtype=tf.float32):
-    return tf.constant(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)), dtype)
+def _inputs(length, batch=2, seed=1, dtype="float32"):
+    return tensor(np.random.default_rng(seed).normal(size=(batch, length, WIDTH)), dtype)
 
 
 def reference(layer, x, mask=None, logits=None):
@@ -46,25 +47,25 @@ def reference(layer, x, mask=None, logits=None):
 
     With a list `logits`, the two poolings' logits `[B, H, T]` are appended to it.
     """
-    w = {name: tf.cast(tf.convert_to_tensor(v), tf.float64) for name, v in _weights(layer).items()}
-    x = tf.cast(x, tf.float64)
+    w = {name: ops.cast(v.value, "float64") for name, v in _weights(layer).items()}
+    x = ops.cast(x, "float64")
     batch, length = x.shape[0], x.shape[1]
     heads, head_dim = layer.num_heads, WIDTH // layer.num_heads
 
     def pool(z, vector):
-        z = tf.transpose(tf.reshape(z, [batch, length, heads, head_dim]), [0, 2, 1, 3])
-        scores = tf.einsum("bhte,he->bht", z, tf.reshape(vector, [heads, head_dim])) / np.sqrt(head_dim)
+        z = ops.transpose(ops.reshape(z, [batch, length, heads, head_dim]), [0, 2, 1, 3])
+        scores = ops.einsum("bhte,he->bht", z, ops.reshape(vector, [heads, head_dim])) / np.sqrt(head_dim)
         if logits is not None:
             logits.append(scores)
         mean, _ = causal_softmax_mean_reference(scores, z, window=layer.sliding_window_size, mask=mask)
-        return tf.reshape(tf.transpose(mean, [0, 2, 1, 3]), [batch, length, WIDTH])
+        return ops.reshape(ops.transpose(mean, [0, 2, 1, 3]), [batch, length, WIDTH])
 
-    q, kappa, v = (tf.einsum("btd,de->bte", x, w[n]) for n in ("query", "key", "value"))
-    mixed = tf.einsum("btd,de->bte", pool(q, w["query_pooling"]), w["output"]) * kappa
+    q, kappa, v = (ops.einsum("btd,de->bte", x, w[n]) for n in ("query", "key", "value"))
+    mixed = ops.einsum("btd,de->bte", pool(q, w["query_pooling"]), w["output"]) * kappa
     r = x + mixed
-    mu = tf.reduce_mean(r, axis=-1, keepdims=True)
-    var = tf.reduce_mean((r - mu) ** 2, axis=-1, keepdims=True)
-    m = (r - mu) / tf.sqrt(var + layer.layer_norm_epsilon) * w["gamma"] + w["beta"]
+    mu = ops.mean(r, axis=-1, keepdims=True)
+    var = ops.mean((r - mu) ** 2, axis=-1, keepdims=True)
+    m = (r - mu) / ops.sqrt(var + layer.layer_norm_epsilon) * w["gamma"] + w["beta"]
     return mixed + pool(m, w["key_pooling"]) * v
 
 
@@ -72,13 +73,20 @@ def reference(layer, x, mask=None, logits=None):
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 def test_outputs_and_gradients_match_reference(length, window):
     layer = _layer("float64", sliding_window_size=window)
-    x = _inputs(length, dtype=tf.float64)
+    x = _inputs(length, dtype="float64")
     variables = list(_weights(layer).values())
     assert_matches_reference(layer, lambda x: reference(layer, x), x, variables, rtol=1e-8, atol=1e-8)
 
     layer32 = _layer(sliding_window_size=window)
-    x32 = tf.cast(x, tf.float32)
-    np.testing.assert_allclose(layer32(x32), reference(layer32, x32), rtol=1e-4, atol=1e-4)
+    x32 = ops.cast(x, "float32")
+    np.testing.assert_allclose(numpy(layer32(x32)), numpy(reference(layer32, x32)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_the_same_weights_give_the_same_outputs_compiled(window):
+    layer = _layer("float64", sliding_window_size=window)
+    x = _inputs(100, dtype="float64")
+    np.testing.assert_allclose(numpy(compiled(layer)(x)), numpy(layer(x)), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("window", [None, 40])
@@ -89,17 +97,15 @@ def test_large_logits_exact_and_finite(window):
     for index, var in enumerate([layer.query_pooling, layer.key_pooling]):
         logits = []
         reference(layer, x, logits=logits)
-        var.assign(var * (80.0 / np.abs(logits[index]).max()))
+        var.assign(numpy(var) * (80.0 / np.abs(numpy(logits[index])).max()))
     logits = []
     reference(layer, x, logits=logits)
-    np.testing.assert_allclose([np.abs(s).max() for s in logits], [80.0, 80.0], rtol=1e-5)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = layer(x)
-        loss = tf.reduce_sum(y**2)
-    grads = tape.gradient(loss, [x] + layer.trainable_weights)
+    np.testing.assert_allclose([np.abs(numpy(s)).max() for s in logits], [80.0, 80.0], rtol=1e-5)
+    y = numpy(layer(x))
+    # The gradients of sum(y ** 2): cotangent 2 y.
+    _, grads = outputs_and_gradients(layer, [x], [2.0 * y], layer.trainable_weights)
     assert np.all(np.isfinite(y)) and all(np.all(np.isfinite(g)) for g in grads)
-    np.testing.assert_allclose(y, reference(layer, x), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(y, numpy(reference(layer, x)), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("window", [None, 4])
@@ -109,38 +115,40 @@ def test_padding_mask_keeps_padded_inputs_out(window):
     mask = np.ones((2, 60), bool)
     mask[0, 20:30] = False
     mask[1, :3] = False
-    noisy = tf.where(mask[..., None], x, 100.0)
-    y, y_noisy = layer(x, padding_mask=mask), layer(noisy, padding_mask=mask)
-    np.testing.assert_allclose(y.numpy()[mask], y_noisy.numpy()[mask], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(y.numpy()[mask], reference(layer, x, mask).numpy()[mask], rtol=1e-4, atol=1e-4)
+    noisy = tensor(np.where(mask[..., None], numpy(x), np.float32(100.0)))
+    y, y_noisy = numpy(layer(x, padding_mask=mask)), numpy(layer(noisy, padding_mask=mask))
+    np.testing.assert_allclose(y[mask], y_noisy[mask], rtol=1e-5, atol=1e-5)
+    want = numpy(reference(layer, x, tensor(mask)))
+    np.testing.assert_allclose(y[mask], want[mask], rtol=1e-4, atol=1e-4)
     assert np.all(np.isfinite(y))
     # Decoding with the mask gives the same outputs at real positions.
     cache = layer.get_initial_cache(2)
     outputs = []
     for start, stop in [(0, 25)] + [(t, t + 1) for t in range(25, 35)] + [(35, 60)]:
         out, cache = layer(noisy[:, start:stop], padding_mask=mask[:, start:stop], cache=cache)
-        outputs.append(out)
-    decoded = tf.concat(outputs, 1).numpy()
-    np.testing.assert_allclose(decoded[mask], y.numpy()[mask], rtol=1e-5, atol=1e-5)
+        outputs.append(numpy(out))
+    decoded = np.concatenate(outputs, 1)
+    np.testing.assert_allclose(decoded[mask], y[mask], rtol=1e-5, atol=1e-5)
 
 
 def test_initialization():
     layer = AdditiveAttention(num_heads=2)
     layer.build((None, None, 64))
-    np.testing.assert_array_equal(layer.query_pooling, np.zeros(64))
-    np.testing.assert_array_equal(layer.key_pooling, np.zeros(64))
+    np.testing.assert_array_equal(numpy(layer.query_pooling), np.zeros(64))
+    np.testing.assert_array_equal(numpy(layer.key_pooling), np.zeros(64))
     kernels = [layer.query_dense.kernel, layer.key_dense.kernel, layer.value_dense.kernel, layer.output_dense.kernel]
+    kernels = [numpy(kernel) for kernel in kernels]
     for kernel in kernels:
         assert 0.015 < np.std(kernel) < 0.025
     # Each projection gets its own draw of the shared initializer.
-    assert len({kernel.numpy().tobytes() for kernel in kernels}) == 4
+    assert len({kernel.tobytes() for kernel in kernels}) == 4
 
 
 def test_dropout_only_in_training():
     layer = _layer(dropout=0.5)
     x = _inputs(20)
-    np.testing.assert_array_equal(layer(x), layer(x, training=False))
-    assert np.abs(layer(x, training=True) - layer(x)).max() > 1e-3
+    np.testing.assert_array_equal(numpy(layer(x)), numpy(layer(x, training=False)))
+    assert np.abs(numpy(layer(x, training=True)) - numpy(layer(x))).max() > 1e-3
 
 
 def test_bad_inputs():
@@ -153,14 +161,14 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="dropout=1.0"):
         AdditiveAttention(num_heads=2, dropout=1.0)
     with pytest.raises(ValueError, match="width=10, num_heads=3"):
-        AdditiveAttention(num_heads=3)(tf.zeros([2, 3, 10]))
+        AdditiveAttention(num_heads=3)(tensor(np.zeros([2, 3, 10], "float32")))
     with pytest.raises(TypeError, match="float inputs"):
-        AdditiveAttention(num_heads=2)(tf.zeros([2, 3, 8], tf.int32))
+        AdditiveAttention(num_heads=2)(tensor(np.zeros([2, 3, 8], "int32")))
     with pytest.raises(ValueError, match="must be built"):
         AdditiveAttention(num_heads=2).get_initial_cache(2)
     layer = AdditiveAttention(num_heads=2)
     with pytest.raises(ValueError, match="ndim=3"):
-        layer(tf.zeros([4, 8]))
-    layer(tf.zeros([2, 3, 8]))
+        layer(tensor(np.zeros([4, 8], "float32")))
+    layer(tensor(np.zeros([2, 3, 8], "float32")))
     with pytest.raises(ValueError, match="axis -1"):
-        layer(tf.zeros([2, 3, 10]))
+        layer(tensor(np.zeros([2, 3, 10], "float32")))

@@ -5,7 +5,8 @@ single steps from a named cache equal the parallel form; padding and the Keras
 mask reach no output; configs and `.keras` files round-trip; mixed precision and
 long inputs stay finite; XLA compiles the forward and the decoding step;
 non-finite inputs stay causal; bad calls are refused with the value. The layer
-files test only their own math against naive references.
+files test only their own math against naive references. Every check runs on each
+Keras backend (TensorFlow, JAX, PyTorch); "compiled" is XLA on TensorFlow and `jax.jit`.
 """
 
 import warnings
@@ -13,7 +14,6 @@ import warnings
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from elita_tf.layers import (
     AdditiveAttention,
@@ -26,6 +26,7 @@ from elita_tf.layers import (
     ShapedAttention,
     TriLinearAttention,
 )
+from tests.backend_utils import compiled, numpy, outputs_and_gradients, random_normal, tensor
 from tests.layers.reference_check import assert_mixed_precision_finite
 
 WIDTH = 16
@@ -79,7 +80,7 @@ def _mixer(name):
     layer.build((None, None, WIDTH))
     rng = np.random.default_rng(1)
     for w in layer.weights:
-        value = w.numpy()
+        value = numpy(w)
         if np.all(value == value.flat[0]):
             w.assign(value + rng.normal(size=w.shape) * 0.3)
     return layer
@@ -94,14 +95,10 @@ def _inputs(length=100, batch=2):
 
 
 def _outputs_and_gradients(layer, x):
-    """`[y, dL/dx, dL/dw for every trainable weight]` of `L = sum(y * c)`, a fixed random `c`, in float32."""
-    x = tf.constant(x)
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape), tf.float32)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = tf.cast(layer(x), tf.float32)
-        loss = tf.reduce_sum(y * cotangent)
-    return [y] + [tf.cast(g, tf.float32) for g in tape.gradient(loss, [x] + layer.trainable_weights)]
+    """`[y, dL/dx, dL/dw for every trainable weight]` of `L = sum(y * c)`, a fixed random `c`, as float32 arrays."""
+    cotangent = np.random.default_rng(2).normal(size=x.shape).astype("float32")
+    (y,), grads = outputs_and_gradients(layer, [tensor(x)], [cotangent], layer.trainable_weights)
+    return [np.asarray(a, np.float32) for a in [y, *grads]]
 
 
 def _exactly_zero_gradient(weight):
@@ -115,14 +112,14 @@ def _exactly_zero_gradient(weight):
 def test_every_weight_is_live_and_reaches_the_output(name):
     layer = _mixer(name)
     _, _, *grads = _outputs_and_gradients(layer, _inputs(40))
-    largest = max(np.linalg.norm(g.numpy()) for g in grads)
+    largest = max(np.linalg.norm(g) for g in grads)
     for weight, grad in zip(layer.trainable_weights, grads):
-        assert np.any(weight.numpy() != 0), f"{weight.path} is zero"
-        reach = np.linalg.norm(grad.numpy()) / largest
+        assert np.any(numpy(weight) != 0), f"{weight.path} is zero"
+        reach = np.linalg.norm(grad) / largest
         if _exactly_zero_gradient(weight):
             assert reach < 1e-5, f"{weight.path}: a gradient of {reach:.3g} where the softmax cancels it"
         else:
-            assert np.any(grad.numpy() != 0), f"{weight.path} does not reach the output"
+            assert np.any(grad != 0), f"{weight.path} does not reach the output"
 
 
 def _decode(layer, x, bounds, mask=None):
@@ -131,7 +128,7 @@ def _decode(layer, x, bounds, mask=None):
     for start, stop in bounds:
         kwargs = {} if mask is None else {"padding_mask": mask[:, start:stop]}
         y, cache = layer(x[:, start:stop], cache=cache, **kwargs)
-        outputs.append(tf.cast(y, tf.float32).numpy())
+        outputs.append(numpy(y))
     return np.concatenate(outputs, axis=1), cache
 
 
@@ -141,7 +138,7 @@ def test_later_inputs_never_change_earlier_outputs(name):
     x = _inputs()
     changed = x.copy()
     changed[:, 42:] = changed[:, 42:] * -3.0 + 1.0
-    np.testing.assert_array_equal(layer(x).numpy()[:, :42], layer(changed).numpy()[:, :42])
+    np.testing.assert_array_equal(numpy(layer(x))[:, :42], numpy(layer(changed))[:, :42])
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -151,13 +148,13 @@ def test_prefill_chunks_and_steps_from_the_named_cache_equal_the_parallel_form(n
     initial = layer.get_initial_cache(2)
     assert isinstance(initial, dict) and tuple(initial) == tuple(getattr(layer, "mixer", layer).cache_names)
     decoded, cache = _decode(layer, x, [(0, 30), (30, 41)] + [(t, t + 1) for t in range(41, 60)])
-    np.testing.assert_allclose(decoded, layer(x).numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(decoded, numpy(layer(x)), rtol=1e-4, atol=1e-4)
     # A new dict of the same fixed shapes and dtypes, whatever the length decoded.
     assert cache is not initial and tuple(cache) == tuple(initial)
     for entry in initial:
         assert (cache[entry].shape, cache[entry].dtype) == (initial[entry].shape, initial[entry].dtype), entry
     if "position" in cache:
-        np.testing.assert_array_equal(cache["position"], [60, 60])
+        np.testing.assert_array_equal(numpy(cache["position"]), [60, 60])
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -168,16 +165,16 @@ def test_rows_decode_at_their_own_positions(name):
     mask = np.ones((2, 40), bool)
     mask[1, 20:30] = False  # row 1: 20 real tokens, then right padding, in the first chunk
     first, cache = layer(x[:, :30], padding_mask=mask[:, :30], cache=layer.get_initial_cache(2))
-    np.testing.assert_allclose(first[0], layer(x[:1, :30])[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(numpy(first)[0], numpy(layer(x[:1, :30]))[0], rtol=1e-4, atol=1e-4)
     if "position" in cache:
-        np.testing.assert_array_equal(cache["position"], [30, 20])
+        np.testing.assert_array_equal(numpy(cache["position"]), [30, 20])
     # Row 1 continues with its tokens 30.. as positions 20..: as if the padding had never been there.
     later = [layer(x[:, 30:35], cache=cache)]
     for t in range(35, 40):
         later.append(layer(x[:, t : t + 1], cache=later[-1][1]))
-    later = np.concatenate([y.numpy() for y, _ in later], axis=1)
+    later = np.concatenate([numpy(y) for y, _ in later], axis=1)
     row1 = np.concatenate([x[1:, :20], x[1:, 30:]], axis=1)
-    np.testing.assert_allclose(later[1], layer(row1).numpy()[0, 20:], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(later[1], numpy(layer(row1))[0, 20:], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -187,7 +184,7 @@ def test_a_nonfinite_input_never_changes_earlier_rows(name, bad, choice_form):
     x = _inputs()
     spoiled = x.copy()
     spoiled[0, 50, 3] = bad  # one channel of one position, in the middle of a chunk
-    clean, y = layer(x).numpy(), layer(spoiled).numpy()
+    clean, y = numpy(layer(x)), numpy(layer(spoiled))
     np.testing.assert_array_equal(y[0, :50], clean[0, :50])  # exactly: nothing travelled back
     assert np.isnan(y[0, 50:]).all()  # and nothing after it looks valid
     np.testing.assert_array_equal(y[1], clean[1])  # the other sequence is untouched
@@ -204,7 +201,7 @@ def test_padded_positions_reach_no_output_whatever_they_hold(name, choice_form):
     noisy[:, 35:40] = np.nan
     noisy[1, :3] = np.inf
     zeros = np.where(mask[..., None], x, 0.0).astype("float32")
-    y, want = layer(noisy, padding_mask=mask).numpy(), layer(zeros, padding_mask=mask).numpy()
+    y, want = numpy(layer(noisy, padding_mask=mask)), numpy(layer(zeros, padding_mask=mask))
     assert np.isfinite(y[mask]).all()
     np.testing.assert_allclose(y[mask], want[mask], rtol=1e-5, atol=1e-5)
     # Decoding with the mask gives the same outputs at real positions.
@@ -221,14 +218,15 @@ def test_the_keras_mask_is_used_and_propagated(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no sublayer may warn that it drops the mask
         outputs = layer(embedding(tokens))
-        got = keras.Model(tokens, outputs)(ids).numpy()
+        got = numpy(keras.Model(tokens, outputs)(ids))
     assert outputs._keras_mask is not None
-    want = layer(embedding(ids), padding_mask=ids != 0).numpy()
+    want = numpy(layer(embedding(ids), padding_mask=ids != 0))
     np.testing.assert_allclose(got[ids != 0], want[ids != 0], rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_config_and_keras_file_round_trip(name, tmp_path):
+    """A `.keras` file saved on this backend reloads with the same outputs."""
     layer = _mixer(name)
     config = layer.get_config()
     assert type(layer).from_config(config).get_config() == config
@@ -238,7 +236,7 @@ def test_config_and_keras_file_round_trip(name, tmp_path):
     model.save(path)
     restored = keras.models.load_model(path)
     x = _inputs(33)
-    np.testing.assert_array_equal(model(x), restored(x))
+    np.testing.assert_array_equal(numpy(model(x)), numpy(restored(x)))
     assert type(restored.layers[-1]) is type(layer)
 
 
@@ -247,7 +245,7 @@ def test_config_and_keras_file_round_trip(name, tmp_path):
 def test_mixed_precision_long_input_is_finite(name, policy_name, policy):
     policy(policy_name)
     layer = _mixer(name)
-    x = tf.random.stateless_normal([1, LONG.get(name, 16384), WIDTH], seed=[1, 2]) * 3.0
+    x = random_normal([1, LONG.get(name, 16384), WIDTH], seed=12, scale=3.0)
     assert_mixed_precision_finite(layer, x)
 
 
@@ -264,11 +262,11 @@ def test_mixed_precision_outputs_and_gradients_follow_float32(name, policy_name,
     names = ["outputs", "inputs"] + [w.path for w in layer.trainable_weights]
     zero = [False, False] + [_exactly_zero_gradient(w) for w in layer.trainable_weights]
     tolerance = 16 * EPSILON[layer.compute_dtype]
-    largest = max(np.linalg.norm(want.numpy()) for want in reference[2:])
+    largest = max(np.linalg.norm(want) for want in reference[2:])
     for label, exactly_zero, g, want in zip(names, zero, got, reference):
         # Against the tensor's own size; a gradient that is zero in exact arithmetic, against the largest.
-        norm = largest if exactly_zero else np.linalg.norm(want.numpy())
-        error = np.linalg.norm(g.numpy() - want.numpy()) / norm
+        norm = largest if exactly_zero else np.linalg.norm(want)
+        error = np.linalg.norm(g - want) / norm
         assert error <= tolerance, f"{label}: relative error {error:.3g} > {tolerance:.3g}"
 
 
@@ -282,7 +280,7 @@ def test_mixed_precision_prefill_and_steps_agree_with_the_parallel_form_within_r
     decoded, cache = _decode(layer, x, [(0, 16)] + [(t, t + 1) for t in range(16, 20)])
     # A cache keeps the dtypes it was made with (float32 recurrent states, not the compute dtype).
     assert {k: t.dtype for k, t in cache.items()} == {k: t.dtype for k, t in initial.items()}
-    parallel = tf.cast(layer(x), tf.float32).numpy()
+    parallel = numpy(layer(x))
     assert np.isfinite(decoded).all()
     # The two forms round in a different order: a few units of the compute dtype's epsilon apart.
     tolerance = 8 * EPSILON[layer.compute_dtype]
@@ -291,18 +289,19 @@ def test_mixed_precision_prefill_and_steps_agree_with_the_parallel_form_within_r
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_xla_compiles_the_forward_and_the_decoding_step(name):
+    """The same weights give the same outputs compiled (XLA on TensorFlow, `jax.jit`), forward and decoding."""
     layer = _mixer(name)
-    x = _inputs(40)
-    forward = tf.function(lambda x: layer(x), jit_compile=True)
+    x = tensor(_inputs(40))
+    forward = compiled(lambda x: layer(x))
     # XLA fuses and orders float32 sums differently: compare at reference tolerance.
-    np.testing.assert_allclose(forward(x), layer(x), rtol=1e-4, atol=1e-4)
-    step = tf.function(lambda x, cache: layer(x, cache=cache), jit_compile=True)
+    np.testing.assert_allclose(numpy(forward(x)), numpy(layer(x)), rtol=1e-4, atol=1e-4)
+    step = compiled(lambda x, cache: layer(x, cache=cache))
     y, cache = layer(x[:, :30], cache=layer.get_initial_cache(2))
-    outputs = [y]
+    outputs = [numpy(y)]
     for t in range(30, 40):
         y, cache = step(x[:, t : t + 1], cache)
-        outputs.append(y)
-    np.testing.assert_allclose(tf.concat(outputs, 1), layer(x), rtol=1e-4, atol=1e-4)
+        outputs.append(numpy(y))
+    np.testing.assert_allclose(np.concatenate(outputs, 1), numpy(layer(x)), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -314,7 +313,7 @@ def test_an_empty_sequence_leaves_the_cache_as_it_was(name):
     y, after = layer(empty, cache=cache)
     assert y.shape == (2, 0, WIDTH)
     for entry in cache:
-        np.testing.assert_array_equal(after[entry], cache[entry])
+        np.testing.assert_array_equal(numpy(after[entry]), numpy(cache[entry]))
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -322,7 +321,7 @@ def test_decoding_after_a_nonfinite_input_agrees_with_the_parallel_form(name):
     layer = _mixer(name)
     x = _inputs(12)
     x[:, 5] = np.nan
-    parallel = layer(x).numpy()
+    parallel = numpy(layer(x))
     decoded, _ = _decode(layer, x, [(0, 8)] + [(t, t + 1) for t in range(8, 12)])
     np.testing.assert_allclose(decoded[:, :5], parallel[:, :5], rtol=1e-4, atol=1e-4)
     assert np.isnan(decoded[:, 5:]).all() and np.isnan(parallel[:, 5:]).all()
@@ -337,7 +336,7 @@ def test_bad_calls_are_refused_with_the_value(name):
     with pytest.raises(ValueError, match="axis -1"):
         layer(np.zeros((2, 10, WIDTH + 1), "float32"))
     with pytest.raises(TypeError, match="int32"):
-        layer(tf.zeros([2, 10, WIDTH], tf.int32))
+        layer(tensor(np.zeros([2, 10, WIDTH], "int32")))
     with pytest.raises(ValueError, match=r"padding_mask.*Received: padding_mask.shape=\(2, 9\)"):
         layer(x, padding_mask=np.ones((2, 9), bool))
     with pytest.raises(TypeError, match="padding_mask.dtype=float32"):
@@ -348,7 +347,7 @@ def test_bad_calls_are_refused_with_the_value(name):
     with pytest.raises(ValueError, match=r"a dict of \[.*\]. Received: tuple"):
         layer(x, cache=tuple(cache.values()))
     with pytest.raises(ValueError, match=r"Received: \[.*'stray'"):
-        layer(x, cache={**cache, "stray": tf.zeros([2])})
+        layer(x, cache={**cache, "stray": tensor(np.zeros([2], "float32"))})
 
 
 @pytest.mark.parametrize("name", sorted(MIXERS))
@@ -359,9 +358,9 @@ def test_a_padded_decoding_step_holding_nan_changes_nothing(name):
     _, padded = layer(np.full((2, 1, WIDTH), np.nan, "float32"), padding_mask=np.zeros((2, 1), bool), cache=cache)
     _, zeros = layer(np.zeros((2, 1, WIDTH), "float32"), padding_mask=np.zeros((2, 1), bool), cache=cache)
     for entry in padded:
-        np.testing.assert_array_equal(padded[entry], zeros[entry])
+        np.testing.assert_array_equal(numpy(padded[entry]), numpy(zeros[entry]))
     y, _ = layer(x[:, 8:9], cache=padded)
-    assert np.isfinite(y).all()
+    assert np.isfinite(numpy(y)).all()
 
 
 def _takes_document_starts(name):
@@ -386,30 +385,29 @@ def test_packed_documents_equal_each_document_alone_in_outputs_and_gradients(nam
     """Without a cache every mixer takes `document_starts`: no document sees another (block-diagonal softmax,
     restarted states and buffers, a start position per document), to the gradients."""
     layer = _mixer(name)
-    x = tf.constant(_inputs(60))
+    x = tensor(_inputs(60))
     document_starts = _packed_document_starts(60)
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=x.shape), tf.float32)
+    cotangent = np.random.default_rng(2).normal(size=x.shape).astype("float32")
 
-    def loss_and_gradients(run):
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_sum(tf.cast(run(), tf.float32) * cotangent)
-        return [loss] + tape.gradient(loss, [x] + layer.trainable_weights)
+    def outputs_and_gradients_of(run):
+        (y,), grads = outputs_and_gradients(run, [x], [cotangent], layer.trainable_weights)
+        return [y, *grads]
 
-    def apart():
+    def apart(x):
         rows = []
         for row in range(2):
             bounds = sorted({0, *np.flatnonzero(document_starts[row])}) + [60]
-            rows.append(tf.concat([layer(x[row : row + 1, a:b]) for a, b in zip(bounds[:-1], bounds[1:])], axis=1))
-        return tf.concat(rows, axis=0)
+            pieces = [layer(x[row : row + 1, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+            rows.append(keras.ops.concatenate(pieces, axis=1))
+        return keras.ops.concatenate(rows, axis=0)
 
-    packed = loss_and_gradients(lambda: layer(x, document_starts=document_starts))
-    alone = loss_and_gradients(apart)
+    packed = outputs_and_gradients_of(lambda x: layer(x, document_starts=tensor(document_starts)))
+    alone = outputs_and_gradients_of(apart)
     for got, want in zip(packed, alone):
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
-    # And compiled by XLA.
-    compiled = tf.function(lambda x: layer(x, document_starts=document_starts), jit_compile=True)(x)
-    np.testing.assert_allclose(compiled, apart(), rtol=2e-4, atol=2e-4)
+    # And compiled (XLA, `jax.jit`).
+    together = compiled(lambda x, starts: layer(x, document_starts=starts))(x, tensor(document_starts))
+    np.testing.assert_allclose(numpy(together), numpy(apart(x)), rtol=2e-4, atol=2e-4)
 
 
 @pytest.mark.parametrize("name", RESETTING)
@@ -429,7 +427,7 @@ def test_document_starts_equal_each_document_run_apart_in_parallel_chunks_and_st
         for start, stop in zip(starts[:-1], starts[1:]):
             cache = layer.get_initial_cache(1) if start > 0 or cache is None else cache
             y, cache = layer(x[row : row + 1, start:stop], cache=cache)
-            pieces.append(y.numpy())
+            pieces.append(numpy(y))
         return np.concatenate(pieces, axis=1), cache
 
     want = [apart(row) for row in range(2)]
@@ -437,21 +435,23 @@ def test_document_starts_equal_each_document_run_apart_in_parallel_chunks_and_st
     steps, step_cache = [], before
     for t in range(60):
         y, step_cache = layer(x[:, t : t + 1], cache=step_cache, document_starts=document_starts[:, t : t + 1])
-        steps.append(y.numpy())
+        steps.append(numpy(y))
     chunked, chunk_cache = [], before
     for start, stop in [(0, 25), (25, 26), (26, 60)]:
         y, chunk_cache = layer(x[:, start:stop], cache=chunk_cache, document_starts=document_starts[:, start:stop])
-        chunked.append(y.numpy())
-    for got, got_cache in [(together.numpy(), cache), (np.concatenate(steps, 1), step_cache)] + [
+        chunked.append(numpy(y))
+    for got, got_cache in [(numpy(together), cache), (np.concatenate(steps, 1), step_cache)] + [
         (np.concatenate(chunked, 1), chunk_cache)
     ]:
         for row in range(2):
             np.testing.assert_allclose(got[row], want[row][0][0], rtol=1e-4, atol=1e-4)
             for key in cache:
-                np.testing.assert_allclose(got_cache[key][row], want[row][1][key][0], rtol=1e-4, atol=1e-4)
+                np.testing.assert_allclose(
+                    numpy(got_cache[key])[row], numpy(want[row][1][key])[0], rtol=1e-4, atol=1e-4
+                )
     # Without a cache, a row's first document starts from the empty state.
     np.testing.assert_allclose(
-        layer(x, document_starts=document_starts).numpy()[1, :17], layer(x[1:, :17]).numpy()[0], rtol=1e-4, atol=1e-4
+        numpy(layer(x, document_starts=document_starts))[1, :17], numpy(layer(x[1:, :17]))[0], rtol=1e-4, atol=1e-4
     )
 
 
@@ -466,4 +466,4 @@ def test_a_buffer_of_positions_refuses_document_starts_with_a_cache_but_a_step_r
     step, _ = layer(x[:, 4:5], cache=cache, document_starts=np.array([[True], [False]]))
     fresh, _ = layer(x[:1, 4:5], cache=layer.get_initial_cache(1))
     continued, _ = layer(x[1:, 4:5], cache={k: v[1:] for k, v in cache.items()})
-    np.testing.assert_allclose(step, np.concatenate([fresh, continued]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(numpy(step), np.concatenate([numpy(fresh), numpy(continued)]), rtol=1e-5, atol=1e-5)

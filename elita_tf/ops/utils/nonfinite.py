@@ -58,7 +58,9 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     # The first bad real position of each row, or T: a minimum, where a running count over time would take
     # several passes (and kernels) under XLA.
     length = ops.shape(inputs)[1]
-    first_bad = ops.min(ops.where(bad, ops.arange(length, dtype="int32")[None, :, None], length), axis=[1, 2])  # [B]
+    first_bad = ops.min(
+        ops.where(bad, ops.arange(length, dtype="int32")[None, :, None], length), axis=[1, 2], initial=length
+    )  # [B]; T where there is none (and for T = 0, where a minimum over nothing is an error)
     poisoned = ops.arange(length, dtype="int32")[None, :] >= first_bad[:, None]  # [B, T]: rows at or after one
 
     def poison_rows(x):
