@@ -23,7 +23,10 @@ def _norm(x):
     """`Norm_D(x) = x * sqrt(D) / |x|` over the last axis (RMS 1, no gain); zero stays zero."""
     # A sum over the width, not `ops.mean`: Keras' mean reduces float64 in float32 on JAX and PyTorch.
     mean_square = ops.sum(ops.square(x), axis=-1, keepdims=True) / x.shape[-1]
-    return x * ops.rsqrt(ops.maximum(mean_square, ops.cast(_NORM_FLOOR, x.dtype)))
+    floor = ops.cast(_NORM_FLOOR, x.dtype)
+    # A select, not `maximum`: at the floor JAX's maximum multiplies rsqrt's derivative there (infinite in
+    # float32) by 0, a NaN; a select passes a 0.
+    return x * ops.rsqrt(ops.where(mean_square > floor, mean_square, floor))
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
