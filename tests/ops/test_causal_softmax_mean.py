@@ -1,5 +1,3 @@
-import importlib
-
 import numpy as np
 import pytest
 from keras import ops
@@ -7,7 +5,7 @@ from keras import ops
 from elita_tf.ops.causal_softmax_mean import causal_softmax_mean, causal_softmax_mean_step, empty_softmax_mean_state
 from elita_tf.ops.reference import causal_softmax_mean_reference
 from elita_tf.ops.utils.dtypes import dtype_of
-from tests.backend_utils import BACKEND, compiled, numpy, outputs_and_gradients, random_normal, tensor
+from tests.backend_utils import compiled, numpy, outputs_and_gradients, random_normal, tensor
 from tests.ops.documents import by_document, random_document_starts
 from tests.ops.low_precision import assert_low_precision_follows_float32
 
@@ -16,19 +14,6 @@ LENGTHS = [1, 63, 100, 257]
 # chunk and a part (21), and more chunks than a chunk holds (300: whole chunks in windows again).
 WINDOWS = [None, 1, 5, 16, 21, 32, 40, 300]
 CHUNK = 16
-
-
-@pytest.fixture(params=["branch", "select"])
-def choice_form(request, monkeypatch):
-    """Both ways `branch_or_select` makes a data-dependent choice: a CPU without XLA branches, while XLA and
-    GPUs compute the general form alone (and the global mean takes its direct form). Here the second is taken
-    on the CPU, eagerly. (JAX is always compiled: both are the second.)"""
-    if request.param == "select":
-        import elita_tf.backend
-
-        monkeypatch.setattr(elita_tf.backend, "compiled_or_on_gpu", lambda: True)
-        monkeypatch.setattr(importlib.import_module(f"elita_tf.backend.{BACKEND}"), "compiled_or_on_gpu", lambda: True)
-    return request.param
 
 
 def _arrays(length, scale=3.0, batch=2, heads=3, depth=4, seed=0):
