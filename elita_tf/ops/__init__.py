@@ -2,29 +2,45 @@
 
 Each causal scan has a parallel form for training and a one-step form for decoding, both returning
 their state; `reference` holds the naive O(T²) definitions the tests check them against. What
-`keras.ops` lacks is in `elita_tf.backend`, one module a backend. Each name loads its module on
-first use (`elita_tf.lazy`).
+`keras.ops` lacks is in `elita_tf.backend`, one module a backend.
 """
 
-from elita_tf.lazy import lazy_exports
-
-__getattr__, __dir__, __all__ = lazy_exports(
-    __name__,
-    {
-        "banded_attention": "banded_attention",
-        "banded_attention_step": "banded_attention_step",
-        "causal_linear_attention": "linear_attention",
-        "causal_linear_attention_step": "linear_attention",
-        "causal_softmax_mean": "causal_softmax_mean",
-        "causal_softmax_mean_step": "causal_softmax_mean",
-        "chunked_cross_entropy": "cross_entropy",
-        "empty_banded_state": "banded_attention",
-        "empty_kv_cache": "softmax_attention",
-        "empty_linear_state": "linear_attention",
-        "empty_softmax_mean_state": "causal_softmax_mean",
-        "gated_output_projection": "gated_projection",
-        "softmax_attention": "softmax_attention",
-        "unscaled_layer_norm": "layer_norm",
-        "update_kv_cache": "softmax_attention",
-    },
+from elita_tf.ops.banded_attention import banded_attention, empty_banded_state
+from elita_tf.ops.banded_attention_step import banded_attention_step
+from elita_tf.ops.causal_softmax_mean import (
+    causal_softmax_mean,
+    causal_softmax_mean_step,
+    empty_softmax_mean_state,
 )
+from elita_tf.ops.gated_projection import gated_output_projection
+from elita_tf.ops.layer_norm import unscaled_layer_norm
+from elita_tf.ops.linear_attention import causal_linear_attention, causal_linear_attention_step, empty_linear_state
+from elita_tf.ops.softmax_attention import empty_kv_cache, softmax_attention, update_kv_cache
+
+
+def __getattr__(name):
+    # The chunked loss is TensorFlow's alone for now (the model's `compute_loss`): loaded on first use.
+    if name == "chunked_cross_entropy":
+        from elita_tf.ops.cross_entropy import chunked_cross_entropy
+
+        return chunked_cross_entropy
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "banded_attention",
+    "banded_attention_step",
+    "causal_linear_attention",
+    "causal_linear_attention_step",
+    "causal_softmax_mean",
+    "causal_softmax_mean_step",
+    "chunked_cross_entropy",
+    "empty_banded_state",
+    "empty_kv_cache",
+    "empty_linear_state",
+    "empty_softmax_mean_state",
+    "gated_output_projection",
+    "softmax_attention",
+    "unscaled_layer_norm",
+    "update_kv_cache",
+]

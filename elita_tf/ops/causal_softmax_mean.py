@@ -37,14 +37,14 @@ Forms:
   constant-size state (global) or a ring buffer of `window` entries.
 """
 
-import tensorflow as tf
+from keras import ops
 
+from elita_tf import backend
 from elita_tf.ops.decayed_prefix import chunk_factors, decayed_prefix, logaddexp
 from elita_tf.ops.direct_softmax_mean import direct_softmax_mean
-from elita_tf.ops.utils import xla
 from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT, accumulator_dtype
-from elita_tf.ops.utils.positions import leading, pad_axis, real_extent, static_size, window_after
+from elita_tf.ops.utils.positions import gather_rows, leading, pad_axis, real_extent, static_size, window_after
 from elita_tf.ops.windowed_softmax_mean import banded_mean, merge_means, pad_time, windowed_mean
 
 SOFTMAX_MEAN_CHUNK_SIZE = 32
@@ -52,7 +52,7 @@ SOFTMAX_MEAN_CHUNK_SIZE = 32
 MEAN_FORMS = (None, "factored", "direct")
 
 
-def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype=tf.float32):
+def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype="float32"):
     """The state before any position, for `causal_softmax_mean(_step)`.
 
     Returns:
@@ -63,10 +63,10 @@ def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype
     """
     dtype = accumulator_dtype(dtype)
     if window is None:
-        log_z = tf.fill([batch_size, num_heads], tf.constant(NEG_INF, dtype))
-        return log_z, tf.zeros([batch_size, num_heads, head_dim], dtype)
-    logits = tf.fill([batch_size, num_heads, window], tf.constant(NEG_INF, dtype))
-    return logits, tf.zeros([batch_size, num_heads, window, head_dim], dtype)
+        log_z = ops.full([batch_size, num_heads], NEG_INF, dtype)
+        return log_z, ops.zeros([batch_size, num_heads, head_dim], dtype)
+    logits = ops.full([batch_size, num_heads, window], NEG_INF, dtype)
+    return logits, ops.zeros([batch_size, num_heads, window, head_dim], dtype)
 
 
 def _check_window(window):
@@ -77,12 +77,12 @@ def _check_window(window):
 def _prepare(logits, values, mask):
     """Casts to the accumulator dtype; masked positions get no weight and zero value."""
     dtype = accumulator_dtype(values.dtype)
-    logits = tf.cast(logits, dtype)
-    values = tf.cast(values, dtype)
+    logits = ops.cast(logits, dtype)
+    values = ops.cast(values, dtype)
     if mask is not None:
-        mask = tf.cast(mask, tf.bool)[:, None, :]  # [B, 1, T]
-        logits = tf.where(mask, logits, tf.constant(NEG_INF, dtype))
-        values = tf.where(mask[..., None], values, tf.zeros([], dtype))
+        mask = ops.cast(mask, "bool")[:, None, :]  # [B, 1, T]
+        logits = ops.where(mask, logits, NEG_INF)
+        values = ops.where(mask[..., None], values, 0.0)
     return logits, values
 
 
@@ -99,18 +99,18 @@ def _global_chunked(logits, values, chunk_size):
     if isinstance(length, int):
         pad = (-length) % chunk_size + (chunk_size if length == 0 else 0)
     else:
-        pad = (-length) % chunk_size + chunk_size * tf.cast(tf.equal(length, 0), tf.int32)
+        pad = (-length) % chunk_size + chunk_size * ops.cast(ops.equal(length, 0), "int32")
     logits = pad_axis(logits, 1, pad, NEG_INF)
     values = pad_axis(values, 1, pad)
-    factors = chunk_factors(tf.reshape(logits, [-1, (length + pad) // chunk_size, chunk_size]))
-    factored_log_z = tf.reshape(factors.log_z, tf.shape(logits))  # [N, T']
-    log_z = xla.branch_or_select(
+    factors = chunk_factors(ops.reshape(logits, [-1, (length + pad) // chunk_size, chunk_size]))
+    factored_log_z = ops.reshape(factors.log_z, ops.shape(logits))  # [N, T']
+    log_z = backend.branch_or_select(
         factors.within,
         lambda: factored_log_z,
-        lambda: tf.where(
-            tf.reshape(factors.exact_rows(), tf.shape(logits)),
+        lambda: ops.where(
+            ops.reshape(factors.exact_rows(), ops.shape(logits)),
             factored_log_z,
-            tf.math.cumulative_logsumexp(logits, axis=-1),
+            backend.cumulative_logsumexp(logits, axis=-1),
         ),
     )
     mean = decayed_prefix(log_z, values, chunk_size, levels=2, item_logits=logits, factors=factors)
@@ -119,19 +119,21 @@ def _global_chunked(logits, values, chunk_size):
 
 def _global(logits, values, chunk_size, form):
     """Global causal mean of `[B, H, T]` logits and `[B, H, T, D]` values, in the `form` given (or chosen)."""
-    shape = tf.shape(values)
+    shape = ops.shape(values)
     length, depth = (
         static_size(values, 2),
         static_size(values, 3),
     )  # static where known, so pads and slices can be left out
     if form is None:  # under XLA or on a GPU, the fewest kernels; elsewhere the least arithmetic
-        form = "direct" if isinstance(length, int) and xla.compiled_or_on_gpu() else "factored"
-    flat_logits, flat_values = tf.reshape(logits, [-1, length]), tf.reshape(values, [-1, length, depth])
+        form = "direct" if isinstance(length, int) and backend.compiled_or_on_gpu() else "factored"
+    # The rows counted where they are known: a `-1` beside a length of 0 is ambiguous off TensorFlow.
+    rows = shape[0] * shape[1] if isinstance(shape[0], int) and isinstance(shape[1], int) else -1
+    flat_logits, flat_values = ops.reshape(logits, [rows, length]), ops.reshape(values, [rows, length, depth])
     if form == "direct":
         mean, log_z = direct_softmax_mean(flat_logits, flat_values, chunk_size)
     else:
         mean, log_z = _global_chunked(flat_logits, flat_values, chunk_size)
-    return tf.reshape(mean, shape), tf.reshape(log_z, shape[:3])
+    return ops.reshape(mean, shape), ops.reshape(log_z, shape[:3])
 
 
 def _global_with_document_starts(logits, values, document_starts, initial_state, chunk_size):
@@ -143,33 +145,36 @@ def _global_with_document_starts(logits, values, document_starts, initial_state,
     row reads the state before its chunk only if its document was open
     then. Every exponent is still `<= 0`.
     """
-    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
-    lz0, mean0 = (tf.cast(t, values.dtype) for t in initial_state)
+    b, h, length, depth = (ops.shape(values)[k] for k in range(4))
+    lz0, mean0 = (ops.cast(t, values.dtype) for t in initial_state)
     logits, values = pad_time(logits, values, chunk_size)
-    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
-    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
-    seg = tf.reshape(document_index(document_starts, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
-    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]
-    visible = causal & tf.equal(seg[..., :, None], seg[..., None, :])
-    scores = tf.where(visible, l[..., None, :], tf.constant(UNSEEN_LOGIT, l.dtype))  # [B, H, K, C, C]
-    log_z = tf.reduce_logsumexp(scores, axis=-1)
-    mean = tf.matmul(tf.exp(scores - log_z[..., None]), v)
+    l = ops.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = ops.reshape(values, [b, h, -1, chunk_size, depth])
+    seg = ops.reshape(document_index(document_starts, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+    causal = ops.arange(chunk_size, dtype="int32")[None, :] <= ops.arange(chunk_size, dtype="int32")[:, None]
+    visible = ops.logical_and(causal, ops.equal(seg[..., :, None], seg[..., None, :]))
+    scores = ops.where(visible, l[..., None, :], UNSEEN_LOGIT)  # [B, H, K, C, C]
+    log_z = ops.logsumexp(scores, axis=-1)
+    mean = backend.matmul(ops.exp(scores - log_z[..., None]), v)
 
     last = seg[..., -1]  # each chunk's last document; before the first chunk, the initial state's (0)
-    before_last = tf.pad(last, [[0, 0], [0, 0], [1, 0]])[..., :-1]
-    gates = tf.concat([tf.zeros_like(last[..., :1], tf.bool), tf.equal(last, before_last)], axis=2)
-    gates = tf.broadcast_to(gates, tf.concat([[b, h], tf.shape(gates)[2:]], 0))
+    before_last = ops.pad(last, [[0, 0], [0, 0], [1, 0]])[..., :-1]
+    gates = ops.concatenate([ops.zeros_like(last[..., :1], "bool"), ops.equal(last, before_last)], axis=2)
+    gates = ops.broadcast_to(gates, [b, h, ops.shape(gates)[2]])
     after_lz, after_mean = gated_scan(
         gates,
-        (tf.concat([lz0[:, :, None], log_z[..., -1]], 2), tf.concat([mean0[:, :, None], mean[..., -1, :]], 2)),
+        (
+            ops.concatenate([lz0[:, :, None], log_z[..., -1]], 2),
+            ops.concatenate([mean0[:, :, None], mean[..., -1, :]], 2),
+        ),
         lambda earlier, later: merge_means([earlier, later]),
         axis=2,
     )
-    carried = tf.equal(seg, before_last[..., None])  # [B, 1, K, C]
-    previous = (tf.where(carried, after_lz[:, :, :-1, None], NEG_INF), after_mean[:, :, :-1, None, :])
+    carried = ops.equal(seg, before_last[..., None])  # [B, 1, K, C]
+    previous = (ops.where(carried, after_lz[:, :, :-1, None], NEG_INF), after_mean[:, :, :-1, None, :])
     log_z, mean = merge_means([previous, (log_z, mean)])
-    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
-    log_z = tf.reshape(log_z, [b, h, -1])[:, :, :length]
+    mean = ops.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    log_z = ops.reshape(log_z, [b, h, -1])[:, :, :length]
     return mean, log_z, (after_lz[:, :, -1], after_mean[:, :, -1])
 
 
@@ -220,15 +225,15 @@ def causal_softmax_mean(
         raise ValueError(f"`form` must be one of {MEAN_FORMS}. Received: form={form!r}")
     if form == "direct" and logits.shape[-1] is None:
         raise ValueError(f"form='direct' needs a length known at tracing. Received: logits of shape {logits.shape}")
-    end = real_extent(mask, tf.shape(logits)[-1])
+    end = real_extent(mask, ops.shape(logits)[-1])
     logits, values = _prepare(logits, values, mask)
     if document_starts is not None:
         return _with_document_starts(logits, values, window, initial_state, chunk_size, document_starts, end)
     if window is not None and initial_state is not None:
         # The ring buffer holds the `window` positions before these.
         buf_l, buf_v = initial_state
-        logits = tf.concat([tf.cast(buf_l, logits.dtype), logits], axis=-1)
-        values = tf.concat([tf.cast(buf_v, values.dtype), values], axis=-2)
+        logits = ops.concatenate([ops.cast(buf_l, logits.dtype), logits], axis=-1)
+        values = ops.concatenate([ops.cast(buf_v, values.dtype), values], axis=-2)
     if window is None:
         mean, log_z = _global(logits, values, chunk_size, form)
     else:
@@ -236,52 +241,52 @@ def causal_softmax_mean(
 
     if window is not None:
         if initial_state is None:
-            b, h, _, d = (tf.shape(values)[k] for k in range(4))
+            b, h, _, d = (ops.shape(values)[k] for k in range(4))
             empty_l, empty_v = empty_softmax_mean_state(b, h, d, window, values.dtype)
-            logits = tf.concat([empty_l, logits], axis=-1)
-            values = tf.concat([empty_v, values], axis=-2)
+            logits = ops.concatenate([empty_l, logits], axis=-1)
+            values = ops.concatenate([empty_v, values], axis=-2)
         else:
             mean, log_z = mean[:, :, window:], log_z[:, :, window:]
         return mean, log_z, (window_after(logits, end, window, axis=2), window_after(values, end, window, axis=2))
 
     if initial_state is None:
-        b, h, _, d = (tf.shape(values)[k] for k in range(4))
+        b, h, _, d = (ops.shape(values)[k] for k in range(4))
         initial_state = empty_softmax_mean_state(b, h, d, None, values.dtype)
     else:
         # Merge the running state of earlier positions into every row.
-        lz0 = tf.cast(initial_state[0], log_z.dtype)[..., None]
-        mean0 = tf.cast(initial_state[1], mean.dtype)[:, :, None, :]
+        lz0 = ops.cast(initial_state[0], log_z.dtype)[..., None]
+        mean0 = ops.cast(initial_state[1], mean.dtype)[:, :, None, :]
         merged = logaddexp(lz0, log_z)
-        mean = tf.exp(lz0 - merged)[..., None] * mean0 + tf.exp(log_z - merged)[..., None] * mean
+        mean = ops.exp(lz0 - merged)[..., None] * mean0 + ops.exp(log_z - merged)[..., None] * mean
         log_z = merged
         initial_state = (lz0[..., 0], mean0[:, :, 0])
     # The last row's statistics, or the initial state when T = 0 (only the last row is copied).
     state = (
-        tf.concat([initial_state[0][..., None], log_z[..., -1:]], axis=-1)[..., -1],
-        tf.concat([initial_state[1][:, :, None], mean[:, :, -1:]], axis=2)[:, :, -1],
+        ops.concatenate([initial_state[0][..., None], log_z[..., -1:]], axis=-1)[..., -1],
+        ops.concatenate([initial_state[1][:, :, None], mean[:, :, -1:]], axis=2)[:, :, -1],
     )
     return mean, log_z, state
 
 
 def _with_document_starts(logits, values, window, initial_state, chunk_size, document_starts, end):
     """`causal_softmax_mean` on prepared inputs where documents start at `document_starts`."""
-    b, h, d = tf.shape(values)[0], tf.shape(values)[1], tf.shape(values)[3]
+    b, h, d = ops.shape(values)[0], ops.shape(values)[1], ops.shape(values)[3]
     if initial_state is None:
         initial_state = empty_softmax_mean_state(b, h, d, window, values.dtype)
     if window is None:
         return _global_with_document_starts(logits, values, document_starts, initial_state, chunk_size)
     # The ring buffer first, as the initial state's document (no reset in it).
-    logits = tf.concat([tf.cast(initial_state[0], logits.dtype), logits], axis=-1)
-    values = tf.concat([tf.cast(initial_state[1], values.dtype), values], axis=-2)
-    document_starts = tf.concat([tf.zeros([b, window], tf.bool), tf.cast(document_starts, tf.bool)], axis=1)
+    logits = ops.concatenate([ops.cast(initial_state[0], logits.dtype), logits], axis=-1)
+    values = ops.concatenate([ops.cast(initial_state[1], values.dtype), values], axis=-2)
+    document_starts = ops.concatenate([ops.zeros([b, window], "bool"), ops.cast(document_starts, "bool")], axis=1)
     mean, log_z = banded_mean(logits, values, window, max(window, chunk_size), document_starts)
     # The state keeps the last document's positions alone.
     seg = document_index(document_starts)
-    end = tf.broadcast_to(end, [b])
-    last = tf.gather(seg, end + window - 1, batch_dims=1)
-    own = tf.equal(seg, last[:, None])[:, None]  # [B, 1, window + T]
-    logits = tf.where(own, logits, NEG_INF)
-    values = tf.where(own[..., None], values, tf.zeros([], values.dtype))
+    end = ops.broadcast_to(end, [b])
+    last = gather_rows(seg, (end + window - 1)[:, None], 1)[:, 0]
+    own = ops.equal(seg, last[:, None])[:, None]  # [B, 1, window + T]
+    logits = ops.where(own, logits, NEG_INF)
+    values = ops.where(own[..., None], values, 0.0)
     state = (window_after(logits, end, window, axis=2), window_after(values, end, window, axis=2))
     return mean[:, :, window:], log_z[:, :, window:], state
 
@@ -309,15 +314,15 @@ def causal_softmax_mean_step(state, logit, value, window=None, mask=None):
         log_z, mean = state
         new_log_z = logaddexp(log_z, logit)
         # Online mean: the weight exp(l - L) is in [0, 1], so it never overflows.
-        new_mean = mean + tf.exp(logit - new_log_z)[..., None] * (value - mean)
+        new_mean = mean + ops.exp(logit - new_log_z)[..., None] * (value - mean)
         if mask is not None:
-            keep = tf.cast(mask, tf.bool)[:, None]
-            new_log_z = tf.where(keep, new_log_z, log_z)
-            new_mean = tf.where(keep[..., None], new_mean, mean)
+            keep = ops.cast(mask, "bool")[:, None]
+            new_log_z = ops.where(keep, new_log_z, log_z)
+            new_mean = ops.where(keep[..., None], new_mean, mean)
         return new_mean, new_log_z, (new_log_z, new_mean)
     buf_l, buf_v = state
-    buf_l = tf.concat([buf_l[:, :, 1:], logit[..., None]], axis=-1)
-    buf_v = tf.concat([buf_v[:, :, 1:], value[:, :, None]], axis=2)
-    log_z = tf.reduce_logsumexp(buf_l, axis=-1)
-    mean = tf.einsum("bhw,bhwd->bhd", tf.exp(buf_l - log_z[..., None]), buf_v)
+    buf_l = ops.concatenate([buf_l[:, :, 1:], logit[..., None]], axis=-1)
+    buf_v = ops.concatenate([buf_v[:, :, 1:], value[:, :, None]], axis=2)
+    log_z = ops.logsumexp(buf_l, axis=-1)
+    mean = ops.einsum("bhw,bhwd->bhd", ops.exp(buf_l - log_z[..., None]), buf_v)
     return mean, log_z, (buf_l, buf_v)

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.ops.utils.dtypes import accumulator_dtype
-from elita_tf.ops.utils.xla import branch_or_select
+from elita_tf.backend import branch_or_select
 
 CROSS_ENTROPY_CHUNK_SIZE = 512
 

@@ -7,14 +7,15 @@ whose weights are factored around the chunk's first normaliser where that is exa
 `<= 0`: nothing overflows, and no cumulative sum is ever subtracted from another.
 """
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-import tensorflow as tf
+import keras
+from keras import ops
 
+from elita_tf import backend
 from elita_tf.ops.pairwise_projection import outer_product
-from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT
+from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT, dtype_of
 from elita_tf.ops.utils.positions import leading, pad_axis, shift_right, static_size
-from elita_tf.ops.utils.xla import branch_or_select
 
 # Floor for log(|x|) in the sign-split carry: adds at most 1e-30 to a mean.
 _TINY = 1e-30
@@ -22,23 +23,34 @@ _TINY = 1e-30
 
 def logaddexp(a, b):
     """`log(exp(a) + exp(b))`, broadcasting, with the right gradient at ties."""
-    a, b = a + tf.zeros_like(b), b + tf.zeros_like(a)
-    return tf.reduce_logsumexp(tf.stack([a, b], axis=-1), axis=-1)
+    a, b = a + ops.zeros_like(b), b + ops.zeros_like(a)
+    return ops.logsumexp(ops.stack([a, b], axis=-1), axis=-1)
 
 
 # How far a logit may rise above its chunk's reference for the factored weights: `exp(span)`, and
 # `1 / (1 + C exp(span))`, stay normal numbers (float32's range ends near e^±87, float64's near e^±708).
-_SPAN = {tf.float32: 80.0, tf.float64: 700.0}
+_SPAN = {"float32": 80.0, "float64": 700.0}
 
 
 class _Factors(NamedTuple):
     """A chunked sequence's `L = logcumsumexp(l)` and the factors of its chunk weights (`chunk_factors`)."""
 
-    log_z: tf.Tensor  # [N, K, C]
-    rows: tf.Tensor  # [N, K, C], exp(r - L_i)
-    keys: tf.Tensor  # [N, K, C], exp(l_j - r)
-    within: tf.Tensor  # scalar bool: every row's factors are exact
+    log_z: Any  # [N, K, C]
+    rows: Any  # [N, K, C], exp(r - L_i)
+    keys: Any  # [N, K, C], exp(l_j - r)
+    within: Any  # scalar bool: every row's factors are exact
     exact_rows: Callable  # () -> bool [N, K, C], the rows whose factors are exact
+    too_high: Any  # bool [N, K, C], the logits past the span: what `exact_rows` is built from
+
+
+def _upper(size, dtype):
+    """`[C, C]` ones where `j <= i` (row `j`, column `i`), zeros elsewhere."""
+    return ops.cast(ops.arange(size, dtype="int32")[:, None] <= ops.arange(size, dtype="int32")[None, :], dtype)
+
+
+def _exact_rows(too_high, upper):
+    """Bool `[N, K, C]`: the rows with no logit past the span at or before them (`too_high [N, K, C]`)."""
+    return ops.equal(backend.matmul(ops.cast(too_high, upper.dtype), upper), 0.0)
 
 
 def chunk_factors(logits):
@@ -60,25 +72,24 @@ def chunk_factors(logits):
     row's reference and factors depend on positions `<= i` only, so which
     form a row takes, and every bit of it, is causal.
     """
-    span = _SPAN[logits.dtype]
-    peak = tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))
-    totals = peak[..., 0] + tf.math.log(tf.reduce_sum(tf.exp(logits - peak), axis=-1))  # [N, K]
-    before = shift_right(tf.math.cumulative_logsumexp(totals, axis=1), axis=1, fill=NEG_INF)
-    ref = tf.stop_gradient(logaddexp(before, logits[..., 0]))[..., None]  # cancels from L and its gradient
+    span = _SPAN[dtype_of(logits)]
+    peak = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True))
+    totals = peak[..., 0] + ops.log(ops.sum(ops.exp(logits - peak), axis=-1))  # [N, K]
+    before = shift_right(backend.cumulative_logsumexp(totals, axis=1), axis=1, fill=NEG_INF)
+    ref = ops.stop_gradient(logaddexp(before, logits[..., 0]))[..., None]  # cancels from L and its gradient
     rise = logits - ref
     # Clamped: a row past a too-high logit takes the exponential forms, but its factors stay finite.
-    keys = tf.exp(tf.minimum(rise, span))
-    size = logits.shape[-1]
-    upper = tf.cast(tf.range(size)[:, None] <= tf.range(size)[None, :], logits.dtype)  # [C, C], j <= i
-    z = tf.exp(before[..., None] - ref) + tf.matmul(keys, upper)  # [N, K, C], >= 1
+    keys = ops.exp(backend.minimum(rise, span))
+    upper = _upper(logits.shape[-1], dtype_of(logits))  # [C, C], j <= i
+    z = ops.exp(before[..., None] - ref) + backend.matmul(keys, upper)  # [N, K, C], >= 1
 
     too_high = rise > span  # a bool, not `rise`, is what the rows' check keeps until the backward pass
 
     def exact_rows():  # built where it is needed: on a CPU without XLA, only in the branch that needs it
-        return tf.equal(tf.matmul(tf.cast(too_high, logits.dtype), upper), 0.0)
+        return _exact_rows(too_high, upper)
 
-    within = tf.logical_not(tf.reduce_any(too_high))
-    return _Factors(ref + tf.math.log(z), tf.math.reciprocal(z), keys, within, exact_rows)
+    within = ops.logical_not(ops.any(too_high))
+    return _Factors(ref + ops.log(z), ops.reciprocal(z), keys, within, exact_rows, too_high)
 
 
 def chunk_products(log_w, log_norm, items, block_size, factors=None):
@@ -93,41 +104,46 @@ def chunk_products(log_w, log_norm, items, block_size, factors=None):
     With `factors` (`chunk_factors` of `a`, whose `log_z` is `L`), a weight is the product
     `rows_i keys_j`: an outer product and the causal mask, two passes over `[N, K, C, C]`
     instead of a subtraction, a bias and an exponential. Rows whose factors are not exact take
-    the exponential form.
+    the exponential form. The factors are arguments of the custom gradient, which gives them
+    none (they carry no gradient of their own: `L`'s reaches `log_norm`).
     """
-    causal = tf.range(block_size)[None, :] <= tf.range(block_size)[:, None]  # [C, C]
+    causal = ops.arange(block_size, dtype="int32")[None, :] <= ops.arange(block_size, dtype="int32")[:, None]  # [C, C]
+    dtype = dtype_of(log_w)
     # Added, not selected: a select broadcast to `[N, K, C, C]` is the slowest pass here.
-    mask_bias = tf.where(causal, tf.constant(0.0, log_w.dtype), tf.constant(UNSEEN_LOGIT, log_w.dtype))
+    mask_bias = ops.where(causal, ops.convert_to_tensor(0.0, dtype), ops.convert_to_tensor(UNSEEN_LOGIT, dtype))
 
-    def weights(log_w, log_norm):
+    def weights(log_w, log_norm, *factored_args):
         def exponential():
-            return tf.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
+            return ops.exp(log_w[:, :, None, :] - log_norm[..., None] + mask_bias)
 
-        if factors is None:
+        if not factored_args:
             return exponential()
+        rows, keys, within, too_high = factored_args
 
         def factored():
-            # band_part keeps the lower triangle in one pass: 1.8 against 3.0 ms for multiplying
-            # by the mask at T = 16K on a CPU. The factors are finite and >= 0: the same values.
-            return tf.linalg.band_part(outer_product(factors.rows, factors.keys), -1, 0)
+            # tril keeps the lower triangle in one pass (TensorFlow's band_part): 1.8 against 3.0 ms for
+            # multiplying by the mask at T = 16K on a CPU. The factors are finite and >= 0: the same values.
+            return ops.tril(outer_product(rows, keys))
 
-        return branch_or_select(
-            factors.within, factored, lambda: tf.where(factors.exact_rows()[..., None], factored(), exponential())
+        return backend.branch_or_select(
+            within,
+            factored,
+            lambda: ops.where(_exact_rows(too_high, _upper(block_size, dtype))[..., None], factored(), exponential()),
         )
 
-    @tf.custom_gradient
-    def products(log_w, log_norm, items):
+    def products(log_w, log_norm, items, *factored_args):
         def grad(upstream):
-            with tf.name_scope("causal_mean_gradient"):
-                with tf.control_dependencies([upstream]):  # else every block recomputes its weights at once, early
-                    w = weights(log_w, log_norm)
-                d_scores = tf.matmul(upstream, items, transpose_b=True) * w  # [N, K, C, C]
-                d_items = tf.matmul(w, upstream, transpose_a=True)
-                return tf.reduce_sum(d_scores, -2), -tf.reduce_sum(d_scores, -1), d_items
+            with keras.name_scope("causal_mean_gradient"):
+                # Ordered after the upstream gradient, else every block recomputes its weights at once, early.
+                w = backend.ordered([upstream], lambda: weights(log_w, log_norm, *factored_args))
+                d_scores = backend.matmul(upstream, items, transpose_b=True) * w  # [N, K, C, C]
+                d_items = backend.matmul(w, upstream, transpose_a=True)
+                return (ops.sum(d_scores, -2), -ops.sum(d_scores, -1), d_items) + (None,) * len(factored_args)
 
-        return tf.matmul(weights(log_w, log_norm), items), grad
+        return backend.matmul(weights(log_w, log_norm, *factored_args), items), grad
 
-    return products(log_w, log_norm, items)
+    factored_args = () if factors is None else (factors.rows, factors.keys, factors.within, factors.too_high)
+    return backend.custom_gradient(products)(log_w, log_norm, items, *factored_args)
 
 
 def decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factors=None):
@@ -147,17 +163,17 @@ def decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factor
     if isinstance(length, int) and length <= block_size:
         return chunk_products(log_w[:, None], log_norm[:, None], items[:, None], length, factors)[:, 0]
     if levels == 0:
-        log_pos = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(items, _TINY)), axis=1)
-        log_neg = tf.math.cumulative_logsumexp(log_w[..., None] + tf.math.log(tf.maximum(-items, _TINY)), axis=1)
-        return tf.exp(log_pos - log_norm[..., None]) - tf.exp(log_neg - log_norm[..., None])
+        log_pos = backend.cumulative_logsumexp(log_w[..., None] + ops.log(backend.maximum(items, _TINY)), axis=1)
+        log_neg = backend.cumulative_logsumexp(log_w[..., None] + ops.log(backend.maximum(-items, _TINY)), axis=1)
+        return ops.exp(log_pos - log_norm[..., None]) - ops.exp(log_neg - log_norm[..., None])
     pad = (-length) % block_size
     if not (isinstance(pad, int) and pad == 0):
         # Padding repeats the last log_norm (length >= 1 here): weights stay <= 1.
-        log_norm = tf.gather(log_norm, tf.minimum(tf.range(length + pad), length - 1), axis=1)
-    lz = tf.reshape(log_norm, [-1, (length + pad) // block_size, block_size])  # [N, K, C]
-    x = tf.reshape(pad_axis(items, 1, pad), [-1, (length + pad) // block_size, block_size, depth])  # [N, K, C, D]
+        log_norm = ops.take(log_norm, backend.minimum(ops.arange(length + pad, dtype="int32"), length - 1), axis=1)
+    lz = ops.reshape(log_norm, [-1, (length + pad) // block_size, block_size])  # [N, K, C]
+    x = ops.reshape(pad_axis(items, 1, pad), [-1, (length + pad) // block_size, block_size, depth])  # [N, K, C, D]
     # Padded items are zero and get no weight.
-    log_w = tf.reshape(pad_axis(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
+    log_w = ops.reshape(pad_axis(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
 
     inner = chunk_products(log_w, lz, x, block_size, factors)  # [N, K, C, D]
     # Carry: everything before each block, decayed to the block's rows.
@@ -166,5 +182,5 @@ def decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factor
     prev = shift_right(carry, axis=1)
     # An outer product per chunk (`outer_product`): its gradients are matrix-vector products rather
     # than `[N, K, C, D]` products to be summed.
-    out = inner + outer_product(tf.exp(prev_lz[..., None] - lz), prev)
-    return leading(tf.reshape(out, [-1, length + pad, depth]), length)
+    out = inner + outer_product(ops.exp(prev_lz[..., None] - lz), prev)
+    return leading(ops.reshape(out, [-1, length + pad, depth]), length)

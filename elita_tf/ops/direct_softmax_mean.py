@@ -23,7 +23,9 @@ handful of fused operations a level: under XLA, and on a GPU, what costs is the 
 kernels, not the arithmetic. `causal_softmax_mean` takes it there (`form="direct"`).
 """
 
-import tensorflow as tf
+from keras import ops
+
+from elita_tf import backend
 
 from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT
 from elita_tf.ops.utils.positions import pad_axis, shift_right
@@ -36,11 +38,11 @@ def direct_softmax_mean(logits, values, chunk_size):
     """
     length, depth = logits.shape[1], values.shape[2]
     if length == 0:
-        return tf.zeros_like(values), tf.zeros_like(logits)
-    ones = tf.ones_like(values[..., :1])
-    reference, sums = _causal_sums(logits, tf.concat([values, ones], axis=-1), chunk_size)
+        return ops.zeros_like(values), ops.zeros_like(logits)
+    ones = ops.ones_like(values[..., :1])
+    reference, sums = _causal_sums(logits, ops.concatenate([values, ones], axis=-1), chunk_size)
     normaliser = sums[..., depth]  # >= 1
-    return sums[..., :depth] / normaliser[..., None], reference + tf.math.log(normaliser)
+    return sums[..., :depth] / normaliser[..., None], reference + ops.log(normaliser)
 
 
 def _causal_sums(logits, values, chunk_size):
@@ -50,22 +52,22 @@ def _causal_sums(logits, values, chunk_size):
     pad = -length % size
     chunks = (length + pad) // size
     # Padding at the end: no earlier row sees it, and its rows are cut off below.
-    l = tf.reshape(pad_axis(logits, 1, pad, NEG_INF), [-1, chunks, size])  # [N, K, C]
-    v = tf.reshape(pad_axis(values, 1, pad), [-1, chunks, size, width])  # [N, K, C, E]
-    causal = tf.range(size)[None, :] <= tf.range(size)[:, None]  # [C, C], j <= i
-    scores = tf.where(causal, l[:, :, None, :], tf.constant(UNSEEN_LOGIT, l.dtype))  # [N, K, C, C]
-    reference = tf.stop_gradient(tf.reduce_max(scores, axis=-1))  # [N, K, C]
-    sums = tf.matmul(tf.exp(scores - reference[..., None]), v)  # [N, K, C, E]
+    l = ops.reshape(pad_axis(logits, 1, pad, NEG_INF), [-1, chunks, size])  # [N, K, C]
+    v = ops.reshape(pad_axis(values, 1, pad), [-1, chunks, size, width])  # [N, K, C, E]
+    causal = ops.arange(size, dtype="int32")[None, :] <= ops.arange(size, dtype="int32")[:, None]  # [C, C], j <= i
+    scores = ops.where(causal, l[:, :, None, :], UNSEEN_LOGIT)  # [N, K, C, C]
+    reference = ops.stop_gradient(ops.max(scores, axis=-1))  # [N, K, C]
+    sums = backend.matmul(ops.exp(scores - reference[..., None]), v)  # [N, K, C, E]
     if chunks > 1:
         before_reference, before = _before_each_chunk(reference[:, :, -1], sums[:, :, -1], chunk_size)
         before_reference = before_reference[..., None]  # [N, K, 1]
-        top = tf.maximum(before_reference, reference)
+        top = backend.maximum(before_reference, reference)
         sums = (
-            tf.exp(before_reference - top)[..., None] * before[:, :, None] + tf.exp(reference - top)[..., None] * sums
+            ops.exp(before_reference - top)[..., None] * before[:, :, None] + ops.exp(reference - top)[..., None] * sums
         )
         reference = top
-    reference = tf.reshape(reference, [-1, chunks * size])[:, :length]
-    return reference, tf.reshape(sums, [-1, chunks * size, width])[:, :length]
+    reference = ops.reshape(reference, [-1, chunks * size])[:, :length]
+    return reference, ops.reshape(sums, [-1, chunks * size, width])[:, :length]
 
 
 # Chunks whose carries are taken as one `[K, K]` product; past this, one level more of chunks.
@@ -79,7 +81,7 @@ def _before_each_chunk(references, sums, chunk_size):
     if chunks > _DIRECT_CHUNKS:  # inclusive, one level up, shifted by one chunk
         upper_reference, upper = _causal_sums(references, sums, chunk_size)
         return shift_right(upper_reference, axis=1, fill=UNSEEN_LOGIT), shift_right(upper, axis=1)
-    earlier = tf.range(chunks)[None, :] < tf.range(chunks)[:, None]  # [K, K], k' < k
-    scores = tf.where(earlier, references[:, None, :], tf.constant(UNSEEN_LOGIT, references.dtype))  # [N, K, K]
-    reference = tf.stop_gradient(tf.reduce_max(scores, axis=-1))
-    return reference, tf.matmul(tf.exp(scores - reference[..., None]), sums)
+    earlier = ops.arange(chunks, dtype="int32")[None, :] < ops.arange(chunks, dtype="int32")[:, None]  # [K, K], k' < k
+    scores = ops.where(earlier, references[:, None, :], UNSEEN_LOGIT)  # [N, K, K]
+    reference = ops.stop_gradient(ops.max(scores, axis=-1))
+    return reference, backend.matmul(ops.exp(scores - reference[..., None]), sums)

@@ -7,8 +7,12 @@
 Means over disjoint spans combine exactly by their normalisers (`merge_means`).
 """
 
-import tensorflow as tf
+import functools
+import operator
 
+from keras import ops
+
+from elita_tf import backend
 from elita_tf.ops.utils.documents import document_index
 from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT
 from elita_tf.ops.utils.positions import pad_axis, shift_right, static_size
@@ -26,34 +30,35 @@ def banded_mean(logits, values, window, chunk_size, document_starts=None):
     Row `i` of a chunk sits at key slot `C + i` of `[previous chunk, chunk]`
     and sees slots `(C + i - window, C + i]` (of its own document, with `document_starts [B, T]`).
     """
-    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
+    b, h, length, depth = (ops.shape(values)[k] for k in range(4))
     logits, values = pad_time(logits, values, chunk_size)
-    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
-    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
+    l = ops.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = ops.reshape(values, [b, h, -1, chunk_size, depth])
     prev_l = shift_right(l, axis=2, fill=NEG_INF)
     prev_v = shift_right(v, axis=2)
-    keys_l = tf.concat([prev_l, l], axis=-1)  # [B, H, K, 2C]
-    keys_v = tf.concat([prev_v, v], axis=-2)  # [B, H, K, 2C, D]
-    row = tf.range(chunk_size)[:, None] + chunk_size
-    col = tf.range(2 * chunk_size)[None, :]
-    band = (col <= row) & (col > row - window)  # [C, 2C]
+    keys_l = ops.concatenate([prev_l, l], axis=-1)  # [B, H, K, 2C]
+    keys_v = ops.concatenate([prev_v, v], axis=-2)  # [B, H, K, 2C, D]
+    row = ops.arange(chunk_size, dtype="int32")[:, None] + chunk_size
+    col = ops.arange(2 * chunk_size, dtype="int32")[None, :]
+    band = ops.logical_and(col <= row, col > row - window)  # [C, 2C]
     if document_starts is not None:
-        seg = tf.reshape(document_index(document_starts, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
-        keys_seg = tf.concat([shift_right(seg, axis=2, fill=-1), seg], axis=-1)
-        band = band & tf.equal(seg[..., :, None], keys_seg[..., None, :])  # [B, 1, K, C, 2C]
-    scores = tf.where(band, keys_l[..., None, :], tf.constant(UNSEEN_LOGIT, l.dtype))
-    log_z = tf.reduce_logsumexp(scores, axis=-1)  # [B, H, K, C]
-    weights = tf.exp(scores - log_z[..., None])
-    mean = tf.einsum("bhkij,bhkjd->bhkid", weights, keys_v)
-    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
-    return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
+        seg = ops.reshape(document_index(document_starts, chunk_size), [b, 1, -1, chunk_size])  # [B, 1, K, C]
+        keys_seg = ops.concatenate([shift_right(seg, axis=2, fill=-1), seg], axis=-1)
+        band = ops.logical_and(band, ops.equal(seg[..., :, None], keys_seg[..., None, :]))  # [B, 1, K, C, 2C]
+    scores = ops.where(band, keys_l[..., None, :], UNSEEN_LOGIT)
+    log_z = ops.logsumexp(scores, axis=-1)  # [B, H, K, C]
+    weights = ops.exp(scores - log_z[..., None])
+    mean = ops.einsum("bhkij,bhkjd->bhkid", weights, keys_v)
+    mean = ops.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    return mean, ops.reshape(log_z, [b, h, -1])[:, :, :length]
 
 
 def merge_means(parts):
     """`(log_z, mean)` of the union of disjoint key sets, from each set's `(log_z, mean)`."""
-    log_z = tf.reduce_logsumexp(tf.stack([lz for lz, _ in parts], axis=-1), axis=-1)
-    # add_n, not sum(): one op, without sum()'s extra pass of `0 + first`.
-    mean = tf.add_n([tf.exp(lz - log_z)[..., None] * m for lz, m in parts])
+    log_z = ops.logsumexp(ops.stack([lz for lz, _ in parts], axis=-1), axis=-1)
+    # A chain of additions, not sum(): no extra pass of `0 + first` (TensorFlow's graph optimiser makes the
+    # chain one AddN, XLA fuses it).
+    mean = functools.reduce(operator.add, [ops.exp(lz - log_z)[..., None] * m for lz, m in parts])
     return log_z, mean
 
 
@@ -72,25 +77,24 @@ def block_banded_mean(logits, values, window, chunk_size):
     sequence `C` times shorter (this function again, or a banded pass).
     The parts are merged with a log-sum-exp, so every weight stays `<= 1`.
     """
-    b, h, length, depth = (tf.shape(values)[k] for k in range(4))
+    b, h, length, depth = (ops.shape(values)[k] for k in range(4))
     whole, rest = divmod(window, chunk_size)
     logits, values = pad_time(logits, values, chunk_size)
-    l = tf.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
-    v = tf.reshape(values, [b, h, -1, chunk_size, depth])
-    neg_inf = tf.constant(NEG_INF, l.dtype)
+    l = ops.reshape(logits, [b, h, -1, chunk_size])  # [B, H, K, C]
+    v = ops.reshape(values, [b, h, -1, chunk_size, depth])
 
-    rows, keys = tf.range(chunk_size)[:, None], tf.range(chunk_size)[None, :]
-    pre_lz = tf.math.cumulative_logsumexp(l, axis=-1)
-    pre_mean = tf.matmul(tf.exp(tf.where(keys <= rows, l[..., None, :] - pre_lz[..., None], neg_inf)), v)
+    rows, keys = ops.arange(chunk_size, dtype="int32")[:, None], ops.arange(chunk_size, dtype="int32")[None, :]
+    pre_lz = backend.cumulative_logsumexp(l, axis=-1)
+    pre_mean = backend.matmul(ops.exp(ops.where(keys <= rows, l[..., None, :] - pre_lz[..., None], NEG_INF)), v)
 
     # Row r takes the suffix from offset s_r = (r - w + 1) mod C, `whole` chunks back (or `whole + 1`:
     # rows r < w - 1, which exist for w >= 2); with w = 0, s_r = r + 1 and row C - 1 takes an empty
     # suffix (offset C). Each row's suffix is formed at its own offset, so no row moves afterwards.
     offset = (rows[:, 0] - rest + 1) % chunk_size if rest else rows[:, 0] + 1  # [C], in [0, C]
-    suf_lz = tf.math.cumulative_logsumexp(l, axis=-1, reverse=True)
-    suf_lz = tf.gather(tf.pad(suf_lz, [[0, 0]] * 3 + [[0, 1]], constant_values=NEG_INF), offset, axis=-1)
+    suf_lz = backend.cumulative_logsumexp(l, axis=-1, reverse=True)
+    suf_lz = ops.take(ops.pad(suf_lz, [[0, 0]] * 3 + [[0, 1]], constant_values=NEG_INF), offset, axis=-1)
     suffix_keys = keys >= offset[:, None]  # [C, C]
-    suf_mean = tf.matmul(tf.exp(tf.where(suffix_keys, l[..., None, :] - suf_lz[..., None], neg_inf)), v)
+    suf_mean = backend.matmul(ops.exp(ops.where(suffix_keys, l[..., None, :] - suf_lz[..., None], NEG_INF)), v)
     suffix = (shift_right(suf_lz, 2, NEG_INF, whole), shift_right(suf_mean, 2, 0.0, whole))
 
     # Whole chunks k - m + 1 .. k - 1 (and k - m for rows r < w - 1).
@@ -99,26 +103,26 @@ def block_banded_mean(logits, values, window, chunk_size):
         span_mean, span_lz = windowed_mean(chunk_lz, chunk_mean, whole - 1, chunk_size)
         span = (shift_right(span_lz, 2, NEG_INF), shift_right(span_mean, 2))
     else:
-        span = (tf.fill(tf.shape(chunk_lz), neg_inf), tf.zeros_like(chunk_mean))
+        span = (ops.full_like(chunk_lz, NEG_INF), ops.zeros_like(chunk_mean))
 
     def to_rows(part):  # a chunk's (log_z, mean), for each of its rows
-        return tf.broadcast_to(part[0][..., None], tf.shape(pre_lz)), part[1][:, :, :, None]
+        return ops.broadcast_to(part[0][..., None], ops.shape(pre_lz)), part[1][:, :, :, None]
 
     if rest >= 2:
-        second_case = tf.range(chunk_size) < rest - 1
+        second_case = ops.arange(chunk_size, dtype="int32") < rest - 1
         suffix = (
-            tf.where(second_case, shift_right(suf_lz, 2, NEG_INF, whole + 1), suffix[0]),
-            tf.where(second_case[:, None], shift_right(suf_mean, 2, 0.0, whole + 1), suffix[1]),
+            ops.where(second_case, shift_right(suf_lz, 2, NEG_INF, whole + 1), suffix[0]),
+            ops.where(second_case[:, None], shift_right(suf_mean, 2, 0.0, whole + 1), suffix[1]),
         )
         oldest = (shift_right(chunk_lz, 2, NEG_INF, whole), shift_right(chunk_mean, 2, 0.0, whole))
         longer, span = to_rows(merge_means([span, oldest])), to_rows(span)
-        span = (tf.where(second_case, longer[0], span[0]), tf.where(second_case[:, None], longer[1], span[1]))
+        span = (ops.where(second_case, longer[0], span[0]), ops.where(second_case[:, None], longer[1], span[1]))
     else:
         span = to_rows(span)
 
     log_z, mean = merge_means([(pre_lz, pre_mean), suffix, span])
-    mean = tf.reshape(mean, [b, h, -1, depth])[:, :, :length]
-    return mean, tf.reshape(log_z, [b, h, -1])[:, :, :length]
+    mean = ops.reshape(mean, [b, h, -1, depth])[:, :, :length]
+    return mean, ops.reshape(log_z, [b, h, -1])[:, :, :length]
 
 
 def windowed_mean(logits, values, window, chunk_size):
