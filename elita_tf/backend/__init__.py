@@ -4,6 +4,8 @@
     branch_or_select(usual, fast, general)
                                           `fast()` where `usual` holds, else `general()`: a branch where that is
                                           cheap, `general()` alone where a branch would cost more
+    cumsum(x, axis, exclusive=False)      a cumulative sum in `x`'s dtype (`ops.cumsum` on PyTorch makes float64
+                                          float32); `exclusive` sums the entries before each (TensorFlow's form)
     cumulative_logsumexp(x, axis, reverse=False)
     ordered(after, compute)               `compute()` once the tensors `after` exist (TensorFlow's control
                                           dependencies keep a backward pass from forming everything at once)

@@ -9,6 +9,7 @@ __all__ = [
     "check_all",
     "check_less_equal",
     "compiled_or_on_gpu",
+    "cumsum",
     "cumulative_logsumexp",
     "matmul",
     "maximum",
@@ -56,3 +57,13 @@ def check_all(condition, message, report):
     """Traced (`jit`, `torch.compile`, Keras' symbolic build) there is nothing to raise from: the caller checks known
     values itself."""
     return None
+
+
+def cumsum(x, axis, exclusive=False):
+    total = jax.numpy.cumsum(x, axis=axis)
+    if not exclusive:
+        return total
+    axis = axis % x.ndim
+    pads = [(0, 0, 0)] * x.ndim
+    pads[axis] = (1, -1, 0)  # one zero in front, the last sum dropped
+    return jax.lax.pad(total, jax.numpy.zeros((), total.dtype), pads)

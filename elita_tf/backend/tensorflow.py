@@ -9,6 +9,7 @@ __all__ = [
     "check_all",
     "check_less_equal",
     "compiled_or_on_gpu",
+    "cumsum",
     "cumulative_logsumexp",
     "matmul",
     "maximum",
@@ -65,3 +66,7 @@ def maximum(a, b):
 
 def minimum(a, b):
     return tf.minimum(a, b)
+
+
+def cumsum(x, axis, exclusive=False):
+    return tf.cumsum(x, axis=axis, exclusive=exclusive)

@@ -7,6 +7,7 @@ __all__ = [
     "check_all",
     "check_less_equal",
     "compiled_or_on_gpu",
+    "cumsum",
     "cumulative_logsumexp",
     "matmul",
     "maximum",
@@ -63,3 +64,13 @@ def check_all(condition, message, report):
     """Traced (`jit`, `torch.compile`, Keras' symbolic build) there is nothing to raise from: the caller checks known
     values itself."""
     return None
+
+
+def cumsum(x, axis, exclusive=False):
+    """`torch.cumsum` in `x`'s dtype (Keras' `ops.cumsum` on PyTorch turns float64 into float32)."""
+    total = torch.cumsum(x, dim=axis)
+    if not exclusive:
+        return total
+    axis = axis % x.ndim
+    pad = [0, 0] * (x.ndim - 1 - axis) + [1, 0]  # one zero in front (torch lists the last axis first)
+    return torch.nn.functional.pad(total, pad).narrow(axis, 0, total.shape[axis])

@@ -41,11 +41,12 @@ the start position, slots `1 .. window - 1` the last `window - 1` positions
 import math
 
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
+from elita_tf import backend
 from elita_tf.ops.utils.documents import document_positions
-from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype
-from elita_tf.ops.utils.positions import pad_axis, real_extent, window_after, write_positions
+from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype, dtype_of
+from elita_tf.ops.utils.positions import gather_rows, pad_axis, real_extent, window_after, write_positions
 
 BANDED_CHUNK_SIZE = 32
 
@@ -59,7 +60,7 @@ def check_window(window):
 
 
 def empty_banded_state(
-    batch_size, num_heads, key_dim, value_dim, window=None, max_sequence_length=None, dtype=tf.float32
+    batch_size, num_heads, key_dim, value_dim, window=None, max_sequence_length=None, dtype="float32"
 ):
     """The state before any position, for `banded_attention(_step)`.
 
@@ -87,20 +88,22 @@ def empty_banded_state(
     dtype = accumulator_dtype(dtype)
     slots = window if window is not None else max_sequence_length
     return (
-        tf.zeros([batch_size, num_heads, slots, key_dim], dtype),
-        tf.zeros([batch_size, num_heads, slots, value_dim], dtype),
-        tf.zeros([batch_size, slots], tf.bool),
-        tf.zeros([batch_size], tf.int32),
+        ops.zeros((batch_size, num_heads, slots, key_dim), dtype),
+        ops.zeros((batch_size, num_heads, slots, value_dim), dtype),
+        ops.zeros((batch_size, slots), "bool"),
+        ops.zeros((batch_size,), "int32"),
     )
 
 
 def distance_bias(distance, slope, hyper):
-    """`-slope * Δ + hyper / Δ` (0 where `Δ < 1`), for a numpy or tf `Δ`."""
+    """`-slope * Δ + hyper / Δ` (0 where `Δ < 1`), for a NumPy or backend (float) `Δ`."""
     if isinstance(distance, np.ndarray):
         d = np.maximum(distance, 1).astype(np.float64)
         return np.where(distance >= 1, -slope * d + hyper / d, 0.0)
-    d = tf.maximum(distance, tf.ones([], distance.dtype))
-    return tf.where(distance >= 1, -slope * d + hyper / d, tf.zeros([], distance.dtype))
+    # A select rather than `maximum`, which Keras computes in float32 for float64 on PyTorch.
+    ahead = distance >= 1
+    d = ops.where(ahead, distance, 1.0)
+    return ops.where(ahead, -slope * d + hyper / d, 0.0)
 
 
 def _null_softmax(scores, values_fn, extra=None):
@@ -110,18 +113,21 @@ def _null_softmax(scores, values_fn, extra=None):
     `(logit [...], weighted_value_fn)` for one more slot. `values_fn(weights)`
     returns `Σ_S weights * v`.
     """
-    row_max = tf.reduce_max(scores, axis=-1)
+    # The null slot's logit 0 is in the max: exp(-m) <= 1 and every weight <= 1 (and a row of no
+    # slots, T = 0, has a maximum).
+    row_max = ops.max(scores, axis=-1, initial=0.0)
     if extra is not None:
-        row_max = tf.maximum(row_max, extra[0])
-    # The null slot's logit 0 is in the max: exp(-m) <= 1 and every weight <= 1.
-    row_max = tf.stop_gradient(tf.maximum(row_max, tf.zeros([], scores.dtype)))
-    weights = tf.exp(scores - row_max[..., None])
-    denominator = tf.exp(-row_max) + tf.reduce_sum(weights, axis=-1)
+        row_max = ops.maximum(row_max, extra[0])
+    # Any `m` gives the same quotient: one that Keras' `maximum` rounded to float32 (PyTorch, float64 logits) shifts
+    # as well, once back in the logits' dtype (a no-op elsewhere).
+    row_max = ops.stop_gradient(ops.cast(row_max, dtype_of(scores)))
+    weights = ops.exp(scores - row_max[..., None])
+    denominator = ops.exp(-row_max) + ops.sum(weights, axis=-1)
     numerator = values_fn(weights)
     if extra is not None:
-        extra_weight = tf.exp(extra[0] - row_max)
-        denominator += extra_weight
-        numerator += extra[1](extra_weight)
+        extra_weight = ops.exp(extra[0] - row_max)
+        denominator = denominator + extra_weight
+        numerator = numerator + extra[1](extra_weight)
     return numerator / denominator[..., None]
 
 
@@ -133,18 +139,18 @@ def dense_attention(
     O(T * S): the form without a window, and one decoding step. `same_document`,
     optional `[B, T, S]` bool, keeps each query to the keys of its document.
     """
-    dtype = queries.dtype
+    dtype = dtype_of(queries)
     delta = query_pos[:, :, None] - key_pos[:, None, :]  # [B, T, S]
     visible = delta >= 1
     if window is not None:
-        visible &= (delta <= window - 1) | (key_pos == 0)[:, None, :]
+        visible = ops.logical_and(visible, ops.logical_or(delta <= window - 1, ops.equal(key_pos, 0)[:, None, :]))
     if same_document is not None:
-        visible &= same_document
-    visible = visible[:, None] & key_valid[:, None, None, :]  # [B, 1, T, S]
-    bias = distance_bias(tf.cast(delta, dtype), slope, hyper)[:, None]
-    scores = tf.einsum("bhtq,bhsq->bhts", queries, keys) * scale + bias
-    scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))
-    return _null_softmax(scores, lambda w: tf.einsum("bhts,bhsd->bhtd", w, values))
+        visible = ops.logical_and(visible, same_document)
+    visible = ops.logical_and(visible[:, None], key_valid[:, None, None, :])  # [B, 1, T, S]
+    bias = distance_bias(ops.cast(delta, dtype), slope, hyper)[:, None]
+    scores = ops.einsum("bhtq,bhsq->bhts", queries, keys) * scale + bias
+    scores = ops.where(visible, scores, NEG_INF)
+    return _null_softmax(scores, lambda w: ops.einsum("bhts,bhsd->bhtd", w, values))
 
 
 def _banded(
@@ -169,64 +175,64 @@ def _banded(
         query 1:                 . x x . .
         query 2:                 . . x x .
     """
-    dtype = queries.dtype
-    batch, heads, length = tf.shape(queries)[0], tf.shape(queries)[1], tf.shape(queries)[2]
-    key_dim, value_dim = tf.shape(keys)[-1], tf.shape(values)[-1]
+    dtype = dtype_of(queries)
+    batch, heads, length = ops.shape(queries)[0], ops.shape(queries)[1], ops.shape(queries)[2]
+    key_dim, value_dim = ops.shape(keys)[-1], ops.shape(values)[-1]
     size, span = chunk_size, chunk_size + window - 2
     chunks = (length + size - 1) // size
     pad = chunks * size - length
-    q = tf.reshape(pad_axis(queries, 2, pad), [batch, heads, chunks, size, key_dim])
-    frames = tf.range(chunks)[:, None] * size + tf.range(span)[None, :]  # [K, span]
-    k = tf.gather(pad_axis(keys, 2, pad), frames, axis=2)  # [B, H, K, span, Dk]
-    v = tf.gather(pad_axis(values, 2, pad), frames, axis=2)
-    ok = tf.gather(pad_axis(key_valid, 1, pad, False), frames, axis=1)  # [B, K, span]
+    q = ops.reshape(pad_axis(queries, 2, pad), (batch, heads, chunks, size, key_dim))
+    frames = ops.arange(chunks, dtype="int32")[:, None] * size + ops.arange(span, dtype="int32")[None, :]  # [K, span]
+    k = ops.take(pad_axis(keys, 2, pad), frames, axis=2)  # [B, H, K, span, Dk]
+    v = ops.take(pad_axis(values, 2, pad), frames, axis=2)
+    ok = ops.take(pad_axis(key_valid, 1, pad, False), frames, axis=1)  # [B, K, span]
 
     offset = np.arange(size)[:, None] + window - 1 - np.arange(span)[None, :]  # Δ, [C, span]
-    band = tf.constant((offset >= 1) & (offset <= window - 1))
-    bias = tf.constant(distance_bias(offset, slope, hyper), dtype)
-    scores = tf.einsum("bhkiq,bhkmq->bhkim", q, k) * scale + bias
-    visible = band[None, None, None] & ok[:, None, :, None, :]
+    band = ops.convert_to_tensor((offset >= 1) & (offset <= window - 1))
+    bias = ops.convert_to_tensor(distance_bias(offset, slope, hyper), dtype)
+    scores = ops.einsum("bhkiq,bhkmq->bhkim", q, k) * scale + bias
+    visible = ops.logical_and(band[None, None, None], ok[:, None, :, None, :])
     if document_indices is not None:
-        query_document = tf.reshape(pad_axis(document_indices[0], 1, pad, -1), [batch, chunks, size])
-        key_document = tf.gather(pad_axis(document_indices[1], 1, pad, -2), frames, axis=1)  # [B, K, span]
-        visible &= tf.equal(query_document[..., :, None], key_document[..., None, :])[:, None]
-    scores = tf.where(visible, scores, tf.constant(NEG_INF, dtype))  # [B, H, K, C, span]
+        query_document = ops.reshape(pad_axis(document_indices[0], 1, pad, -1), (batch, chunks, size))
+        key_document = ops.take(pad_axis(document_indices[1], 1, pad, -2), frames, axis=1)  # [B, K, span]
+        visible = ops.logical_and(visible, ops.equal(query_document[..., :, None], key_document[..., None, :])[:, None])
+    scores = ops.where(visible, scores, NEG_INF)  # [B, H, K, C, span]
 
     # The start position: one more slot per row, at distance `position`.
     start_key, start_value, start_valid = start
-    if start_key.shape.rank == 3:  # one start for every query of a row
+    if len(start_key.shape) == 3:  # one start for every query of a row
         start_key, start_value, start_valid = start_key[:, :, None], start_value[:, :, None], start_valid[:, None]
-    start_logit = tf.reduce_sum(queries * start_key, axis=-1) * scale
-    start_logit += distance_bias(tf.cast(position, dtype), slope, hyper)[:, None]
-    start_visible = start_valid[:, None] & (position >= 1)[:, None]
-    start_logit = tf.where(start_visible, start_logit, tf.constant(NEG_INF, dtype))
-    start_logit = tf.reshape(pad_axis(start_logit, 2, pad, NEG_INF), [batch, heads, chunks, size])
+    start_logit = ops.sum(queries * start_key, axis=-1) * scale
+    start_logit = start_logit + distance_bias(ops.cast(position, dtype), slope, hyper)[:, None]
+    start_visible = ops.logical_and(start_valid[:, None], (position >= 1)[:, None])
+    start_logit = ops.where(start_visible, start_logit, NEG_INF)
+    start_logit = ops.reshape(pad_axis(start_logit, 2, pad, NEG_INF), (batch, heads, chunks, size))
     if start_value.shape[2] == 1:
         start_value = start_value[:, :, None]  # [B, H, 1, 1, Dv]
     else:
-        start_value = tf.reshape(pad_axis(start_value, 2, pad), [batch, heads, chunks, size, value_dim])
+        start_value = ops.reshape(pad_axis(start_value, 2, pad), (batch, heads, chunks, size, value_dim))
 
     out = _null_softmax(
         scores,
-        lambda w: tf.einsum("bhkim,bhkmd->bhkid", w, v),
+        lambda w: ops.einsum("bhkim,bhkmd->bhkid", w, v),
         extra=(start_logit, lambda w: w[..., None] * start_value),
     )
-    return tf.reshape(out, [batch, heads, chunks * size, value_dim])[:, :, :length]
+    return ops.reshape(out, (batch, heads, chunks * size, value_dim))[:, :, :length]
 
 
 def prepare_inputs(queries, keys, values, mask, scale):
     dtype = accumulator_dtype(values.dtype)
-    queries, keys, values = (tf.cast(x, dtype) for x in (queries, keys, values))
+    queries, keys, values = (ops.cast(x, dtype) for x in (queries, keys, values))
     if scale is None:
         scale = 1.0 / math.sqrt(queries.shape[-1])
     if mask is None:
-        valid = tf.ones(tf.stack([tf.shape(keys)[0], tf.shape(keys)[2]]), tf.bool)  # [B, T]
+        valid = ops.ones((ops.shape(keys)[0], ops.shape(keys)[2]), "bool")  # [B, T]
     else:
-        valid = tf.cast(mask, tf.bool)
+        valid = ops.cast(mask, "bool")
         # A padded position's key and value are stored as zeros whatever they held: a weight of
         # exactly 0 times NaN would still be NaN.
-        keys = tf.where(valid[:, None, :, None], keys, tf.zeros([], dtype))
-        values = tf.where(valid[:, None, :, None], values, tf.zeros([], dtype))
+        keys = ops.where(valid[:, None, :, None], keys, 0.0)
+        values = ops.where(valid[:, None, :, None], values, 0.0)
     return queries, keys, values, valid, scale
 
 
@@ -283,22 +289,22 @@ def banded_attention(
             f"Received: document_starts={document_starts!r} with an initial_state"
         )
     queries, keys, values, valid, scale = prepare_inputs(queries, keys, values, mask, scale)
-    batch, heads = tf.shape(keys)[0], tf.shape(keys)[1]
-    length = tf.shape(keys)[2]
+    batch, heads = ops.shape(keys)[0], ops.shape(keys)[1]
+    length = ops.shape(keys)[2]
     if document_starts is not None:
         return _packed(queries, keys, values, valid, document_starts, window, slope, hyper, scale, chunk_size), None
     # Each row's state ends after its last real position: right padding is overwritten by what follows.
-    end = tf.broadcast_to(real_extent(mask, length), [batch])
+    end = ops.broadcast_to(real_extent(mask, length), (batch,))
 
     if window is None:
         if initial_state is None:
-            buffer_keys, buffer_values, buffer_valid, index = keys, values, valid, tf.zeros([batch], tf.int32)
+            buffer_keys, buffer_values, buffer_valid, index = keys, values, valid, ops.zeros((batch,), "int32")
             slots = length
         else:
             buffer_keys, buffer_values, buffer_valid, index = initial_state
-            slots = tf.shape(buffer_keys)[2]
-            tf.debugging.assert_less_equal(
-                tf.reduce_max(index) + length, slots, message="The state holds fewer positions than the sequence needs"
+            slots = ops.shape(buffer_keys)[2]
+            backend.check_less_equal(
+                ops.max(index) + length, slots, "The state holds fewer positions than the sequence needs"
             )
             buffer_keys = write_positions(buffer_keys, keys, index, axis=2)
             buffer_values = write_positions(buffer_values, values, index, axis=2)
@@ -308,8 +314,8 @@ def banded_attention(
             buffer_keys,
             buffer_values,
             buffer_valid,
-            index[:, None] + tf.range(length)[None, :],
-            tf.tile(tf.range(slots)[None, :], [batch, 1]),
+            index[:, None] + ops.arange(length, dtype="int32")[None, :],
+            ops.broadcast_to(ops.arange(slots, dtype="int32")[None, :], (batch, slots)),
             None,
             slope,
             hyper,
@@ -319,34 +325,34 @@ def banded_attention(
 
     if initial_state is None:
         initial_state = empty_banded_state(
-            batch, heads, tf.shape(keys)[3], tf.shape(values)[3], window=window, dtype=values.dtype
+            batch, heads, ops.shape(keys)[3], ops.shape(values)[3], window=window, dtype=values.dtype
         )
     state_keys, state_values, state_valid, index = initial_state
-    state_keys, state_values = tf.cast(state_keys, keys.dtype), tf.cast(state_values, values.dtype)
+    state_keys, state_values = ops.cast(state_keys, keys.dtype), ops.cast(state_values, values.dtype)
     # The start position is the state's, or the first input in a row where nothing came before.
-    fresh = tf.equal(index, 0)  # [B]
+    fresh = ops.equal(index, 0)  # [B]
 
     def start_of(state_part, new_part, axis):
-        first = tf.gather(tf.concat([new_part, state_part], axis=axis), 0, axis=axis)
-        own = tf.gather(state_part, 0, axis=axis)
-        return tf.where(tf.reshape(fresh, [-1] + [1] * (own.shape.rank - 1)), first, own)
+        first = ops.take(ops.concatenate([new_part, state_part], axis=axis), 0, axis=axis)
+        own = ops.take(state_part, 0, axis=axis)
+        return ops.where(ops.reshape(fresh, [-1] + [1] * (len(own.shape) - 1)), first, own)
 
     start_key = start_of(state_keys[:, :, :1], keys[:, :, :1], axis=2)
     start_value = start_of(state_values[:, :, :1], values[:, :, :1], axis=2)
     start_valid = start_of(state_valid[:, :1], valid[:, :1], axis=1)
 
-    all_keys = tf.concat([state_keys[:, :, 1:], keys], axis=2)  # [B, H, W - 1 + T, Dk]
-    all_values = tf.concat([state_values[:, :, 1:], values], axis=2)
-    all_valid = tf.concat([state_valid[:, 1:], valid], axis=1)
-    position = index[:, None] - (window - 1) + tf.range(window - 1 + length)[None, :]  # [B, W - 1 + T]
-    key_valid = all_valid & (position >= 1)
+    all_keys = ops.concatenate([state_keys[:, :, 1:], keys], axis=2)  # [B, H, W - 1 + T, Dk]
+    all_values = ops.concatenate([state_values[:, :, 1:], values], axis=2)
+    all_valid = ops.concatenate([state_valid[:, 1:], valid], axis=1)
+    position = index[:, None] - (window - 1) + ops.arange(window - 1 + length, dtype="int32")[None, :]  # [B, W - 1 + T]
+    key_valid = ops.logical_and(all_valid, position >= 1)
     out = _banded(
         queries,
         all_keys,
         all_values,
         key_valid,
         (start_key, start_value, start_valid),
-        index[:, None] + tf.range(length)[None, :],
+        index[:, None] + ops.arange(length, dtype="int32")[None, :],
         window,
         slope,
         hyper,
@@ -354,9 +360,9 @@ def banded_attention(
         chunk_size,
     )
     state = (
-        tf.concat([start_key[:, :, None], window_after(all_keys, end, window - 1, axis=2)], axis=2),
-        tf.concat([start_value[:, :, None], window_after(all_values, end, window - 1, axis=2)], axis=2),
-        tf.concat([start_valid[:, None], window_after(all_valid, end, window - 1, axis=1)], axis=1),
+        ops.concatenate([start_key[:, :, None], window_after(all_keys, end, window - 1, axis=2)], axis=2),
+        ops.concatenate([start_value[:, :, None], window_after(all_values, end, window - 1, axis=2)], axis=2),
+        ops.concatenate([start_valid[:, None], window_after(all_valid, end, window - 1, axis=1)], axis=1),
         index + end,
     )
     return out, state
@@ -373,28 +379,31 @@ def _packed(queries, keys, values, valid, document_starts, window, slope, hyper,
         row 4: . . . s . .
         row 5: . . . s x .
     """
-    batch, length = tf.shape(keys)[0], tf.shape(keys)[2]
-    document_starts = tf.cast(document_starts, tf.bool)
-    position = document_positions(length, None, document_starts) * tf.ones(
-        [batch, 1], tf.int32
-    )  # [B, T] from the start
-    document = tf.cumsum(tf.cast(document_starts, tf.int32), axis=1)
+    batch, length = ops.shape(keys)[0], ops.shape(keys)[2]
+    document_starts = ops.cast(document_starts, "bool")
+    position = document_positions(length, None, document_starts) * ops.ones((batch, 1), "int32")  # [B, T] from the start
+    document = ops.cumsum(ops.cast(document_starts, "int32"), axis=1)
     if window is None:
-        at = tf.tile(tf.range(length)[None, :], [batch, 1])
-        same = tf.equal(document[:, :, None], document[:, None, :])
+        at = ops.broadcast_to(ops.arange(length, dtype="int32")[None, :], (batch, length))
+        same = ops.equal(document[:, :, None], document[:, None, :])
         return dense_attention(queries, keys, values, valid, at, at, None, slope, hyper, scale, same_document=same)
 
-    start_index = tf.range(length)[None, :] - position  # each query's document start
-    heads = tf.shape(keys)[1]
-    gather_start = lambda x: tf.gather(  # noqa: E731
-        x, tf.tile(start_index[:, None], [1, heads, 1]), axis=2, batch_dims=2
-    )
-    start = (gather_start(keys), gather_start(values), tf.gather(valid, start_index, batch_dims=1))
+    start_index = ops.arange(length, dtype="int32")[None, :] - position  # each query's document start
+    heads = ops.shape(keys)[1]
+    # Row (b, h)'s start of query t is entry (b * H + h) * T + start_index[b, t] of the keys as one list of
+    # positions: one gather of whole positions, as TensorFlow's `gather(batch_dims=2)` does.
+    rows = ops.reshape(ops.arange(batch * heads, dtype="int32") * length, (batch, heads, 1))
+    flat_index = rows + start_index[:, None]  # [B, H, T]
+
+    def gather_start(x):
+        return ops.take(ops.reshape(x, (-1, ops.shape(x)[3])), flat_index, axis=0)
+
+    start = (gather_start(keys), gather_start(values), gather_rows(valid, start_index, axis=1))
     # The W - 1 slots before the first query hold nothing; a document's start is no key of the band.
     before = window - 1
-    all_keys, all_values = (tf.pad(x, [[0, 0], [0, 0], [before, 0], [0, 0]]) for x in (keys, values))
-    key_valid = tf.concat([tf.zeros([batch, before], tf.bool), valid & (position >= 1)], axis=1)
-    key_document = tf.concat([tf.fill([batch, before], -1), document], axis=1)
+    all_keys, all_values = (ops.pad(x, [[0, 0], [0, 0], [before, 0], [0, 0]]) for x in (keys, values))
+    key_valid = ops.concatenate([ops.zeros((batch, before), "bool"), ops.logical_and(valid, position >= 1)], axis=1)
+    key_document = ops.concatenate([ops.full((batch, before), -1, dtype="int32"), document], axis=1)
     return _banded(
         queries,
         all_keys,

@@ -5,8 +5,9 @@ last `window - 1` positions; without, one slot a position up to `max_sequence_le
 equals the last row of `banded_attention` over all positions so far.
 """
 
-import tensorflow as tf
+from keras import ops
 
+from elita_tf import backend
 from elita_tf.ops.banded_attention import check_window, dense_attention, prepare_inputs
 from elita_tf.ops.utils.positions import write_positions
 
@@ -32,30 +33,33 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
         query[:, :, None], key[:, :, None], value[:, :, None], None if mask is None else mask[:, None], scale
     )
     keys, values, slot_valid, index = state
-    keys, values = tf.cast(keys, key.dtype), tf.cast(values, value.dtype)
-    batch = tf.shape(keys)[0]
+    keys, values = ops.cast(keys, key.dtype), ops.cast(values, value.dtype)
+    batch = ops.shape(keys)[0]
     if window is None:
-        tf.debugging.assert_less(
-            tf.reduce_max(index), tf.shape(keys)[2], message="The state holds fewer positions than needed"
-        )
+        # index < slots: the new position fits.
+        backend.check_less_equal(ops.max(index) + 1, ops.shape(keys)[2], "The state holds fewer positions than needed")
         keys = write_positions(keys, key, index, axis=2)
         values = write_positions(values, value, index, axis=2)
         slot_valid = write_positions(slot_valid, valid, index, axis=1)
-        key_pos = tf.tile(tf.range(tf.shape(keys)[2])[None, :], [batch, 1])
+        slots = ops.shape(keys)[2]
+        key_pos = ops.broadcast_to(ops.arange(slots, dtype="int32")[None, :], (batch, slots))
         out = dense_attention(query, keys, values, slot_valid, index[:, None], key_pos, None, slope, hyper, scale)
         return out[:, :, 0], (keys, values, slot_valid, index + 1)
 
     # Slot 0 is position 0; slot s >= 1 is position index - window + s. Ring
     # slots at positions <= 0 are empty or repeat the start position.
-    key_pos = tf.concat([tf.zeros([batch, 1], tf.int32), index[:, None] - window + tf.range(1, window)[None, :]], 1)
-    key_valid = slot_valid & ((key_pos >= 1) | (tf.range(window) == 0)[None, :])
+    key_pos = ops.concatenate(
+        [ops.zeros((batch, 1), "int32"), index[:, None] - window + ops.arange(1, window, dtype="int32")[None, :]], 1
+    )
+    first_slot = ops.equal(ops.arange(window, dtype="int32"), 0)[None, :]
+    key_valid = ops.logical_and(slot_valid, ops.logical_or(key_pos >= 1, first_slot))
     out = dense_attention(query, keys, values, key_valid, index[:, None], key_pos, window, slope, hyper, scale)
-    fresh = tf.equal(index, 0)
+    fresh = ops.equal(index, 0)
     fresh_keys = fresh[:, None, None, None]
     new_state = (
-        tf.concat([tf.where(fresh_keys, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
-        tf.concat([tf.where(fresh_keys, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
-        tf.concat([tf.where(fresh[:, None], valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
+        ops.concatenate([ops.where(fresh_keys, key, keys[:, :, :1]), keys[:, :, 2:], key], axis=2),
+        ops.concatenate([ops.where(fresh_keys, value, values[:, :, :1]), values[:, :, 2:], value], axis=2),
+        ops.concatenate([ops.where(fresh[:, None], valid, slot_valid[:, :1]), slot_valid[:, 2:], valid], axis=1),
         index + 1,
     )
     return out[:, :, 0], new_state

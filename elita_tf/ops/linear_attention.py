@@ -20,26 +20,28 @@ All sums are float32 (float64 stays float64) whatever the input dtype:
 `S` and `z` grow linearly with T.
 """
 
-import tensorflow as tf
+from keras import ops
 
+from elita_tf import backend
 from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import accumulator_dtype
+from elita_tf.ops.utils.positions import pad_axis, shift_right
 
 LINEAR_ATTENTION_CHUNK_SIZE = 64
 
 
-def empty_linear_state(batch_size, num_heads, key_dim, value_dim, dtype=tf.float32):
+def empty_linear_state(batch_size, num_heads, key_dim, value_dim, dtype="float32"):
     """`(S [B, H, Dk, Dv], z [B, H, Dk])` before any position."""
     dtype = accumulator_dtype(dtype)
     return (
-        tf.zeros([batch_size, num_heads, key_dim, value_dim], dtype),
-        tf.zeros([batch_size, num_heads, key_dim], dtype),
+        ops.zeros((batch_size, num_heads, key_dim, value_dim), dtype),
+        ops.zeros((batch_size, num_heads, key_dim), dtype),
     )
 
 
 def _with_ones(values):
     """`[..., Dv] -> [..., Dv + 1]`: the last column carries the normaliser."""
-    return tf.concat([values, tf.ones_like(values[..., :1])], axis=-1)
+    return ops.concatenate([values, ops.ones_like(values[..., :1])], axis=-1)
 
 
 def _normalise(numerator, epsilon):
@@ -76,35 +78,36 @@ def causal_linear_attention(
         last position. Outputs are in the accumulator dtype.
     """
     dtype = accumulator_dtype(values.dtype)
-    q = tf.cast(query_features, dtype)
-    k = tf.cast(key_features, dtype)
-    v = _with_ones(tf.cast(values, dtype))  # [B, H, T, Dv + 1]
+    q = ops.cast(query_features, dtype)
+    k = ops.cast(key_features, dtype)
+    v = _with_ones(ops.cast(values, dtype))  # [B, H, T, Dv + 1]
     if mask is not None:
         # Selects, not products: a padded position adds nothing whatever it holds (0 * NaN is NaN).
-        keep = tf.cast(mask, tf.bool)[:, None, :, None]
-        k = tf.where(keep, k, tf.zeros([], dtype))
-        v = tf.where(keep, v, tf.zeros([], dtype))
-    b, h, length = tf.shape(q)[0], tf.shape(q)[1], tf.shape(q)[2]
-    dk, dv = tf.shape(q)[3], tf.shape(v)[3]
+        keep = ops.cast(mask, "bool")[:, None, :, None]
+        k = ops.where(keep, k, 0.0)
+        v = ops.where(keep, v, 0.0)
+    b, h, length = ops.shape(q)[0], ops.shape(q)[1], ops.shape(q)[2]
+    dk, dv = ops.shape(q)[3], ops.shape(v)[3]
     if initial_state is None:
-        initial = tf.zeros([b, h, dk, dv], dtype)
+        initial = ops.zeros((b, h, dk, dv), dtype)
     else:
-        initial = tf.concat([tf.cast(initial_state[0], dtype), tf.cast(initial_state[1], dtype)[..., None]], -1)
+        initial = ops.concatenate(
+            [ops.cast(initial_state[0], dtype), ops.cast(initial_state[1], dtype)[..., None]], -1
+        )
 
     pad = (-length) % chunk_size
-    paddings = [[0, 0], [0, 0], [0, pad], [0, 0]]
-    q, k, v = (tf.reshape(tf.pad(t, paddings), [b, h, -1, chunk_size, tf.shape(t)[3]]) for t in (q, k, v))
+    q, k, v = (ops.reshape(pad_axis(t, 2, pad), (b, h, -1, chunk_size, ops.shape(t)[3])) for t in (q, k, v))
 
-    causal = tf.range(chunk_size)[None, :] <= tf.range(chunk_size)[:, None]  # [C, C]
+    causal = ops.arange(chunk_size, dtype="int32")[None, :] <= ops.arange(chunk_size, dtype="int32")[:, None]  # [C, C]
     if document_starts is None:
-        chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
-        state_before = tf.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
-        scores = tf.where(causal, tf.matmul(q, k, transpose_b=True), tf.zeros([], dtype))
-        numerator = tf.matmul(scores, v) + tf.matmul(q, state_before)  # [B, H, N, C, Dv + 1]
-        final = initial + tf.reduce_sum(chunk_kv, axis=2)
+        chunk_kv = ops.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
+        state_before = backend.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
+        scores = ops.where(causal, ops.einsum("bhnik,bhnjk->bhnij", q, k), 0.0)
+        numerator = ops.einsum("bhnij,bhnjv->bhniv", scores, v) + ops.einsum("bhnck,bhnkv->bhncv", q, state_before)  # [B, H, N, C, Dv + 1]
+        final = initial + ops.sum(chunk_kv, axis=2)
     else:
         numerator, final = _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size)
-    outputs = _normalise(tf.reshape(numerator, [b, h, -1, dv])[:, :, :length], epsilon)
+    outputs = _normalise(ops.reshape(numerator, (b, h, -1, dv))[:, :, :length], epsilon)
     return outputs, (final[..., :-1], final[..., -1])
 
 
@@ -115,22 +118,22 @@ def _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size)
     holds its last document's keys, and the state carried between chunks
     restarts at every chunk with a reset (`gated_scan`, exact: no differences of sums).
     """
-    seg = tf.reshape(document_index(document_starts, chunk_size), [tf.shape(q)[0], 1, -1, chunk_size])  # [B, 1, N, C]
-    same = tf.equal(seg[..., :, None], seg[..., None, :])
-    scores = tf.where(causal & same, tf.matmul(q, k, transpose_b=True), tf.zeros([], q.dtype))
+    seg = ops.reshape(document_index(document_starts, chunk_size), (ops.shape(q)[0], 1, -1, chunk_size))  # [B, 1, N, C]
+    same = ops.equal(seg[..., :, None], seg[..., None, :])
+    scores = ops.where(ops.logical_and(causal, same), ops.einsum("bhnik,bhnjk->bhnij", q, k), 0.0)
     last = seg[..., -1]  # each chunk's last document [B, 1, N]; before the first, the initial state's (0)
-    before_last = tf.pad(last, [[0, 0], [0, 0], [1, 0]])[..., :-1]
-    tail = tf.equal(seg, last[..., None])[..., None]
-    chunk_kv = tf.einsum("bhnck,bhncv->bhnkv", tf.where(tail, k, tf.zeros([], k.dtype)), v)
+    before_last = shift_right(last, 2, 0)
+    tail = ops.equal(seg, last[..., None])[..., None]
+    chunk_kv = ops.einsum("bhnck,bhncv->bhnkv", ops.where(tail, k, 0.0), v)
     # Entry 0 is the initial state; chunk n continues the state unless a document starts in it.
-    gates = tf.concat([tf.zeros_like(last[..., :1], tf.bool), tf.equal(last, before_last)], axis=2)
-    gates = tf.broadcast_to(gates, tf.concat([tf.shape(q)[:2], tf.shape(gates)[2:]], 0))  # every head
+    gates = ops.concatenate([ops.zeros_like(last[..., :1], "bool"), ops.equal(last, before_last)], axis=2)
+    gates = ops.broadcast_to(gates, (*ops.shape(q)[:2], *ops.shape(gates)[2:]))  # every head
     (after,) = gated_scan(
-        gates, (tf.concat([initial[:, :, None], chunk_kv], axis=2),), lambda a, b: (a[0] + b[0],), axis=2
+        gates, (ops.concatenate([initial[:, :, None], chunk_kv], axis=2),), lambda a, b: (a[0] + b[0],), axis=2
     )
     # Rows of the document that was open before the chunk read the state before it.
-    carried = tf.equal(seg, before_last[..., None])[..., None]
-    numerator = tf.matmul(scores, v) + tf.where(carried, tf.matmul(q, after[:, :, :-1]), tf.zeros([], q.dtype))
+    carried = ops.equal(seg, before_last[..., None])[..., None]
+    numerator = ops.einsum("bhnij,bhnjv->bhniv", scores, v) + ops.where(carried, ops.einsum("bhnck,bhnkv->bhncv", q, after[:, :, :-1]), 0.0)
     return numerator, after[:, :, -1]
 
 
@@ -141,14 +144,14 @@ def causal_linear_attention_step(state, query_features, key_features, value, mas
         `(output [B, H, Dv], new_state)`; a masked step leaves the state unchanged.
     """
     dtype = accumulator_dtype(value.dtype)
-    q, k, value = (tf.cast(t, dtype) for t in (query_features, key_features, value))
+    q, k, value = (ops.cast(t, dtype) for t in (query_features, key_features, value))
     if mask is not None:
-        keep = tf.cast(mask, tf.bool)[:, None, None]
-        k = tf.where(keep, k, tf.zeros([], dtype))
-        value = tf.where(keep, value, tf.zeros([], dtype))
+        keep = ops.cast(mask, "bool")[:, None, None]
+        k = ops.where(keep, k, 0.0)
+        value = ops.where(keep, value, 0.0)
     s, z = state
     s = s + k[..., :, None] * value[..., None, :]
     z = z + k
-    numerator = tf.einsum("bhk,bhkv->bhv", q, s)
-    denominator = tf.einsum("bhk,bhk->bh", q, z)[..., None]
+    numerator = ops.einsum("bhk,bhkv->bhv", q, s)
+    denominator = ops.einsum("bhk,bhk->bh", q, z)[..., None]
     return numerator / (denominator + epsilon), (s, z)

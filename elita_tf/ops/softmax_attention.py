@@ -10,19 +10,21 @@ written, `position` each row's next position. Shapes never grow, so a
 decoding loop compiles once.
 """
 
-import tensorflow as tf
+import numpy as np
+from keras import ops
 
-from elita_tf.ops.utils.dtypes import accumulator_dtype
+from elita_tf import backend
+from elita_tf.ops.utils.dtypes import accumulator_dtype, dtype_of
 from elita_tf.ops.utils.positions import real_extent, write_positions
 
 KV_CACHE_NAMES = ("key", "value", "valid", "position")
 
 
-def empty_kv_cache(batch_size, max_sequence_length, num_heads, head_dim, dtype=tf.float32):
+def empty_kv_cache(batch_size, max_sequence_length, num_heads, head_dim, dtype="float32"):
     """`(key, value, valid, position)` before any position: the cache's tensors, in `KV_CACHE_NAMES` order."""
-    shape = [batch_size, max_sequence_length, num_heads, head_dim]
-    valid = tf.zeros([batch_size, max_sequence_length], tf.bool)
-    return tf.zeros(shape, dtype), tf.zeros(shape, dtype), valid, tf.zeros([batch_size], tf.int32)
+    shape = (batch_size, max_sequence_length, num_heads, head_dim)
+    valid = ops.zeros((batch_size, max_sequence_length), "bool")
+    return ops.zeros(shape, dtype), ops.zeros(shape, dtype), valid, ops.zeros((batch_size,), "int32")
 
 
 def update_kv_cache(cache, key, value, mask=None, name="layer"):
@@ -41,23 +43,26 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         row `t` may attend cache slot `s` (written, not padding, `s <= position + t`).
     """
     key_cache, value_cache, valid, position = (cache[name] for name in KV_CACHE_NAMES)
-    batch, length, max_sequence_length = tf.shape(key)[0], tf.shape(key)[1], tf.shape(key_cache)[1]
-    tf.debugging.assert_less_equal(
-        tf.reduce_max(position) + length,
+    batch, length, max_sequence_length = ops.shape(key)[0], ops.shape(key)[1], ops.shape(key_cache)[1]
+    backend.check_less_equal(
+        ops.max(position) + length,
         max_sequence_length,
-        message=f"The decoding cache of '{name}' is full: it holds max_sequence_length positions",
+        f"The decoding cache of '{name}' is full: it holds max_sequence_length positions",
     )
 
-    new_valid = tf.ones([batch, length], tf.bool) if mask is None else tf.cast(mask, tf.bool)
+    new_valid = ops.ones((batch, length), "bool") if mask is None else ops.cast(mask, "bool")
     if mask is not None:  # padding is stored as zeros, whatever it held: no 0 * NaN in the weighted sum
-        key = tf.where(new_valid[:, :, None, None], key, tf.zeros([], key.dtype))
-        value = tf.where(new_valid[:, :, None, None], value, tf.zeros([], value.dtype))
+        key = ops.where(new_valid[:, :, None, None], key, 0.0)
+        value = ops.where(new_valid[:, :, None, None], value, 0.0)
     key_cache, value_cache, valid = (
         write_positions(buffer, new, position, axis=1)
         for buffer, new in ((key_cache, key), (value_cache, value), (valid, new_valid))
     )
-    query_position = position[:, None, None] + tf.range(length)[None, :, None]  # [B, T, 1]
-    visible = (tf.range(max_sequence_length)[None, None, :] <= query_position)[:, None] & valid[:, None, None, :]
+    query_position = position[:, None, None] + ops.arange(length, dtype="int32")[None, :, None]  # [B, T, 1]
+    visible = ops.logical_and(
+        (ops.arange(max_sequence_length, dtype="int32")[None, None, :] <= query_position)[:, None],
+        valid[:, None, None, :],
+    )
     # Right padding is not part of the sequence: the next positions overwrite it.
     new_cache = (key_cache, value_cache, valid, position + real_extent(mask, length))
     return dict(zip(KV_CACHE_NAMES, new_cache)), visible
@@ -75,19 +80,19 @@ def causal_visibility(length, mask=None, document_starts=None):
                            row 3: . . x x .
                            row 4: . . x x x
     """
-    causal = tf.range(length)[None, :] <= tf.range(length)[:, None]
+    causal = ops.arange(length, dtype="int32")[None, :] <= ops.arange(length, dtype="int32")[:, None]
     visible = causal[None, None]
     if mask is not None:
-        visible = visible & tf.cast(mask, tf.bool)[:, None, None, :]
+        visible = ops.logical_and(visible, ops.cast(mask, "bool")[:, None, None, :])
     if document_starts is not None:
-        visible = visible & same_document(document_starts)[:, None]
+        visible = ops.logical_and(visible, same_document(document_starts)[:, None])
     return visible
 
 
 def same_document(document_starts):
     """`[B, T, T]` bool: True where query `t` and key `s` are in one document (`document_starts [B, T]` starts them)."""
-    document = tf.cumsum(tf.cast(document_starts, tf.int32), axis=1)
-    return tf.equal(document[:, :, None], document[:, None, :])
+    document = ops.cumsum(ops.cast(document_starts, "int32"), axis=1)
+    return ops.equal(document[:, :, None], document[:, None, :])
 
 
 def softmax_attention(query, key, value, visible):
@@ -99,9 +104,9 @@ def softmax_attention(query, key, value, visible):
     Returns:
         `[B, T, H, D]` in the accumulator dtype. A row with no visible key gets zeros.
     """
-    acc = accumulator_dtype(query.dtype)
-    scale = tf.cast(tf.shape(query)[-1], acc) ** -0.5
-    scores = tf.einsum("bthd,bshd->bhts", tf.cast(query, acc), tf.cast(key, acc)) * scale
-    scores = tf.where(visible, scores, acc.min)
-    weights = tf.nn.softmax(scores, axis=-1) * tf.cast(visible, acc)
-    return tf.einsum("bhts,bshd->bthd", weights, tf.cast(value, acc))
+    acc = accumulator_dtype(dtype_of(query))
+    scale = ops.cast(ops.shape(query)[-1], acc) ** -0.5
+    scores = ops.einsum("bthd,bshd->bhts", ops.cast(query, acc), ops.cast(key, acc)) * scale
+    scores = ops.where(visible, scores, float(np.finfo(acc).min))
+    weights = ops.softmax(scores, axis=-1) * ops.cast(visible, acc)
+    return ops.einsum("bhts,bshd->bthd", weights, ops.cast(value, acc))

@@ -23,6 +23,7 @@ def assert_low_precision_follows_float32(op, inputs, dtype, output_tolerance=1e-
         inputs: float tensors or arrays.
         dtype: `"float16"` or `"bfloat16"`.
     """
+    name = keras.backend.standardize_dtype(dtype)
     low = [ops.cast(x, dtype) for x in inputs]
     rounded = [ops.cast(x, "float32") for x in low]
 
@@ -43,4 +44,4 @@ def assert_low_precision_follows_float32(op, inputs, dtype, output_tolerance=1e-
         np.testing.assert_allclose(g, w, rtol=output_tolerance, atol=output_tolerance * scale)
     # The gradients come back in their inputs' 16-bit dtype (`numpy` widens them to float32 for the check).
     for g, w in zip(got_grads, want_grads):
-        np.testing.assert_allclose(g, w, rtol=EPSILON[dtype], atol=EPSILON[dtype] * np.abs(w).max())
+        np.testing.assert_allclose(g, w, rtol=EPSILON[name], atol=EPSILON[name] * np.abs(w).max())

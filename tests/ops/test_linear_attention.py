@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.ops.linear_attention import (
     causal_linear_attention,
@@ -8,29 +8,27 @@ from elita_tf.ops.linear_attention import (
     empty_linear_state,
 )
 from elita_tf.ops.reference import causal_linear_attention_reference
+from tests.backend_utils import compiled, numpy, outputs_and_gradients, tensor
 from tests.ops.documents import by_document, random_document_starts
 
 CHUNK = 16
 
 
-def _inputs(length, batch=2, heads=2, dk=3, dv=4, seed=0, dtype=tf.float64):
+def _inputs(length, batch=2, heads=2, dk=3, dv=4, seed=0, dtype="float64"):
     rng = np.random.default_rng(seed)
-    features = lambda: tf.constant(np.exp(rng.normal(size=(batch, heads, length, dk))), dtype)  # noqa: E731
+    features = lambda: tensor(np.exp(rng.normal(size=(batch, heads, length, dk))), dtype)  # noqa: E731
     q, k = features(), features()
-    return q, k, tf.constant(rng.normal(size=(batch, heads, length, dv)), dtype)
+    return q, k, tensor(rng.normal(size=(batch, heads, length, dv)), dtype)
 
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
 def test_outputs_and_gradients_match_reference(length):
     q, k, v = _inputs(length)
-    cotangent = tf.constant(np.random.default_rng(1).normal(size=v.shape))
+    cotangent = np.random.default_rng(1).normal(size=v.shape)
 
     def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v])
-            y = fn(q, k, v)
-            loss = tf.reduce_sum(y * cotangent)
-        return [y] + tape.gradient(loss, [q, k, v])
+        (y,), grads = outputs_and_gradients(fn, [q, k, v], cotangent)
+        return [y] + grads
 
     got = run(lambda q, k, v: causal_linear_attention(q, k, v, chunk_size=CHUNK)[0])
     want = run(causal_linear_attention_reference)
@@ -39,24 +37,45 @@ def test_outputs_and_gradients_match_reference(length):
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("document_starts", [False, True])
+def test_compiled_equals_eager(document_starts):
+    q, k, v = _inputs(100, dtype="float32", seed=5)
+    _, initial = causal_linear_attention(*_inputs(9, seed=1, dtype="float32"), chunk_size=CHUNK)
+    starts = tensor(random_document_starts(2, 100)) if document_starts else None
+    mask = np.ones((2, 100), bool)
+    mask[1, 40:45] = False
+    mask = tensor(mask)
+
+    def fn(q, k, v, s, z):
+        return causal_linear_attention(
+            q, k, v, mask=mask, initial_state=(s, z), document_starts=starts, chunk_size=CHUNK
+        )
+
+    eager, fast = fn(q, k, v, *initial), compiled(fn)(q, k, v, *initial)
+    for e, f in zip([eager[0], *eager[1]], [fast[0], *fast[1]]):
+        np.testing.assert_allclose(numpy(f), numpy(e), rtol=1e-5, atol=1e-5)
+
+
 def test_float32_long_sequence_finite_and_accurate():
-    q, k, v = _inputs(4097, dtype=tf.float32, seed=2)
+    q, k, v = _inputs(4097, dtype="float32", seed=2)
     y, state = causal_linear_attention(q, k, v)
-    want = causal_linear_attention_reference(*(tf.cast(t, tf.float64) for t in (q, k, v)))
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
-    assert all(np.all(np.isfinite(s)) for s in state)
+    want = causal_linear_attention_reference(*(ops.cast(t, "float64") for t in (q, k, v)))
+    np.testing.assert_allclose(numpy(y), numpy(want), rtol=1e-4, atol=1e-4)
+    assert all(np.all(np.isfinite(numpy(s))) for s in state)
 
 
 def test_causality_and_masking():
     q, k, v = _inputs(50, seed=3)
     y, _ = causal_linear_attention(q, k, v, chunk_size=CHUNK)
     t = 20
-    y2, _ = causal_linear_attention(q, tf.concat([k[:, :, : t + 1], k[:, :, t + 1 :] * 7], 2), v, chunk_size=CHUNK)
-    np.testing.assert_array_equal(y[:, :, : t + 1], y2[:, :, : t + 1])
+    changed = ops.concatenate([k[:, :, : t + 1], k[:, :, t + 1 :] * 7], 2)
+    y2, _ = causal_linear_attention(q, changed, v, chunk_size=CHUNK)
+    np.testing.assert_array_equal(numpy(y)[:, :, : t + 1], numpy(y2)[:, :, : t + 1])
     mask = np.ones((2, 50), bool)
     mask[0, 5:9] = False
-    ym, _ = causal_linear_attention(q, k, v, mask=mask, chunk_size=CHUNK)
-    np.testing.assert_allclose(ym, causal_linear_attention_reference(q, k, v, mask=mask), rtol=1e-9, atol=1e-9)
+    ym, _ = causal_linear_attention(q, k, v, mask=tensor(mask), chunk_size=CHUNK)
+    want = causal_linear_attention_reference(q, k, v, mask=tensor(mask))
+    np.testing.assert_allclose(numpy(ym), numpy(want), rtol=1e-9, atol=1e-9)
 
 
 def test_prefill_then_steps_equal_parallel():
@@ -70,16 +89,16 @@ def test_prefill_then_steps_equal_parallel():
     for t in range(50, 70):
         y, state = causal_linear_attention_step(state, q[:, :, t], k[:, :, t], v[:, :, t])
         outs.append(y[:, :, None])
-    np.testing.assert_allclose(tf.concat(outs, 2), full, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(numpy(ops.concatenate(outs, 2)), numpy(full), rtol=1e-10, atol=1e-10)
     assert [tuple(s.shape) for s in state] == [(2, 2, 3, 4), (2, 2, 3)]
 
 
 def test_empty_sequence():
     q, k, v = _inputs(0)
     y, state = causal_linear_attention(q, k, v)
-    assert y.shape == (2, 2, 0, 4)
-    for s, e in zip(state, empty_linear_state(2, 2, 3, 4, tf.float64)):
-        np.testing.assert_array_equal(s, e)
+    assert tuple(y.shape) == (2, 2, 0, 4)
+    for s, e in zip(state, empty_linear_state(2, 2, 3, 4, "float64")):
+        np.testing.assert_array_equal(numpy(s), numpy(e))
 
 
 @pytest.mark.parametrize("length", [1, 37, 100])
@@ -87,25 +106,27 @@ def test_document_starts_equal_each_document_run_apart(length):
     q, k, v = _inputs(length)
     _, initial = causal_linear_attention(*_inputs(9, seed=1), chunk_size=CHUNK)
     document_starts = random_document_starts(2, length)
-    cotangent = tf.constant(np.random.default_rng(2).normal(size=v.shape))
+    cotangent = np.random.default_rng(2).normal(size=v.shape)
 
     def run(fn):
-        with tf.GradientTape() as tape:
-            tape.watch([q, k, v, *initial])
-            (outputs,), state = fn()
-            loss = tf.reduce_sum(outputs * cotangent)
-        return [outputs, *state, *tape.gradient(loss, [q, k, v, *initial])]
+        outputs, grads = outputs_and_gradients(
+            lambda q, k, v, s, z: (lambda o: (o[0][0], *o[1]))(fn(q, k, v, (s, z))),
+            [q, k, v, *initial],
+            [cotangent, None, None],
+        )
+        return outputs + grads
 
     def apart(inputs, state):
         outputs, state = causal_linear_attention(*inputs, initial_state=state, chunk_size=CHUNK)
         return (outputs,), state
 
-    def together():
+    def together(q, k, v, initial):
         outputs, state = causal_linear_attention(
-            q, k, v, initial_state=initial, document_starts=document_starts, chunk_size=CHUNK
+            q, k, v, initial_state=initial, document_starts=tensor(document_starts), chunk_size=CHUNK
         )
         return (outputs,), state
 
-    got, want = run(together), run(lambda: by_document(apart, (q, k, v), document_starts, initial))
+    got = run(together)
+    want = run(lambda q, k, v, initial: by_document(apart, (q, k, v), document_starts, initial))
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g.numpy(), 0.0 if w is None else w.numpy(), atol=1e-10)
+        np.testing.assert_allclose(g, w, atol=1e-10)
