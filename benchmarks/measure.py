@@ -138,6 +138,11 @@ def wait_for(outputs):
     import keras
     from keras import ops
 
+    if _backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.nest.map_structure(lambda t: None if t is None else tf.reshape(t, [-1])[-1].numpy(), outputs)
+        return
     keras.tree.map_structure(lambda t: None if t is None else ops.convert_to_numpy(ops.reshape(t, [-1])[-1]), outputs)
 
 

@@ -5,6 +5,7 @@ from keras import ops
 
 from elita_tf import backend
 from elita_tf.ops.utils.dtypes import is_float
+from elita_tf.ops.utils.positions import pad_axis
 
 
 def contain_nonfinite(compute, inputs, padding_mask=None):
@@ -58,9 +59,10 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     # The first bad real position of each row, or T: a minimum, where a running count over time would take
     # several passes (and kernels) under XLA.
     length = ops.shape(inputs)[1]
-    first_bad = ops.min(
-        ops.where(bad, ops.arange(length, dtype="int32")[None, :, None], length), axis=[1, 2], initial=length
-    )  # [B]; T where there is none (and for T = 0, where a minimum over nothing is an error)
+    candidates = ops.where(bad, ops.arange(length, dtype="int32")[None, :, None], length)
+    if not (isinstance(length, int) and length > 0):  # a minimum over no position is an error off TensorFlow
+        candidates = pad_axis(candidates, 1, 1, length)
+    first_bad = ops.min(candidates, axis=(1, 2))  # [B]; T where there is none
     poisoned = ops.arange(length, dtype="int32")[None, :] >= first_bad[:, None]  # [B, T]: rows at or after one
 
     def poison_rows(x):
