@@ -50,7 +50,7 @@ SHRINK = {
     "elita-export": [],
     "elita-recall": ["--quick"],
 }
-SET_UP = ("python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest")
+SET_UP = ("python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest", "KERAS_BACKEND=")
 
 
 def readme_blocks():
@@ -74,10 +74,12 @@ def test_the_readme_has_the_two_set_up_commands_that_ci_runs():
     blocks = [code for language, code in readme_blocks() if language == "bash"]
     with open(os.path.join(REPO, ".ci", "run")) as f:
         ci = f.read()
-    main_job, tests = blocks[0].strip(), blocks[1].strip()
+    main_job, tests, other_backends = blocks[0].strip(), blocks[1].strip(), blocks[2].strip()
     assert main_job.startswith("python3 -m venv .venv") and "elita-compare" in main_job
     assert 'pip install -e ".[test]" && python -m pytest -q -n 2' in tests
     assert tests.split("&& ", 2)[-1] in ci  # CI installs and tests with the README's own command
+    assert "KERAS_BACKEND=jax" in other_backends and "KERAS_BACKEND=torch" in other_backends
+    assert other_backends in ci
 
 
 def test_the_commands_are_the_console_scripts():
@@ -118,5 +120,5 @@ def test_every_readme_block_runs(tmp_path, monkeypatch, capsys):
                 status = stop.code
             assert status == 0, f"{command}\n{capsys.readouterr().err[-3000:]}"
             ran.append(words[0])
-    assert ran.count("python") == 4 and {"elita-compare", "elita-train", "elita-evaluate", "elita-export"} <= set(ran)
+    assert ran.count("python") == 5 and {"elita-compare", "elita-train", "elita-evaluate", "elita-export"} <= set(ran)
     assert os.path.exists(tmp_path / "runs" / "compare" / "ELiTA.png")  # the quick start's plot, in its own directory
