@@ -17,6 +17,8 @@ import re
 import shlex
 import sys
 
+import keras
+
 from elita_tf import training
 from tests.conftest import write_documents, write_tiny_wikitext
 
@@ -100,12 +102,15 @@ def test_every_readme_block_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", REPO)  # elita-compare's runs, each a process of its own
     monkeypatch.setenv("ELITA_WIKITEXT_DIR", data)
     monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "tfds"))
+    # The JAX example sets KERAS_BACKEND, too late for this process's Keras: its processes keep this backend.
+    monkeypatch.setenv("KERAS_BACKEND", keras.backend.backend())
     sizes = {k: v for k, v in TINY.items() if k in {f.name for f in dataclasses.fields(training.TrainSettings)}}
     monkeypatch.setattr(training, "TrainSettings", functools.partial(training.TrainSettings, **sizes))
     ran = []
     for language, code in readme_blocks():
         if language == "python":
             exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+            os.environ["KERAS_BACKEND"] = keras.backend.backend()
             ran.append("python")
             continue
         for command in shell_commands(code):
