@@ -12,7 +12,7 @@ backends and float32's round-off on these.
 from tests.backend_utils import BACKEND
 
 FLOAT32_ROUND_OFF = 1e-5
-DENSE = ("torch",)  # keras.layers.Dense (ops.matmul)
+DENSE = ("jax", "torch")  # keras.layers.Dense (ops.matmul; on JAX too, in x64 mode)
 NORMS = ("jax", "torch")  # keras.layers.LayerNormalization, RMSNormalization (ops.mean)
 MULTI_HEAD_ATTENTION = ("jax", "torch")  # keras.layers.MultiHeadAttention
 

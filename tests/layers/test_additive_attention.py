@@ -88,7 +88,8 @@ def test_outputs_and_gradients_match_reference(length, window):
 def test_the_same_weights_give_the_same_outputs_compiled(window):
     layer = _layer("float64", sliding_window_size=window)
     x = _inputs(100, dtype="float64")
-    np.testing.assert_allclose(numpy(compiled(layer)(x)), numpy(layer(x)), rtol=1e-10, atol=1e-10)
+    tol = float64_tolerance(1e-10, DENSE)  # Dense's float32 rounds differently compiled
+    np.testing.assert_allclose(numpy(compiled(layer)(x)), numpy(layer(x)), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("window", [None, 40])
