@@ -102,8 +102,8 @@ def causal_linear_attention(
     if document_starts is None:
         chunk_kv = ops.einsum("bhnck,bhncv->bhnkv", k, v)  # [B, H, N, Dk, Dv + 1]
         state_before = backend.cumsum(chunk_kv, axis=2, exclusive=True) + initial[:, :, None]
-        scores = ops.where(causal, ops.einsum("bhnik,bhnjk->bhnij", q, k), 0.0)
-        numerator = ops.einsum("bhnij,bhnjv->bhniv", scores, v) + ops.einsum("bhnck,bhnkv->bhncv", q, state_before)  # [B, H, N, C, Dv + 1]
+        scores = ops.where(causal, backend.matmul(q, k, transpose_b=True), 0.0)
+        numerator = backend.matmul(scores, v) + backend.matmul(q, state_before)  # [B, H, N, C, Dv + 1]
         final = initial + ops.sum(chunk_kv, axis=2)
     else:
         numerator, final = _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size)
@@ -120,7 +120,7 @@ def _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size)
     """
     seg = ops.reshape(document_index(document_starts, chunk_size), (ops.shape(q)[0], 1, -1, chunk_size))  # [B, 1, N, C]
     same = ops.equal(seg[..., :, None], seg[..., None, :])
-    scores = ops.where(ops.logical_and(causal, same), ops.einsum("bhnik,bhnjk->bhnij", q, k), 0.0)
+    scores = ops.where(ops.logical_and(causal, same), backend.matmul(q, k, transpose_b=True), 0.0)
     last = seg[..., -1]  # each chunk's last document [B, 1, N]; before the first, the initial state's (0)
     before_last = shift_right(last, 2, 0)
     tail = ops.equal(seg, last[..., None])[..., None]
@@ -133,7 +133,7 @@ def _with_document_starts(q, k, v, initial, document_starts, causal, chunk_size)
     )
     # Rows of the document that was open before the chunk read the state before it.
     carried = ops.equal(seg, before_last[..., None])[..., None]
-    numerator = ops.einsum("bhnij,bhnjv->bhniv", scores, v) + ops.where(carried, ops.einsum("bhnck,bhnkv->bhncv", q, after[:, :, :-1]), 0.0)
+    numerator = backend.matmul(scores, v) + ops.where(carried, backend.matmul(q, after[:, :, :-1]), 0.0)
     return numerator, after[:, :, -1]
 
 

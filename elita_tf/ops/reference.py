@@ -18,7 +18,10 @@ _MASKED = -1e300
 
 
 def _masked_logit(dtype):
-    return -3e38 if dtype in ("float32", "float16", "bfloat16") else _MASKED
+    if dtype in ("float32", "float16", "bfloat16"):
+        return -3e38
+    # A tensor, not a Python float: Keras' torch and JAX backends convert a Python float to float32 (-inf here).
+    return ops.convert_to_tensor(_MASKED, dtype)
 
 
 def window_mask(length, window=None):

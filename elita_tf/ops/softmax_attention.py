@@ -107,6 +107,7 @@ def softmax_attention(query, key, value, visible):
     acc = accumulator_dtype(dtype_of(query))
     scale = ops.cast(ops.shape(query)[-1], acc) ** -0.5
     scores = ops.einsum("bthd,bshd->bhts", ops.cast(query, acc), ops.cast(key, acc)) * scale
-    scores = ops.where(visible, scores, float(np.finfo(acc).min))
+    # A tensor of `acc`: on PyTorch a Python float becomes float32, whose -inf makes a float64 row with no key NaN.
+    scores = ops.where(visible, scores, ops.convert_to_tensor(np.finfo(acc).min, acc))
     weights = ops.softmax(scores, axis=-1) * ops.cast(visible, acc)
     return ops.einsum("bhts,bshd->bthd", weights, ops.cast(value, acc))
