@@ -16,11 +16,7 @@
 # Every measurement ends by ELITA_GPU_BUDGET_S seconds after the start (default 480). --quick runs the same
 # steps at toy sizes on a CPU.
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-quick=0
-if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
-out="$(mkdir -p "${1:-$root/benchmarks/gpu/results}" && cd "${1:-$root/benchmarks/gpu/results}" && pwd)"
-python="${PYTHON:-python3}"
+source "$(dirname "$0")/arguments.sh" "$@"
 raw="$out/backends.jsonl"
 log="$out/backends.txt"
 : > "$raw"

@@ -19,11 +19,7 @@
 # same steps at toy sizes on a CPU in about two minutes (CI runs it, so the script cannot break unseen):
 # torch.compile and fla, which need CUDA, are reported skipped, and without PyTorch the PyTorch side is.
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-quick=0
-if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
-out="$(mkdir -p "${1:-$root/benchmarks/gpu/results}" && cd "${1:-$root/benchmarks/gpu/results}" && pwd)"
-python="${PYTHON:-python3}"
+source "$(dirname "$0")/arguments.sh" "$@"
 torch_python="${TORCH_PYTHON:-python3}"
 raw="$out/raw.jsonl"
 log="$out/log.txt"

@@ -25,15 +25,26 @@ import keras
 
 _BACKEND = keras.backend.backend()
 if _BACKEND == "tensorflow":
-    from elita_tf.backend.tensorflow import *  # noqa: F401,F403
+    from elita_tf.backend import tensorflow as _module
 elif _BACKEND == "jax":
-    from elita_tf.backend.jax import *  # noqa: F401,F403
+    from elita_tf.backend import jax as _module
 elif _BACKEND == "torch":
-    from elita_tf.backend.torch import *  # noqa: F401,F403
+    from elita_tf.backend import torch as _module
 else:
     raise ImportError(
         f"elita_tf's layers run on the TensorFlow, JAX and PyTorch backends of Keras. Received: {_BACKEND!r}"
     )
+
+branch_or_select = _module.branch_or_select
+check_all = _module.check_all
+check_less_equal = _module.check_less_equal
+compiled_or_on_gpu = _module.compiled_or_on_gpu
+cumsum = _module.cumsum
+cumulative_logsumexp = _module.cumulative_logsumexp
+matmul = _module.matmul
+maximum = _module.maximum
+minimum = _module.minimum
+ordered = _module.ordered
 
 
 def custom_gradient(forward):

@@ -4,19 +4,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "branch_or_select",
-    "check_all",
-    "check_less_equal",
-    "compiled_or_on_gpu",
-    "cumsum",
-    "cumulative_logsumexp",
-    "matmul",
-    "maximum",
-    "minimum",
-    "ordered",
-]
-
 
 def compiled_or_on_gpu():
     return True

@@ -4,19 +4,6 @@ import tensorflow as tf
 
 from elita_tf.private_apis import in_xla_context
 
-__all__ = [
-    "branch_or_select",
-    "check_all",
-    "check_less_equal",
-    "compiled_or_on_gpu",
-    "cumsum",
-    "cumulative_logsumexp",
-    "matmul",
-    "maximum",
-    "minimum",
-    "ordered",
-]
-
 
 def compiled_or_on_gpu():
     """Whether the graph being traced is compiled by XLA, or a GPU is visible to TensorFlow."""

@@ -2,19 +2,6 @@
 
 import torch
 
-__all__ = [
-    "branch_or_select",
-    "check_all",
-    "check_less_equal",
-    "compiled_or_on_gpu",
-    "cumsum",
-    "cumulative_logsumexp",
-    "matmul",
-    "maximum",
-    "minimum",
-    "ordered",
-]
-
 
 def compiled_or_on_gpu():
     return torch.compiler.is_compiling() or torch.cuda.is_available()

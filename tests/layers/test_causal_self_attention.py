@@ -1,4 +1,3 @@
-import keras
 import numpy as np
 import pytest
 from keras import ops
@@ -106,13 +105,3 @@ def test_compiled_matches_eager():
         rtol=1e-5,
         atol=1e-5,
     )
-
-
-def test_keras_save_and_load(tmp_path):
-    layer = _layer()
-    inputs = keras.Input((None, WIDTH))
-    model = keras.Model(inputs, layer(inputs))
-    path = str(tmp_path / "attention.keras")
-    model.save(path)
-    x = random_normal((2, 20, WIDTH), seed=6)
-    np.testing.assert_array_equal(numpy(keras.models.load_model(path)(x)), numpy(model(x)))

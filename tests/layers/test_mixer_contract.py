@@ -241,6 +241,42 @@ def test_config_and_keras_file_round_trip(name, tmp_path):
     assert type(restored.layers[-1]) is type(layer)
 
 
+def _projections(layer):
+    return [sub for sub in layer._flatten_layers(include_self=False) if hasattr(sub, "enable_lora")]
+
+
+@pytest.mark.filterwarnings("ignore:Layer .* does not have a `quantize` method")  # norms, softmax, dropout
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_int8_quantization_keeps_the_outputs_within_its_round_off(name):
+    layer = _mixer(name)
+    x = _inputs(40)
+    before = numpy(layer(x))
+    inputs = keras.Input((None, WIDTH))
+    keras.Model(inputs, layer(inputs)).quantize("int8")
+    assert {sub.quantization_mode for sub in _projections(layer)} == {"int8"}
+    after = numpy(layer(x))
+    # int8 rounds each kernel column to 1/127 of its largest entry, and each input row likewise.
+    np.testing.assert_allclose(after, before, rtol=0.1, atol=0.05 * np.abs(before).max())
+    assert np.abs(after - before).max() > 0  # the quantized kernels are the ones used
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_lora_starts_as_the_layer_and_trains_only_its_adapters(name):
+    layer = _mixer(name)
+    x = _inputs(40)
+    before = numpy(layer(x))
+    projections = _projections(layer)
+    for sub in projections:
+        sub.enable_lora(2)
+    np.testing.assert_array_equal(numpy(layer(x)), before)  # B starts at zero
+    adapters = [w for w in layer.trainable_weights if "lora_kernel" in w.path]
+    assert len(adapters) == 2 * len(projections)
+    assert not any(sub._kernel.trainable for sub in projections)
+    _, _, *grads = _outputs_and_gradients(layer, x)
+    by_path = {w.path: g for w, g in zip(layer.trainable_weights, grads)}
+    assert all(np.any(by_path[w.path] != 0) for w in adapters if w.path.endswith("lora_kernel_b"))
+
+
 @pytest.mark.parametrize("policy_name", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_mixed_precision_long_input_is_finite(name, policy_name, policy):

@@ -216,13 +216,3 @@ def test_compiled_matches_eager(kind):
         rtol=1e-5,
         atol=1e-5,
     )
-
-
-def test_keras_save_and_load(tmp_path):
-    layer = _layer(**NARROW)
-    inputs = keras.Input((None, WIDTH))
-    model = keras.Model(inputs, layer(inputs))
-    path = str(tmp_path / "tri.keras")
-    model.save(path)
-    x = _inputs(20)
-    np.testing.assert_array_equal(numpy(keras.models.load_model(path)(x)), numpy(model(x)))
