@@ -21,7 +21,6 @@ import inspect
 
 import keras
 import keras_hub
-import tensorflow as tf
 
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models import lora
@@ -76,7 +75,7 @@ def _run_layers(
         x = layers["final_norm"](x)
     if cache is None:
         return x
-    length = tf.shape(token_ids)[1]
+    length = keras.ops.shape(token_ids)[1]
     end = real_extent(padding_mask, length)
     if document_starts is None:
         new_cache["position"] = start + end
@@ -183,8 +182,9 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
 
     Example:
     >>> backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=100, num_layers=2, hidden_dim=32)
-    >>> backbone({"token_ids": tf.ones([2, 8], tf.int32), "padding_mask": tf.ones([2, 8], tf.int32)}).shape
-    TensorShape([2, 8, 100])
+    >>> ones = keras.ops.ones((2, 8), "int32")
+    >>> tuple(backbone({"token_ids": ones, "padding_mask": ones}).shape)
+    (2, 8, 100)
     """
 
     def __init__(
@@ -271,7 +271,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         cache = {
             f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)
         }
-        cache["position"] = tf.zeros([batch_size], tf.int32)
+        cache["position"] = keras.ops.zeros([batch_size], "int32")
         return cache
 
     def hidden_states(
@@ -340,10 +340,10 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         head = self.token_embedding if self.tie_word_embeddings else self.get_layer("logits")
         if head.quantization_mode is not None:
             logits = keras.ops.cast(self.logits(hidden), "float32")
-            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
+            losses = keras.ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
             if sample_weight is not None:
-                losses = losses * tf.cast(sample_weight, losses.dtype)
-            return tf.reduce_sum(losses) if reduction == "sum" else losses
+                losses = losses * keras.ops.cast(sample_weight, losses.dtype)
+            return keras.ops.sum(losses) if reduction == "sum" else losses
         if self.tie_word_embeddings:
             kernel, bias = keras.ops.transpose(head.embeddings), None
         else:
