@@ -13,22 +13,24 @@ TOY = ["--architectures", "elita", "--size", "seed", "--num-layers", "1", "--voc
 
 
 def worktrees():
-    return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
-
-
-def ab(*args, base="HEAD"):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "ab.py"), "--base", base, *args]
-    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    listing = subprocess.run(["git", "-C", str(ROOT), "worktree", "list", "--porcelain"], capture_output=True, text=True)
+    return [line.split(" ", 1)[1] for line in listing.stdout.splitlines() if line.startswith("worktree ")]
 
 
 @pytest.fixture(autouse=True)
-def in_a_git_checkout():
+def scratch(tmp_path):
+    """ab.py's temporary folder (its `TMPDIR`): afterwards no worktree lies in it, and it is empty."""
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("needs a git checkout")
-    before = worktrees()
-    yield
-    assert worktrees() == before  # the base's worktree is gone, also after an error
+    yield tmp_path
+    assert not [path for path in worktrees() if path.startswith(str(tmp_path))], worktrees()
+    assert not list(tmp_path.glob("elita-ab-*"))  # also after an error
+
+
+def ab(tmp_path, *args, base="HEAD"):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp_path)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "ab.py"), "--base", base, *args]
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -42,9 +44,9 @@ def in_a_git_checkout():
         ),
     ],
 )
-def test_head_against_head(subject, metrics):
+def test_head_against_head(scratch, subject, metrics):
     rounds = 1 if subject[0] == "first-step" else 3  # first-step: two processes a round
-    proc = ab(*subject, "--rounds", str(rounds))
+    proc = ab(scratch, *subject, "--rounds", str(rounds))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     rows = [json.loads(line) for line in lines if line.startswith("{")]
@@ -67,11 +69,11 @@ def test_head_against_head(subject, metrics):
         assert loss["ratio_min"] == loss["ratio_max"] == 1.0, loss
 
 
-def test_an_error_removes_the_worktree():
-    proc = ab("step", "--architectures", "no-such-architecture", "--rounds", "1")
+def test_an_error_removes_the_worktree(scratch):
+    proc = ab(scratch, "step", "--architectures", "no-such-architecture", "--rounds", "1")
     assert proc.returncode != 0 and "no-such-architecture" in proc.stderr, proc.stderr[-3000:]
 
 
-def test_a_ref_that_names_no_commit_is_refused():
-    proc = ab("kernel", "--rounds", "1", base="no-such-ref")
+def test_a_ref_that_names_no_commit_is_refused(scratch):
+    proc = ab(scratch, "kernel", "--rounds", "1", base="no-such-ref")
     assert proc.returncode != 0 and "no-such-ref" in proc.stderr, proc.stderr[-3000:]
