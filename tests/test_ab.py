@@ -13,7 +13,9 @@ TOY = ["--architectures", "elita", "--size", "seed", "--num-layers", "1", "--voc
 
 
 def worktrees():
-    listing = subprocess.run(["git", "-C", str(ROOT), "worktree", "list", "--porcelain"], capture_output=True, text=True)
+    listing = subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "list", "--porcelain"], capture_output=True, text=True
+    )
     return [line.split(" ", 1)[1] for line in listing.stdout.splitlines() if line.startswith("worktree ")]
 
 
@@ -74,6 +76,10 @@ def test_an_error_removes_the_worktree(scratch):
     assert proc.returncode != 0 and "no-such-architecture" in proc.stderr, proc.stderr[-3000:]
 
 
-def test_a_ref_that_names_no_commit_is_refused(scratch):
+def test_bad_arguments_are_refused_before_a_worktree_is_made(scratch):
     proc = ab(scratch, "kernel", "--rounds", "1", base="no-such-ref")
     assert proc.returncode != 0 and "no-such-ref" in proc.stderr, proc.stderr[-3000:]
+    proc = ab(scratch, "step", "--hidden-dim", "8")  # only `train` passes flags on (to elita-train)
+    assert proc.returncode == 2 and "unrecognized arguments: --hidden-dim 8" in proc.stderr, proc.stderr
+    proc = ab(scratch, "step", "--rounds", "0")
+    assert proc.returncode == 2 and "Received: 0" in proc.stderr, proc.stderr
