@@ -1,7 +1,8 @@
 import keras
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import as_sequence, check_choice, check_sequence_call, take_arguments_as_given
+from elita_tf.checks import check_choice, check_dropout
+from elita_tf.layers.checks import as_sequence, check_sequence_call, take_arguments_as_given
 from elita_tf.layers.options import NORMS, RESIDUALS
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.renamed_arguments import upgrade_arguments
@@ -91,8 +92,7 @@ class DecoderBlock(keras.layers.Layer):
             raise TypeError(f"`ffn` must be a Keras layer or None. Received: ffn={ffn!r}")
         check_choice("norm", norm, (*NORMS, None))
         check_choice("residual", residual, RESIDUALS)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        check_dropout("dropout", dropout)
         self.mixer = mixer
         self.ffn = ffn
         self.norm = norm
