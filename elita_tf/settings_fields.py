@@ -31,6 +31,18 @@ def setting(default=dataclasses.MISSING, help=None, *, check=None, choices=None,
         default_help: optional str, what the default means where its value
             does not say it (`"the size's"`).
         **marks: further metadata (`model="dropout"`, `run=True`, `local=True`).
+
+    Example:
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Run:
+    ...     steps: int = setting(10, "Steps in all.", choices=(10, 100))
+    ...     def __post_init__(self):
+    ...         check_fields(self)
+    >>> dataclasses.fields(Run)[0].metadata["help"]
+    'Steps in all.'
+    >>> Run(steps=5)
+    Traceback (most recent call last):
+    ValueError: `steps` must be one of [10, 100]. Received: steps=5
     """
     metadata = {"help": help, "check": check, "choices": choices, "default_help": default_help, **marks}
     if isinstance(default, type) and dataclasses.is_dataclass(default):
@@ -90,6 +102,7 @@ def with_attributes(settings_class):
         lines += textwrap.wrap(
             text, 108, initial_indent=" " * 8, subsequent_indent=" " * 12, break_on_hyphens=False
         )
-    head, example = settings_class.__doc__.split("    Example:")
-    settings_class.__doc__ = head + "    Attributes:\n" + "\n".join(lines) + "\n\n    Example:" + example
+    head, _, example = settings_class.__doc__.rstrip().partition("\n    Example:")
+    example = f"\n\n    Example:{example}" if example else ""
+    settings_class.__doc__ = head.rstrip() + "\n\n    Attributes:\n" + "\n".join(lines) + example + "\n    "
     return settings_class

@@ -12,11 +12,11 @@ from elita_tf import checks
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: checks.check_integer("num_heads", 0), "`num_heads` must be a positive integer. Received: num_heads=0"),
-        (lambda: checks.check_integer("num_heads", True), "`num_heads` must be a positive integer. Received: num_heads=True"),
+        (lambda: checks.check_integer("heads", 0), "`heads` must be a positive integer. Received: heads=0"),
+        (lambda: checks.check_integer("heads", True), "`heads` must be a positive integer. Received: heads=True"),
         (lambda: checks.check_integer("seed", -1, least=0), "`seed` must be a non-negative integer. Received: seed=-1"),
         (lambda: checks.check_integer("n", 3, most=2), "`n` must be at most 2. Received: n=3"),
-        (lambda: checks.check_integer("n", 1.0, optional=True), "`n` must be None or a positive integer. Received: n=1.0"),
+        (lambda: checks.check_integer("k", 0.5, 1, 9, True), "`k` must be None or a positive integer. Received: k=0.5"),
         (lambda: checks.check_sequence_length("t", 1), "`t` must be an integer >= 2. Received: t=1"),
         (lambda: checks.check_sequence_length("t", 2**31), "`t` must be at most 2147483647. Received: t=2147483648"),
         (lambda: checks.check_dropout("dropout", 1.0), "`dropout` must be in [0, 1). Received: dropout=1.0"),

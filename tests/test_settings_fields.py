@@ -37,7 +37,9 @@ def test_help_reads_fields_as_flags_and_says_the_default():
     text = flag_help(TrainSettings, dropout)
     assert "`" not in text and text.endswith("Default: the backbone's, 0.")
     epochs = {f.name: f for f in dataclasses.fields(TrainSettings)}["epochs"]
-    assert flag_help(TrainSettings, epochs) == "Passes over the train split (--max-steps may end the run sooner). Default: 1."
+    assert flag_help(TrainSettings, epochs) == (
+        "Passes over the train split (--max-steps may end the run sooner). Default: 1."
+    )
     assert flag_help(TrainSettings, epochs, "the run's").endswith("Default: the run's.")
     assert "Defaults to `1`." in " ".join(TrainSettings.__doc__.split())
 

@@ -41,9 +41,9 @@ def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=No
             add_flags(parser, field.default_factory, exclude, defaults, default_help)
             continue
         flag = "--" + field.name.replace("_", "-")
+        help_text = flag_help(settings_class, field, default_help)
         if field.type is bool:
-            default = False if defaults else None
-            parser.add_argument(flag, action="store_true", default=default, help=flag_help(settings_class, field, default_help))
+            parser.add_argument(flag, action="store_true", default=False if defaults else None, help=help_text)
             continue
         default = None if field.default is dataclasses.MISSING else field.default
         kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
@@ -53,6 +53,6 @@ def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=No
             default=default if defaults else None,
             required=defaults and field.default is dataclasses.MISSING,
             choices=field.metadata.get("choices"),
-            help=flag_help(settings_class, field, default_help),
+            help=help_text,
         )
     return parser

@@ -21,7 +21,7 @@ class CorpusSettings:
     """The text of a run: WikiText, a TFDS dataset, or your own files, and its three splits.
 
     Each field's help is in its metadata (`elita_tf.settings_fields.setting`): the flags' `--help`
-    and the attributes below are written from it.
+    and this docstring's `Attributes:` are written from it (`with_attributes`).
 
     Example:
     >>> CorpusSettings("notes.jsonl", text_field="body").text_field

@@ -61,7 +61,7 @@ class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
         num_heads: int. Number of heads `H`; must divide the input width.
         sliding_window_size: int or None. Positions each row pools over, itself included.
             Defaults to `None` (every earlier position).
-        dropout: float. Dropout rate on both pooled vectors. Defaults to `0.0`.
+        dropout: float in `[0, 1)`. Dropout rate on both pooled vectors. Defaults to `0.0`.
         layer_norm_epsilon: float. Epsilon of the mid LayerNorm. Defaults to
             `1e-5`.
         chunk_size: int. Positions per matrix-product chunk of the kernel.

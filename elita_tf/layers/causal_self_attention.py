@@ -32,9 +32,9 @@ class CausalSelfAttention(CausalMixer):
         num_heads: int. Number of heads `H`.
         head_dim: int or None. Query/key/value width per head. Defaults to
             `d // num_heads`.
-        dropout: float. Dropout on the attention weights (training only).
+        dropout: float in `[0, 1)`. Dropout on the attention weights (training only).
             Defaults to `0.0`.
-        max_sequence_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to `1024`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:

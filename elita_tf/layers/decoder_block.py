@@ -48,7 +48,8 @@ class DecoderBlock(keras.layers.Layer):
         residual: `"pre_norm"`, `"parallel"` or `"sequential"`. Defaults to
             `"pre_norm"`.
         layer_norm_epsilon: float. Defaults to `1e-5`.
-        dropout: float. Dropout on both branches. Defaults to `0.0`.
+        dropout: float in `[0, 1)`. Dropout on the mixer's and the FFN's outputs, before
+            each joins the residual stream. Defaults to `0.0`.
         mixer_gain: float. Initial `g_M` (skip-less forms). Defaults to `1.0`.
         ffn_gain: float. Initial `g_F` (skip-less forms). Defaults to `0.1`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).

@@ -16,7 +16,7 @@ class PositionEmbedding(keras.layers.Layer):
     `[B, T, d]`, the inputs' shape (per sequence when decoding from `start_index [B]`).
 
     Args:
-        max_sequence_length: int. Longest sequence it has positions for.
+        max_sequence_length: int, at least 2. Longest sequence it has positions for.
         initializer: Defaults to `RandomNormal(stddev=0.02)`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 

@@ -40,7 +40,7 @@ class ShapedAttention(CausalMixer):
     Args:
         num_heads: int. Number of heads `H`; the input width must be divisible by it.
         value_projection: bool. Learn a value projection with gains. Defaults to `False`.
-        max_sequence_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to `1024`.
         query_initializer: initializer of the query kernel. Defaults to `"zeros"`.
         key_initializer: initializer of the key kernel. Defaults to
             `RandomNormal(stddev=0.02)`.

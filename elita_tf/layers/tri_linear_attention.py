@@ -81,7 +81,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
         hyper: float. Bonus `hyper / distance`, in bits. Defaults to `0.0`.
         wide: bool. Attend every earlier position (`sliding_window_size` is unused).
             Defaults to `False`.
-        max_sequence_length: int. Positions the decoding cache of a wide layer holds.
+        max_sequence_length: int, at least 2. Positions the decoding cache of a wide layer holds.
             Defaults to `1024`.
         chunk_size: int. Queries per chunk of the banded kernel. Defaults to `32`.
         kernel_initializer: initializer of `W_QK`, `W_QV`, `W_K`, `W_V`.

@@ -35,7 +35,7 @@ class TrainSettings:
     value, or `ElitaBackbone`'s default; a fine-tuned run takes the model it
     starts from (`elita_tf.training.model_settings.complete_settings`).
     Each field's help is in its metadata (`setting`): `elita-train --help`
-    and the attributes below are written from it.
+    and this docstring's `Attributes:` are written from it (`with_attributes`).
 
     Example:
     >>> settings = TrainSettings("runs/elita", architecture="elita", epochs=2)  # doctest: +SKIP

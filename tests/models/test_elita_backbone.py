@@ -210,7 +210,8 @@ def test_carries_state_is_one_answer_with_one_message(name, overrides, carries):
         return
     message = (
         r"Carrying the state over a stream needs blocks that keep a constant-size state \(elita, linear, additive\), "
-        rf"no learned positions and positions that do not move with the length\. Received: blocks=\['{name.split('-')[0]}'\]"
+        r"no learned positions and positions that do not move with the length\. "
+        rf"Received: blocks=\['{name.split('-')[0]}'\]"
     )
     for check in (backbone.check_carries_state, lambda: check_carries_state(backbone.get_config())):
         with pytest.raises(ValueError, match=message):
