@@ -108,7 +108,7 @@ def _optional(check):
 
 # Every `ElitaBackbone` argument that is its architecture (all but `lora_rank` and `dtype`), in its signature's
 # order, and its check (`elita_tf.checks`), which returns the value in its one type: equal architectures compare
-# equal. The backbone's `ARCHITECTURE_FIELDS` are these (tests/models/test_elita_backbone.py).
+# equal. `ElitaBackbone`'s signature lists the same names (tests/models/test_elita_backbone.py).
 ARGUMENT_CHECKS = {
     "vocabulary_size": check_integer,
     "num_layers": check_integer,
