@@ -100,18 +100,11 @@ class ChunkedLossTraining:
         saved with the model, so a resumed run continues exactly.
 
         Raises:
-            ValueError: for a model with a block that keeps no constant-size
-                state, or learned positions.
+            ValueError: for a model that cannot carry its state
+                (`ElitaBackbone.carries_state`).
         """
-        backbone = self.backbone
-        if backbone.decode_limit is not None or backbone.position_mode == "length":
-            raise ValueError(
-                "Carrying the state needs blocks that keep a constant-size state, no learned positions and "
-                f"positions that do not move with the length. Received: blocks={sorted(set(backbone.blocks))}, "
-                f"position_embedding={backbone.position_embedding}, position_mode={backbone.position_mode!r}"
-            )
-
-        cache = backbone.get_initial_cache(batch_size)
+        self.backbone.check_carries_state()
+        cache = self.backbone.get_initial_cache(batch_size)
         variables = [
             self.add_weight(
                 shape=value.shape,
