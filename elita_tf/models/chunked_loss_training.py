@@ -111,7 +111,7 @@ class ChunkedLossTraining:
                 dtype=keras.backend.standardize_dtype(value.dtype),
                 initializer=lambda shape, dtype, value=value: value,
                 trainable=False,
-                name="carried_state/" + "/".join(map(str, path)),
+                name="carried_state_" + "_".join(map(str, path)),
             )
             for path, value in keras.tree.flatten_with_path(cache)
         ]
@@ -166,7 +166,8 @@ class ChunkedLossTraining:
         hidden, cache = backbone.hidden_states(
             token_ids, padding_mask, cache=cache, document_starts=x["document_starts"], training=training
         )
-        keras.tree.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
+        for variable, value in zip(keras.tree.flatten(self.carried_state), keras.tree.flatten(cache)):
+            variable.assign(value)
         return hidden
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):

@@ -32,9 +32,10 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
     (`ElitaBackbone.token_losses`): the step never holds the `[B, T, V]`
     logits and their gradient (docs/math.md §10). It is the same loss, sample
     weights included, as Keras' on the logits `call` returns; any other loss
-    or metric, or `chunked_loss = False`, takes Keras' own step. `enable_carried_state` makes `fit` carry
-    every block's state from batch to batch (truncated backpropagation
-    through time).
+    or metric, or `chunked_loss = False`, takes Keras' own loss on the logits.
+    `enable_carried_state` makes `fit` carry every block's state from batch
+    to batch (truncated backpropagation through time). Both run inside
+    Keras' own steps (`compute_loss`), on TensorFlow, JAX and PyTorch.
 
     **Generation.** `generate_step` prefills, in one parallel pass, every
     position before the shortest prompt's last token, then takes one cached
