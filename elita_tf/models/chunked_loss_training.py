@@ -46,7 +46,6 @@ class ChunkedLossTraining:
     carried_state = None  # the cache `fit` carries from batch to batch (`enable_carried_state`)
     chunked_loss = True  # False: Keras' own loss on the full logits (to compare with it)
     hidden_state_outputs = False  # True while a step taking the chunked loss is traced: `call` gives hidden states
-    _token_loss_tracker = None  # the "loss" the steps report, weighed as `compute_loss` says
     _carrying = False  # while a training step is traced with a carried state
 
     def fit(self, x=None, *args, **kwargs):
@@ -64,11 +63,6 @@ class ChunkedLossTraining:
         if _distributed(x):
             return keras.Model.evaluate(self, x, *args, **kwargs)
         return super().evaluate(x, *args, **kwargs)
-
-    def compile(self, *args, **kwargs):
-        super().compile(*args, **kwargs)
-        if self._token_loss_tracker is None:
-            self._token_loss_tracker = keras.metrics.Mean(name="loss")
 
     def compile_from_config(self, config):
         """Keras' own: a checkpoint loads compiled, with its optimizer (Keras skips a custom `compile`)."""
@@ -183,34 +177,24 @@ class ChunkedLossTraining:
             loss = backbone.token_losses(y_pred, y, sample_weight, reduction="sum")
         else:
             loss = ops.sum(backbone.token_losses(y_pred, y, sample_weight))
-        rows = ops.cast(ops.shape(y)[0], loss.dtype)
         if self._weighs_by_samples(sample_weight):
-            divisor = weight = ops.sum(ops.cast(sample_weight, loss.dtype))
+            divisor = ops.sum(ops.cast(sample_weight, loss.dtype))
         else:
-            divisor, weight = ops.cast(ops.size(y), loss.dtype), rows
+            divisor = ops.cast(ops.size(y), loss.dtype)
         loss = ops.divide_no_nan(loss, divisor)
         for extra in self.losses:  # regularisers, as Keras' `compute_loss` adds them
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
         loss = scale_loss_for_distribution(loss)
-        # Each batch's mean weighs in by its rows, or, given `sample_weight` with a loss averaged over the
-        # weights, in evaluation by their sum: evaluation's figure is then the mean over every weighted token
-        # (packed documents). Training keeps rows: `StepLog` reads each batch's loss back from the running mean.
-        self._token_loss_tracker.update_state(
-            unscale_loss_for_distribution(loss), sample_weight=rows if training else weight
-        )
+        if not training and self._weighs_by_samples(sample_weight):
+            # Keras' step adds each batch's loss to its "loss" weighed by the batch's rows. Evaluation's figure is
+            # the mean over every weighted token (packed documents): weighed by the weights' sum, the rest here.
+            rows = ops.cast(ops.shape(y)[0], loss.dtype)
+            self._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=divisor - rows)
         return loss
 
     def _weighs_by_samples(self, sample_weight):
         """Whether the loss is averaged over the weights of `sample_weight` rather than over every token."""
         return sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight"
-
-    @property
-    def metrics(self):
-        """Keras' own, with the chunked loss's "loss" for Keras' where the chunked loss applies."""
-        metrics = super().metrics
-        if self._token_loss_tracker is None or not self._chunked_loss_applies():
-            return [m for m in metrics if m is not self._token_loss_tracker]
-        return [m for m in metrics if m is not self._loss_tracker]
 
     def save_own_variables(self, store):
         # The model's own variables are the carried state's alone, stored under names that say so.

@@ -68,6 +68,21 @@ def test_the_chunked_loss_is_keras_loss_on_the_logits(name):
     np.testing.assert_allclose(chunked.evaluate(x, y, verbose=0), plain.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
+def test_evaluation_with_weights_is_the_mean_over_every_weighted_token():
+    """Averaged over the weights (packed documents), batches weigh in by their weights' sum, not their rows."""
+    causal_lm = trainable("elita")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
+    causal_lm.compile(keras.optimizers.SGD(0.0), loss, weighted_metrics=None)
+    (x1, y1), (x2, y2) = rule_batches(steps=2)
+    x = {name: np.concatenate([x1[name], x2[name]]) for name in x1}
+    y = np.concatenate([y1, y2])
+    weights = np.random.default_rng(4).uniform(size=y.shape).astype("float32")
+    weights[:8] *= 0.1  # the first batch weighs a tenth of the second
+    evaluated = causal_lm.evaluate(x, y, sample_weight=weights, batch_size=8, verbose=0)
+    losses = numpy(causal_lm.backbone.token_losses(causal_lm.backbone.hidden_states(x["token_ids"]), y))
+    np.testing.assert_allclose(evaluated, (losses * weights).sum() / weights.sum(), rtol=1e-5)
+
+
 def test_a_carried_state_continues_the_stream_and_is_saved():
     """Two segments with the state carried equal one pass over both; the state is saved with the model."""
     x, y = rule_batches(steps=1, length=16)[0]
