@@ -1,7 +1,7 @@
 """Optimizers of the reference implementations."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -108,26 +108,30 @@ class NormalizedSGD(keras.optimizers.Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         """One normalised step of `variable` along `-gradient`."""
         dtype = variable.dtype
-        learning_rate = tf.cast(learning_rate, dtype)
-        # Embedding gradients arrive as IndexedSlices: dense, an absent row adds 0 to D.
-        gradient = tf.cast(tf.convert_to_tensor(gradient), dtype)
+        learning_rate = ops.cast(learning_rate, dtype)
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            # Embedding gradients arrive as IndexedSlices: dense (repeated rows summed), an absent row adds 0 to D.
+            gradient = tf.convert_to_tensor(gradient)
+        gradient = ops.cast(gradient, dtype)
         index = self._get_variable_index(variable)
         row_sum = self.row_sums[index]
         if row_sum is None:
-            norm = tf.norm(gradient)
-            self.assign_sub(variable, learning_rate * tf.math.divide_no_nan(gradient, norm))
+            norm = ops.sqrt(ops.sum(ops.square(gradient)))
+            self.assign_sub(variable, learning_rate * ops.divide_no_nan(gradient, norm))
             return
         axis = self._row_axis(variable)
         others = [a for a in range(len(variable.shape)) if a != axis]
-        decay = tf.cast(self.row_decay, dtype)
+        decay = ops.cast(self.row_decay, dtype)
         row_count = self.row_counts[index]
-        new_sum = decay * row_sum + tf.reduce_sum(tf.square(gradient), axis=others)
+        new_sum = decay * row_sum + ops.sum(ops.square(gradient), axis=others)
         new_count = decay * row_count + 1.0
         self.assign(row_sum, new_sum)
         self.assign(row_count, new_count)
-        scale = tf.sqrt(new_sum / new_count)
+        scale = ops.sqrt(new_sum / new_count)
         shape = [-1 if a == axis else 1 for a in range(len(variable.shape))]
-        self.assign_sub(variable, learning_rate * tf.math.divide_no_nan(gradient, tf.reshape(scale, shape)))
+        self.assign_sub(variable, learning_rate * ops.divide_no_nan(gradient, ops.reshape(scale, shape)))
 
     def get_config(self):
         config = super().get_config()

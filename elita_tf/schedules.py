@@ -1,7 +1,7 @@
 """The learning-rate schedules and optimizers of the training runs: ELiTA's Adam, 3Lin's normalised SGD."""
 
 import keras
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.optimizers import NormalizedSGD
 
@@ -31,8 +31,8 @@ class InverseSqrtSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         # Keras passes the number of updates done so far: the first update is step 1.
-        step = tf.cast(step, tf.float32) + 1.0
-        return tf.minimum(self.peak, self.scale * tf.math.rsqrt(step))
+        step = ops.cast(step, "float32") + 1.0
+        return ops.minimum(self.peak, self.scale * ops.rsqrt(step))
 
     def get_config(self):
         return {"peak": self.peak, "scale": self.scale}
@@ -66,8 +66,8 @@ class TailSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.rate, self.total_steps, self.tail = float(rate), total_steps, float(tail)
 
     def __call__(self, step):
-        progress = tf.cast(step, tf.float32) / self.total_steps
-        return self.rate * tf.clip_by_value(self.tail * (1.0 - progress), 0.0, 1.0)
+        progress = ops.cast(step, "float32") / self.total_steps
+        return self.rate * ops.clip(self.tail * (1.0 - progress), 0.0, 1.0)
 
     def get_config(self):
         return {"rate": self.rate, "total_steps": self.total_steps, "tail": self.tail}

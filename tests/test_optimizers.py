@@ -61,6 +61,7 @@ def test_row_normalised_update_matches_its_definition():
     assert optimizer._row_axis(variables["kernel"]) is None
 
 
+@pytest.mark.tf_only  # IndexedSlices gradients
 def test_sparse_embedding_gradients_and_column_rows():
     keras.utils.set_random_seed(0)
     tokens = keras.Input((None,), dtype="int32")
@@ -85,6 +86,7 @@ def test_sparse_embedding_gradients_and_column_rows():
     assert optimizer._row_axis(bias) is None
 
 
+@pytest.mark.tf_only  # its loop takes gradients with a GradientTape; test_fits_a_softmax_classifier_with_fit is Keras'
 def test_fits_linear_regression():
     rng = np.random.default_rng(4)
     x = tf.constant(rng.normal(size=(256, 8)), tf.float32)

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 
 def software_versions():
-    """The package version and commit (when it runs from a git checkout), TensorFlow and Keras versions."""
+    """The package version and commit (when it runs from a git checkout), TensorFlow and Keras versions, and the
+    Keras backend the run computed on."""
     import elita_tf
 
     def git(*command):
@@ -27,5 +28,6 @@ def software_versions():
         "commit": commit or None,
         "tensorflow": tf.__version__,
         "keras": keras.__version__,
+        "keras_backend": keras.backend.backend(),
         "python": sys.version.split()[0],
     }
