@@ -1,0 +1,50 @@
+"""`elita-train` on JAX or PyTorch: a complete run directory, whose preset exports to LiteRT under TensorFlow and
+scores there the test loss the run measured on its own backend."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from elita_tf.cli.train import main as train_main
+from tests.backend_utils import BACKEND
+from tests.conftest import TINY_RUN, write_documents
+
+_ON_TENSORFLOW = """
+import contextlib, io, json, sys
+from elita_tf.cli.evaluate import main as evaluate
+from elita_tf.cli.export import main as export
+run, litert = sys.argv[1:]
+assert export(["--run-dir", run, "--format", "litert", "--output", litert]) == 0
+losses = []
+for extra in ([], ["--litert", litert]):
+    report = io.StringIO()
+    with contextlib.redirect_stdout(report):
+        assert evaluate(["--run-dir", run, "--split", "test", *extra]) == 0
+    losses.append(json.loads(report.getvalue())["loss"])
+print(json.dumps(losses))
+"""
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="elita-train's own tests run on TensorFlow")
+def test_a_run_here_is_complete_and_scores_its_test_loss_under_tensorflow_and_litert(tmp_path):
+    pytest.importorskip("ai_edge_litert")
+    run = tmp_path / "run"
+    data = write_documents(tmp_path / "texts", 40)
+    arguments = ["--output-dir", str(run), *TINY_RUN, "--max-steps", "3", "--data", data, "--holdout-fraction", "0.15"]
+    assert train_main(arguments) == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["software"]["keras_backend"] == BACKEND and results["steps"] == 3
+    assert {"preset", "checkpoints", "sentencepiece.model", "steps.csv", "run.json"} <= set(os.listdir(run))
+    environment = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    scored = subprocess.run(
+        [sys.executable, "-c", _ON_TENSORFLOW, str(run), str(tmp_path / "model.tflite")],
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    losses = json.loads(scored.stdout.strip().splitlines()[-1])  # TensorFlow's, then the LiteRT file's
+    assert losses == pytest.approx([results["test_loss"]] * 2, rel=1e-5)
