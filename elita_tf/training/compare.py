@@ -22,7 +22,7 @@ import time
 
 from elita_tf.models import ARCHITECTURES
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
-from elita_tf.training.run_directory import RESULTS_FILE, read_results
+from elita_tf.training.run_directory import RESULTS_FILE, manifest_differences, read_results
 from elita_tf.training.settings import INTEGER_RANGES, check_integer, fields_marked, train_settings
 
 # Settings that change nothing a comparison reports: a finished run trained with others is still the same run.
@@ -124,11 +124,10 @@ def finished_run_differences(directory, settings):
     its model fields from its size, its positions from the stored run.
     """
     from elita_tf.training.model_settings import complete_settings, resolve_position_mode  # TensorFlow
-    from elita_tf.training.run_directory import manifest_differences
 
     trained = read_results(directory).get("config", {}).get("settings")
     if not isinstance(trained, dict):
-        return ["its results.json records no settings (config.settings)"]
+        return [f"its {RESULTS_FILE} records no settings (config.settings)"]
     asked = dataclasses.asdict(resolve_position_mode(complete_settings(settings), directory))
     return manifest_differences(_comparable(trained), _comparable(asked))
 
