@@ -13,8 +13,8 @@ def rss_mib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def run_measurement(cmd, timeout):
-    """Runs `cmd`, which prints one JSON line of results.
+def run_measurement(cmd, timeout, env=None):
+    """Runs `cmd` (with the environment `env`, or this process's), which prints one JSON line of results.
 
     A process that fails or times out has the end of its error output copied to this one's, so that a log
     shows where it stopped.
@@ -23,14 +23,14 @@ def run_measurement(cmd, timeout):
         `(result, None)` with the parsed dict, or `(None, reason)` when the
         process timed out, was killed or printed no result.
     """
-    results, reason = run_measurements(cmd, timeout)
+    results, reason = run_measurements(cmd, timeout, env)
     return (results[-1], None) if results else (None, reason)
 
 
-def run_measurements(cmd, timeout):
+def run_measurements(cmd, timeout, env=None):
     """Runs `cmd`, which prints one JSON line per result; `(results, None)`, or `([], reason)` as `run_measurement`."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as stopped:
         stderr = stopped.stderr or b""
         stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
@@ -221,18 +221,23 @@ def _torch_loss_functions(forward, weights, jit_compile):
     return fwd, loss_and_grads
 
 
-def training_model(architecture, output_head="chunked", dtype_policy="float32", jit_compile=False, **size):
+def training_model(
+    architecture, output_head="chunked", dtype_policy="float32", jit_compile=False, package="elita_tf", **size
+):
     """An `ElitaCausalLM` compiled as `elita-train` compiles it: Adam with the ELiTA schedule, the loss alone.
 
     `size` holds `ElitaBackbone` arguments (`vocabulary_size`, `hidden_dim`, ...). `output_head="full"`
-    takes Keras' own step on the `[B, T, V]` logits instead of the chunked loss.
+    takes Keras' own step on the `[B, T, V]` logits instead of the chunked loss. `package` is the package
+    to build it from (`benchmarks/ab.py` builds another checkout's, renamed).
     """
+    import importlib
+
     import keras
 
-    from elita_tf.models import ElitaBackbone, ElitaCausalLM
-    from elita_tf.schedules import elita_adam
+    models = importlib.import_module(f"{package}.models")
+    elita_adam = importlib.import_module(f"{package}.schedules").elita_adam
 
-    causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(architecture, dtype=dtype_policy, **size))
+    causal_lm = models.ElitaCausalLM(models.ElitaBackbone.from_architecture(architecture, dtype=dtype_policy, **size))
     causal_lm.compile(
         elita_adam(),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -16,3 +16,17 @@ def in_xla_context(graph):
     except ImportError:  # pragma: no cover
         return False
     return GraphOrParentsInXlaContext(graph)
+
+
+def scale_loss_for_distribution(loss):
+    """Keras' own: a replica's loss divided by the replicas of a `tf.distribute` strategy (TensorFlow only)."""
+    from keras.src.losses.loss import scale_loss_for_distribution
+
+    return scale_loss_for_distribution(loss)
+
+
+def unscale_loss_for_distribution(loss):
+    """Keras' own: the inverse of `scale_loss_for_distribution`, for the loss a step reports."""
+    from keras.src.losses.loss import unscale_loss_for_distribution
+
+    return unscale_loss_for_distribution(loss)

@@ -96,12 +96,18 @@ def test_a_class_imported_from_its_package_is_registered_with_keras():
 LAYERS = {
     "backend": {"backend", "private_apis"},
     "ops": {"backend", "ops", "private_apis", "lazy"},
-    "layers": {"backend", "ops", "layers", "private_apis", "lazy"},
-    "models": {"backend", "ops", "layers", "models", "private_apis", "lazy"},
-    "data": {"data", "lazy"},
-    "export": {"backend", "ops", "layers", "models", "data", "export", "lazy"},
-    "training": {"backend", "ops", "layers", "models", "data", "export", "training", "schedules", "optimizers", "lazy"},
-    "cli": {"cli", "data", "layers", "models", "training", "export"},
+    "layers": {"backend", "ops", "layers", "private_apis", "lazy", "checks"},
+    "models": {"backend", "ops", "layers", "models", "private_apis", "lazy", "checks"},
+    "data": {"data", "lazy", "checks", "settings_fields"},
+    "export": {"backend", "ops", "layers", "models", "data", "export", "lazy", "checks"},
+    "training": {
+        *("backend", "ops", "layers", "models", "data", "export", "training", "schedules", "optimizers", "lazy"),
+        *("checks", "settings_fields"),
+    },
+    "cli": {"cli", "data", "layers", "models", "training", "export", "checks", "settings_fields"},
+    # The argument checks and the settings' fields: no TensorFlow, under every package that checks.
+    "checks": set(),
+    "settings_fields": {"checks"},
 }
 
 

@@ -13,7 +13,10 @@
     check_all(condition, message, report) a run-time check in a TensorFlow graph, reporting `report()` when it fails
     custom_gradient(forward)              `forward(*tensors) -> (outputs, grad)`, `grad(upstream)` returning
                                           one gradient per tensor; nothing differentiated is closed over
+    scan(step, init, xs)                  `jax.lax.scan`: `step(carry, x) -> (carry, y)` along axis 0 of the nest
+                                          `xs`, one step at a time; returns the last carry and the stacked `y`s
     matmul(a, b, transpose_a=False, transpose_b=False)
+    segment_sum(data, segment_ids, num_segments)
     maximum(a, b), minimum(a, b)          in the inputs' dtype (Keras' PyTorch backend takes float64 to
                                           float32 in these); TensorFlow's transposes folded into the product
 
@@ -45,6 +48,8 @@ matmul = _module.matmul
 maximum = _module.maximum
 minimum = _module.minimum
 ordered = _module.ordered
+scan = _module.scan
+segment_sum = _module.segment_sum
 
 
 def custom_gradient(forward):

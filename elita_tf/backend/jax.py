@@ -54,3 +54,11 @@ def cumsum(x, axis, exclusive=False):
     pads = [(0, 0, 0)] * x.ndim
     pads[axis] = (1, -1, 0)  # one zero in front, the last sum dropped
     return jax.lax.pad(total, jax.numpy.zeros((), total.dtype), pads)
+
+
+def scan(step, init, xs):
+    return jax.lax.scan(step, init, xs)
+
+
+def segment_sum(data, segment_ids, num_segments):
+    return jax.ops.segment_sum(data, segment_ids, num_segments)

@@ -57,3 +57,31 @@ def minimum(a, b):
 
 def cumsum(x, axis, exclusive=False):
     return tf.cumsum(x, axis=axis, exclusive=exclusive)
+
+
+def scan(step, init, xs):
+    """A `tf.while_loop` with one step in flight, so that one step's intermediates exist at a time. Keras'
+    own TensorFlow `scan` wants each `y` shaped like the carry; here `y`'s structure comes from a trace of
+    `step` that never runs, as `jax.lax.scan` evaluates it abstractly."""
+    xs_flat = tf.nest.flatten(xs)
+    length = tf.shape(xs_flat[0])[0]
+
+    def xs_at(k):
+        return tf.nest.pack_sequence_as(xs, [x[k] for x in xs_flat])
+
+    specs = [tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), init)]
+    specs.append(tf.nest.pack_sequence_as(xs, [tf.TensorSpec(x.shape[1:], x.dtype) for x in xs_flat]))
+    ys_like = tf.function(lambda carry, x: step(carry, x)[1], autograph=False).get_concrete_function(*specs)
+    ys_like = ys_like.structured_outputs
+    arrays = [tf.TensorArray(y.dtype, size=length, element_shape=y.shape) for y in tf.nest.flatten(ys_like)]
+
+    def body(k, carry, arrays):
+        carry, ys = step(carry, xs_at(k))
+        return k + 1, carry, [a.write(k, y) for a, y in zip(arrays, tf.nest.flatten(ys))]
+
+    _, carry, arrays = tf.while_loop(lambda k, *_: k < length, body, [0, init, arrays], parallel_iterations=1)
+    return carry, tf.nest.pack_sequence_as(ys_like, [a.stack() for a in arrays])
+
+
+def segment_sum(data, segment_ids, num_segments):
+    return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)

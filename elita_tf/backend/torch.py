@@ -61,3 +61,20 @@ def cumsum(x, axis, exclusive=False):
     axis = axis % x.ndim
     pad = [0, 0] * (x.ndim - 1 - axis) + [1, 0]  # one zero in front (torch lists the last axis first)
     return torch.nn.functional.pad(total, pad).narrow(axis, 0, total.shape[axis])
+
+
+def scan(step, init, xs):
+    """A Python loop over axis 0 of `xs` (eager PyTorch)."""
+    import keras
+
+    carry, ys = init, []
+    for k in range(keras.tree.flatten(xs)[0].shape[0]):
+        carry, y = step(carry, keras.tree.map_structure(lambda x: x[k], xs))
+        ys.append(y)
+    return carry, keras.tree.map_structure(lambda *y: torch.stack(y), *ys)
+
+
+def segment_sum(data, segment_ids, num_segments):
+    """In `data`'s dtype (Keras' PyTorch `segment_sum` sums float64 in float32)."""
+    total = torch.zeros((num_segments, *data.shape[1:]), dtype=data.dtype, device=data.device)
+    return total.index_add(0, segment_ids.long(), data)

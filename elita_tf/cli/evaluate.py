@@ -18,17 +18,24 @@ import os
 import sys
 
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
+from elita_tf.checks import check_sequence_length
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command
-from elita_tf.cli.flags import add_flags
+from elita_tf.cli.flags import add_flags, flag_help
 from elita_tf.cli.quiet import start_tensorflow
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import SPLITS, TextCorpus, data_kind
 from elita_tf.export.settings import QUANTIZATIONS
 from elita_tf.layers.options import POSITION_MODES
-from elita_tf.training.settings import INTEGER_RANGES, check_integer
+from elita_tf.settings_fields import check_field, field_named
+from elita_tf.training.settings import TrainSettings
 
 # CorpusSettings' fields that other text has no use for: it is scored whole, or by --split.
 _NOT_FLAGS = ("validation_data", "test_data", "holdout_fraction")
+
+
+def _run_flag_help(name, default_help=None):
+    """The help of elita-train's flag of the same name (`TrainSettings`' field)."""
+    return flag_help(TrainSettings, field_named(TrainSettings, name), default_help)
 
 
 def main(argv=None):
@@ -37,39 +44,33 @@ def main(argv=None):
     parser.add_argument("--split", default="test", choices=SPLITS)
     # Other text, instead of the run's own: its flags are CorpusSettings' (text files and JSON Lines are
     # scored whole, a WikiText config or TFDS dataset by --split); --data-dir and --tfds-dir also locate the run's.
-    add_flags(parser, CorpusSettings, exclude=_NOT_FLAGS, defaults=False)
+    add_flags(parser, CorpusSettings, exclude=_NOT_FLAGS, defaults=False, default_help="the run's")
     parser.add_argument("--quantize", choices=QUANTIZATIONS, help="evaluate after Keras' quantize(MODE)")
     parser.add_argument("--litert", help="score through this LiteRT file of the run (elita-export --format litert)")
-    parser.add_argument("--batch-size", type=int, help="defaults to the run's")
-    parser.add_argument("--eval-batches", type=int, help="a cap on batches")
+    parser.add_argument("--batch-size", type=int, help=_run_flag_help("batch_size", "the run's"))
+    parser.add_argument("--eval-batches", type=int, help=_run_flag_help("eval_batches"))
     parser.add_argument("--window-length", type=int, help="window length N; defaults to the run's --sequence-length")
     parser.add_argument(
         "--carry-state",
         action="store_true",
         help="read the split as one stream, N tokens at a time, carrying every block's decoding state",
     )
-    parser.add_argument(
-        "--position-mode",
-        choices=POSITION_MODES,
-        help="read ELiTA's positions past the training length this way (same weights; defaults to the run's)",
-    )
+    parser.add_argument("--position-mode", choices=POSITION_MODES, help=_run_flag_help("position_mode", "the run's"))
     parser.add_argument(
         "--pack-documents",
         action=argparse.BooleanOptionalAction,
-        help="windows of documents back to back that never see each other, each document's first token unscored "
-        "(default: as the run trained)",
+        help=_run_flag_help("pack_documents") + " Default: as the run trained.",
     )
     parser.add_argument("--output", help="also write the JSON to this file")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-    # The ranges of elita-train's flags of the same names; the window is a sequence length.
-    ranges = {**INTEGER_RANGES, "window_length": INTEGER_RANGES["sequence_length"]}
-    for name in ("batch_size", "eval_batches", "window_length"):
-        if getattr(args, name) is not None:
-            try:
-                check_integer(name, getattr(args, name), *ranges[name])
-            except ValueError as error:
-                parser.error(str(error))
+    try:  # the checks of elita-train's flags of the same names; the window is a sequence length
+        for name in ("batch_size", "eval_batches"):
+            if getattr(args, name) is not None:
+                check_field(TrainSettings, name, getattr(args, name))
+        check_sequence_length("window_length", args.window_length, optional=True)
+    except ValueError as error:
+        parser.error(str(error))
     corpus = None
     if args.data is not None:
         given = {f.name: getattr(args, f.name) for f in dataclasses.fields(CorpusSettings) if f.name not in _NOT_FLAGS}

@@ -6,61 +6,67 @@ flags from its fields. It needs no TensorFlow, so a command checks its flags bef
 
 import dataclasses
 
+from elita_tf.checks import fail
+from elita_tf.data.sources import CONFIG_NAMES, DATA_DIR_ENV
 from elita_tf.data.text_files import DOCUMENT_SEPARATORS, data_kind
+from elita_tf.settings_fields import check_fields, setting, with_attributes
+
+_SPLIT_HELP = "Text files or JSON Lines for the {} split (a glob: quote it)."
+_HELD_OUT = "a share of `data`'s documents (`holdout_fraction`)"
 
 
+@with_attributes
 @dataclasses.dataclass(frozen=True)
 class CorpusSettings:
     """The text of a run: WikiText, a TFDS dataset, or your own files, and its three splits.
 
-    Attributes:
-        data: str. A WikiText config (`"wikitext-2-v1"`, ...), `"tfds:NAME[/CONFIG]"`, a JSON
-            Lines file (`.jsonl`, `.ndjson`), or a glob of plain-text files. Defaults to
-            `"wikitext-2-v1"`.
-        data_dir: str or None. WikiText only: a local directory of its files; None reads
-            `ELITA_WIKITEXT_DIR`, else downloads.
-        tfds_dir: str or None. Where tensorflow-datasets keeps prepared data.
-        validation_data, test_data: str or None. Text files or JSON Lines for that split; a split
-            not given is held out of `data`.
-        document_separator: str. Plain-text files: `"file"` (a file is a document) or
-            `"blank-line"` (blank lines separate documents). Defaults to `"file"`.
-        text_field: str. JSON Lines and TFDS: the field holding the text. Defaults to `"text"`.
-        holdout_fraction: float. The share of `data`'s documents held out for each split it does
-            not provide. Defaults to `0.05`.
+    Each field's help is in its metadata (`elita_tf.settings_fields.setting`): the flags' `--help`
+    and this docstring's `Attributes:` are written from it (`with_attributes`).
 
     Example:
     >>> CorpusSettings("notes.jsonl", text_field="body").text_field
     'body'
     """
 
-    data: str = "wikitext-2-v1"
-    data_dir: str = dataclasses.field(default=None, metadata={"local": True})
-    tfds_dir: str = dataclasses.field(default=None, metadata={"local": True})
-    validation_data: str = None
-    test_data: str = None
-    document_separator: str = "file"
-    text_field: str = "text"
-    holdout_fraction: float = 0.05
+    data: str = setting(
+        "wikitext-2-v1",
+        f"The text: a WikiText config {CONFIG_NAMES}, \"tfds:NAME[/CONFIG]\", a JSON Lines file (.jsonl, "
+        ".ndjson), or a glob of plain-text files (quote it).",
+    )
+    data_dir: str = setting(
+        None,
+        "WikiText only: a local directory of its files (wiki.*.tokens or .raw).",
+        default_help=f"${DATA_DIR_ENV}, else a download",
+        local=True,
+    )
+    tfds_dir: str = setting(None, "Where tensorflow-datasets keeps prepared data.", local=True)
+    validation_data: str = setting(None, _SPLIT_HELP.format("validation"), default_help=_HELD_OUT)
+    test_data: str = setting(None, _SPLIT_HELP.format("test"), default_help=_HELD_OUT)
+    document_separator: str = setting(
+        "file",
+        "Plain-text files: \"file\" (a file is a document) or \"blank-line\" (blank lines separate documents).",
+        choices=DOCUMENT_SEPARATORS,
+    )
+    text_field: str = setting("text", "JSON Lines and TFDS: the field holding the text.")
+    holdout_fraction: float = setting(
+        0.05, "The share of `data`'s documents held out for each split it does not provide, in [0, 0.5)."
+    )
 
     def __post_init__(self):
-        def fail(name, expected):
-            value = getattr(self, name)
-            raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
-
+        check_fields(self)
         if not isinstance(self.data, str) or not self.data:
-            fail("data", "a WikiText config, tfds:NAME, a .jsonl file or a glob of text files")
+            fail("data", self.data, "a WikiText config, tfds:NAME, a .jsonl file or a glob of text files")
         kind = data_kind(self.data)
         for name in ("validation_data", "test_data"):
             if getattr(self, name) is not None and kind not in ("text", "jsonl"):
-                fail(name, f"None: {self.data!r} has its own splits")
+                fail(name, getattr(self, name), f"None: {self.data!r} has its own splits")
         if self.data_dir is not None and kind != "wikitext":
-            fail("data_dir", f"None: it names WikiText's files, and data={self.data!r}")
-        if self.document_separator not in DOCUMENT_SEPARATORS:
-            fail("document_separator", f"one of {list(DOCUMENT_SEPARATORS)}")
+            fail("data_dir", self.data_dir, f"None: it names WikiText's files, and data={self.data!r}")
         if self.text_field != "text" and kind == "wikitext":
-            fail("text_field", f"'text': --text-field applies to JSON Lines and TFDS, and {self.data!r} is WikiText")
+            expected = f"'text': --text-field applies to JSON Lines and TFDS, and {self.data!r} is WikiText"
+            fail("text_field", self.text_field, expected)
         if not isinstance(self.holdout_fraction, (int, float)) or not 0.0 <= self.holdout_fraction < 0.5:
-            fail("holdout_fraction", "in [0, 0.5)")
+            fail("holdout_fraction", self.holdout_fraction, "in [0, 0.5)")
 
     def record(self):
         """What, besides the files' content, decides the splits: every field but the local paths."""

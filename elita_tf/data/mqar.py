@@ -23,12 +23,10 @@ References:
 
 import numpy as np
 
+from elita_tf.checks import fail
+
 # Rows drawn at once: bounds the `[rows, V/2]` scores that pick each row's distinct keys and values.
 _ROWS_PER_DRAW = 1024
-
-
-def _fail(name, value, expected):
-    raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
 
 
 def check_mqar(vocabulary_size, sequence_length, num_pairs, power_a=0.01):
@@ -39,15 +37,15 @@ def check_mqar(vocabulary_size, sequence_length, num_pairs, power_a=0.01):
         ("num_pairs", num_pairs),
     ):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            _fail(name, value, "a positive integer")
+            fail(name, value, "a positive integer")
     if sequence_length % 2:
-        _fail("sequence_length", sequence_length, "even (pairs and query slots come two positions at a time)")
+        fail("sequence_length", sequence_length, "even (pairs and query slots come two positions at a time)")
     if 4 * num_pairs > sequence_length:
-        _fail("num_pairs", num_pairs, f"at most sequence_length / 4 = {sequence_length // 4} (pairs, then queries)")
+        fail("num_pairs", num_pairs, f"at most sequence_length / 4 = {sequence_length // 4} (pairs, then queries)")
     if vocabulary_size // 2 - 1 < num_pairs:
-        _fail("vocabulary_size", vocabulary_size, f"at least {2 * num_pairs + 2} for {num_pairs} distinct keys")
+        fail("vocabulary_size", vocabulary_size, f"at least {2 * num_pairs + 2} for {num_pairs} distinct keys")
     if isinstance(power_a, bool) or not isinstance(power_a, (int, float)) or not 0 < power_a <= 1:
-        _fail("power_a", power_a, "in (0, 1] (1 places queries uniformly)")
+        fail("power_a", power_a, "in (0, 1] (1 places queries uniformly)")
 
 
 def gap_probabilities(space, power_a=0.01):

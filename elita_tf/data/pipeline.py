@@ -17,6 +17,8 @@ stream of ids and document starts (`token_stream`), cut the same way
 import numpy as np
 import tensorflow as tf
 
+from elita_tf.checks import check_sequence_length
+
 
 def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
     """All windows of `sequence_length + 1` consecutive tokens of a split, in order.
@@ -36,8 +38,7 @@ def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines
         ValueError: for `sequence_length < 2`, a corpus shorter than one window, or an
             id outside `[0, vocabulary_size)`.
     """
-    if not isinstance(sequence_length, int) or sequence_length < 2:
-        raise ValueError(f"The sequence length must be an integer >= 2. Received: sequence_length={sequence_length!r}")
+    check_sequence_length("sequence_length", sequence_length)
     ids = lines.batch(lines_per_batch).map(lambda text: tokenizer.tokenize(text).flat_values).unbatch()
     windows = ids.batch(sequence_length + 1, drop_remainder=True).batch(4096)
     chunks = list(windows.as_numpy_iterator())
@@ -202,8 +203,7 @@ def packed_windows(ids, document_starts, sequence_length):
     Returns:
         `(windows, starts)`: int32 and bool `[N // (T + 1), T + 1]`.
     """
-    if not isinstance(sequence_length, int) or sequence_length < 2:
-        raise ValueError(f"The sequence length must be an integer >= 2. Received: sequence_length={sequence_length!r}")
+    check_sequence_length("sequence_length", sequence_length)
     count = len(ids) // (sequence_length + 1)
     if count == 0:
         raise ValueError(f"The corpus is shorter than one window of {sequence_length + 1} tokens.")

@@ -4,7 +4,8 @@ import keras
 from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.checks import check_dropout, check_integer
+from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 from elita_tf.ops.causal_softmax_mean import (
@@ -60,7 +61,7 @@ class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
         num_heads: int. Number of heads `H`; must divide the input width.
         sliding_window_size: int or None. Positions each row pools over, itself included.
             Defaults to `None` (every earlier position).
-        dropout: float. Dropout rate on both pooled vectors. Defaults to `0.0`.
+        dropout: float in `[0, 1)`. Dropout rate on both pooled vectors. Defaults to `0.0`.
         layer_norm_epsilon: float. Epsilon of the mid LayerNorm. Defaults to
             `1e-5`.
         chunk_size: int. Positions per matrix-product chunk of the kernel.
@@ -105,11 +106,10 @@ class AdditiveAttention(UpgradesRenamedArguments, CausalMixer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("sliding_window_size", sliding_window_size, allow_none=True)
-        check_positive_int("chunk_size", chunk_size)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        check_integer("num_heads", num_heads)
+        check_integer("sliding_window_size", sliding_window_size, optional=True)
+        check_integer("chunk_size", chunk_size)
+        check_dropout("dropout", dropout)
         if not layer_norm_epsilon > 0:
             raise ValueError(
                 f"`layer_norm_epsilon` must be positive. Received: layer_norm_epsilon={layer_norm_epsilon!r}"

@@ -4,7 +4,8 @@ from keras import ops
 from elita_tf import backend
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_choice, check_positive_int, input_width
+from elita_tf.checks import check_choice, check_integer, check_sequence_length
+from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.options import POSITION_MODES
 from elita_tf.ops.causal_softmax_mean import (
@@ -112,13 +113,12 @@ class Attention2(CausalMixer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("head_dim", head_dim)
-        check_positive_int("position_dim", position_dim)
-        check_positive_int("chunk_size", chunk_size)
+        check_integer("num_heads", num_heads)
+        check_integer("head_dim", head_dim)
+        check_integer("position_dim", position_dim)
+        check_integer("chunk_size", chunk_size)
         check_choice("position_mode", position_mode, POSITION_MODES)
-        if not isinstance(position_scale, int) or position_scale < 2:
-            raise ValueError(f"`position_scale` must be an integer >= 2. Received: position_scale={position_scale!r}")
+        check_sequence_length("position_scale", position_scale)
         if logit_clip is not None and not logit_clip > 0:
             raise ValueError(f"`logit_clip` must be None or positive. Received: logit_clip={logit_clip!r}")
         self.num_heads = num_heads

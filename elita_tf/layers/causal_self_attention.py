@@ -2,7 +2,8 @@ import keras
 from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.checks import check_dropout, check_integer, check_sequence_length
+from elita_tf.layers.checks import input_width
 from elita_tf.ops.softmax_attention import (
     KV_CACHE_NAMES,
     causal_visibility,
@@ -31,9 +32,9 @@ class CausalSelfAttention(CausalMixer):
         num_heads: int. Number of heads `H`.
         head_dim: int or None. Query/key/value width per head. Defaults to
             `d // num_heads`.
-        dropout: float. Dropout on the attention weights (training only).
+        dropout: float in `[0, 1)`. Dropout on the attention weights (training only).
             Defaults to `0.0`.
-        max_sequence_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to `1024`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -62,11 +63,10 @@ class CausalSelfAttention(CausalMixer):
 
     def __init__(self, num_heads, head_dim=None, dropout=0.0, max_sequence_length=1024, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("head_dim", head_dim, allow_none=True)
-        check_positive_int("max_sequence_length", max_sequence_length)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        check_integer("num_heads", num_heads)
+        check_integer("head_dim", head_dim, optional=True)
+        check_sequence_length("max_sequence_length", max_sequence_length)
+        check_dropout("dropout", dropout)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.dropout = float(dropout)

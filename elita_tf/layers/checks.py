@@ -1,4 +1,8 @@
-"""Argument and input checks shared by the layers, with Keras-style messages."""
+"""The checks of a layer's call, shared by the layers: inputs, masks, caches and token ids, in Keras' form.
+
+The checks of arguments (`num_heads`, `dropout`, `max_sequence_length`) are `elita_tf.checks`, shared
+with the settings and the architecture.
+"""
 
 import weakref
 
@@ -7,19 +11,6 @@ import numpy as np
 from keras import ops
 
 from elita_tf import backend
-
-
-def check_positive_int(name, value, allow_none=False):
-    if allow_none and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        expected = "None or a positive integer" if allow_none else "a positive integer"
-        raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
-
-
-def check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"`{name}` must be one of {sorted(choices, key=str)}. Received: {name}={value!r}")
 
 
 def check_float_sequence(layer, inputs):

@@ -1,7 +1,8 @@
 import keras
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import as_sequence, check_choice, check_sequence_call, take_arguments_as_given
+from elita_tf.checks import check_choice, check_dropout
+from elita_tf.layers.checks import as_sequence, check_sequence_call, take_arguments_as_given
 from elita_tf.layers.options import NORMS, RESIDUALS
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.renamed_arguments import upgrade_arguments
@@ -47,7 +48,8 @@ class DecoderBlock(keras.layers.Layer):
         residual: `"pre_norm"`, `"parallel"` or `"sequential"`. Defaults to
             `"pre_norm"`.
         layer_norm_epsilon: float. Defaults to `1e-5`.
-        dropout: float. Dropout on both branches. Defaults to `0.0`.
+        dropout: float in `[0, 1)`. Dropout on the mixer's and the FFN's outputs, before
+            each joins the residual stream. Defaults to `0.0`.
         mixer_gain: float. Initial `g_M` (skip-less forms). Defaults to `1.0`.
         ffn_gain: float. Initial `g_F` (skip-less forms). Defaults to `0.1`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
@@ -91,8 +93,7 @@ class DecoderBlock(keras.layers.Layer):
             raise TypeError(f"`ffn` must be a Keras layer or None. Received: ffn={ffn!r}")
         check_choice("norm", norm, (*NORMS, None))
         check_choice("residual", residual, RESIDUALS)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={dropout!r}")
+        check_dropout("dropout", dropout)
         self.mixer = mixer
         self.ffn = ffn
         self.norm = norm

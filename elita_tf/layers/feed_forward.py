@@ -1,6 +1,7 @@
 import keras
 
-from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
+from elita_tf.checks import check_integer
+from elita_tf.layers.checks import check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 
@@ -55,8 +56,8 @@ class FeedForward(UpgradesRenamedArguments, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("intermediate_dim", intermediate_dim, allow_none=True)
-        check_positive_int("shared_by", shared_by)
+        check_integer("intermediate_dim", intermediate_dim, optional=True)
+        check_integer("shared_by", shared_by)
         self.intermediate_dim = intermediate_dim
         self.shared_by = shared_by
         self.activation = keras.activations.get(activation)

@@ -1,7 +1,8 @@
 import keras
 from keras import ops
 
-from elita_tf.layers.checks import check_positive_int, check_sequence_call, input_width
+from elita_tf.checks import check_integer
+from elita_tf.layers.checks import check_sequence_call, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 from elita_tf.ops.pairwise_projection import pairwise_product, pairwise_projection
@@ -57,8 +58,8 @@ class FeedForward2(UpgradesRenamedArguments, keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("intermediate_dim", intermediate_dim, allow_none=True)
-        check_positive_int("factor", factor)
+        check_integer("intermediate_dim", intermediate_dim, optional=True)
+        check_integer("factor", factor)
         self.intermediate_dim = intermediate_dim
         self.factor = factor
         self.kernel_initializer = keras.initializers.get(kernel_initializer)

@@ -2,7 +2,8 @@ import keras
 from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_choice, check_positive_int, input_width
+from elita_tf.checks import check_choice, check_integer
+from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.linear_attention import (
     LINEAR_ATTENTION_CHUNK_SIZE,
@@ -75,9 +76,9 @@ class LinearAttention(CausalMixer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("head_dim", head_dim)
-        check_positive_int("chunk_size", chunk_size)
+        check_integer("num_heads", num_heads)
+        check_integer("head_dim", head_dim)
+        check_integer("chunk_size", chunk_size)
         check_choice("feature_map", feature_map, FEATURE_MAPS)
         if not epsilon > 0:
             raise ValueError(f"`epsilon` must be positive. Received: epsilon={epsilon!r}")

@@ -2,7 +2,8 @@ import keras
 from keras import ops
 
 from elita_tf import backend
-from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.checks import check_sequence_length
+from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.utils.documents import document_positions
 
@@ -15,7 +16,7 @@ class PositionEmbedding(keras.layers.Layer):
     `[B, T, d]`, the inputs' shape (per sequence when decoding from `start_index [B]`).
 
     Args:
-        max_sequence_length: int. Longest sequence it has positions for.
+        max_sequence_length: int, at least 2. Longest sequence it has positions for.
         initializer: Defaults to `RandomNormal(stddev=0.02)`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
@@ -35,7 +36,7 @@ class PositionEmbedding(keras.layers.Layer):
 
     def __init__(self, max_sequence_length, initializer=None, **kwargs):
         super().__init__(**kwargs)
-        check_positive_int("max_sequence_length", max_sequence_length)
+        check_sequence_length("max_sequence_length", max_sequence_length)
         self.max_sequence_length = max_sequence_length
         self.initializer = keras.initializers.get(initializer or keras.initializers.RandomNormal(stddev=0.02))
 

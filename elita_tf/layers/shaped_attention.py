@@ -2,7 +2,8 @@ import keras
 from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.checks import check_integer, check_sequence_length
+from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.softmax_attention import (
     KV_CACHE_NAMES,
@@ -39,7 +40,7 @@ class ShapedAttention(CausalMixer):
     Args:
         num_heads: int. Number of heads `H`; the input width must be divisible by it.
         value_projection: bool. Learn a value projection with gains. Defaults to `False`.
-        max_sequence_length: int. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to `1024`.
         query_initializer: initializer of the query kernel. Defaults to `"zeros"`.
         key_initializer: initializer of the key kernel. Defaults to
             `RandomNormal(stddev=0.02)`.
@@ -80,8 +81,8 @@ class ShapedAttention(CausalMixer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("num_heads", num_heads)
-        check_positive_int("max_sequence_length", max_sequence_length)
+        check_integer("num_heads", num_heads)
+        check_sequence_length("max_sequence_length", max_sequence_length)
         self.num_heads = num_heads
         self.value_projection = bool(value_projection)
         self.max_sequence_length = max_sequence_length

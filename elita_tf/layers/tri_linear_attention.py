@@ -5,7 +5,8 @@ import numpy as np
 from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.layers.checks import check_positive_int, input_width
+from elita_tf.checks import check_integer, check_sequence_length
+from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 from elita_tf.ops.banded_attention import BANDED_CHUNK_SIZE, banded_attention, empty_banded_state
@@ -80,7 +81,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
         hyper: float. Bonus `hyper / distance`, in bits. Defaults to `0.0`.
         wide: bool. Attend every earlier position (`sliding_window_size` is unused).
             Defaults to `False`.
-        max_sequence_length: int. Positions the decoding cache of a wide layer holds.
+        max_sequence_length: int, at least 2. Positions the decoding cache of a wide layer holds.
             Defaults to `1024`.
         chunk_size: int. Queries per chunk of the banded kernel. Defaults to `32`.
         kernel_initializer: initializer of `W_QK`, `W_QV`, `W_K`, `W_V`.
@@ -131,8 +132,8 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        check_positive_int("query_dim", query_dim)
-        check_positive_int("lowrank_dim", lowrank_dim)
+        check_integer("query_dim", query_dim)
+        check_integer("lowrank_dim", lowrank_dim)
         if lowrank_dim % COMBINER_REP:
             raise ValueError(
                 f"`lowrank_dim` must be a multiple of {COMBINER_REP} (the Combiner pairs channel k with "
@@ -143,8 +144,8 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
                 "`sliding_window_size` must be an integer >= 2: a layer attends the sliding_window_size - 1 "
                 f"positions before the current one. Received: sliding_window_size={sliding_window_size!r}"
             )
-        check_positive_int("max_sequence_length", max_sequence_length)
-        check_positive_int("chunk_size", chunk_size)
+        check_sequence_length("max_sequence_length", max_sequence_length)
+        check_integer("chunk_size", chunk_size)
         for name, value in (("slope", slope), ("hyper", hyper)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"`{name}` must be a finite number. Received: {name}={value!r}")

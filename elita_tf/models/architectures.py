@@ -9,6 +9,17 @@ at the backbone's defaults (or the caller's), so comparisons between them are li
 The `*-reference` recipes wrap the blocks as their original authors did (`docs/differences.md`).
 """
 
+import functools
+
+from elita_tf.checks import (
+    check_choice,
+    check_dropout,
+    check_integer,
+    check_positive_number,
+    check_sequence_length,
+    fail,
+    is_integer,
+)
 from elita_tf.layers.options import NORMS, POSITION_MODES
 from elita_tf.layers.renamed_arguments import upgrade_arguments
 
@@ -60,18 +71,75 @@ DEFAULT_SEQUENCE_LENGTH = 256
 # ELiTA has 28.3M parameters at "25m" and 86M at "100m" (the Transformer 31.4M and 94M, with its learned
 # positions for 2,048 tokens); a larger vocabulary adds `2 * vocabulary_size * hidden_dim`.
 MODEL_SIZES = {
-    "seed": {"hidden_dim": 64, "num_layers": 6, "num_heads": 4, "head_dim": 16},
-    "25m": {"hidden_dim": 512, "num_layers": 8, "num_heads": 8, "head_dim": 64},
-    "100m": {"hidden_dim": 768, "num_layers": 12, "num_heads": 12, "head_dim": 64},
+    "seed": {"num_layers": 6, "num_heads": 4, "hidden_dim": 64, "head_dim": 16},
+    "25m": {"num_layers": 8, "num_heads": 8, "hidden_dim": 512, "head_dim": 64},
+    "100m": {"num_layers": 12, "num_heads": 12, "hidden_dim": 768, "head_dim": 64},
 }
 
 
-def _fail(name, value, expected):
-    raise ValueError(f"`{name}` must be {expected}. Received: {name}={value!r}")
+def _flag(name, value):
+    return bool(value)
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+def _block_types(name, value):
+    """One block type, or a sequence of them, as a list (one entry per layer once `num_layers` is known)."""
+    per_layer = [value] if isinstance(value, str) else list(value)
+    if not per_layer or any(block not in BLOCK_TYPES for block in per_layer):
+        fail(name, value, f"block types from {BLOCK_TYPES}")
+    return per_layer
+
+
+def _sliding_window_sizes(name, value):
+    """None, or sizes (a positive integer or None) as a list (one per layer once `num_layers` is known)."""
+    if value is None:
+        return None
+    if any(size is not None and (not is_integer(size) or size < 1) for size in value):
+        fail(name, list(value), "None or one size (a positive integer or None) per layer")
+    return list(value)
+
+
+def _choice(choices):
+    return functools.partial(check_choice, choices=choices)
+
+
+def _optional(check):
+    return functools.partial(check, optional=True)
+
+
+# Every `ElitaBackbone` argument that is its architecture (all but `lora_rank` and `dtype`), in its signature's
+# order, and its check (`elita_tf.checks`), which returns the value in its one type: equal architectures compare
+# equal. `ElitaBackbone`'s signature lists the same names (tests/models/test_elita_backbone.py).
+ARGUMENT_CHECKS = {
+    "vocabulary_size": check_integer,
+    "num_layers": check_integer,
+    "num_heads": check_integer,
+    "hidden_dim": check_integer,
+    "head_dim": check_integer,
+    "max_sequence_length": check_sequence_length,
+    "intermediate_dim": _optional(check_integer),
+    "position_scale": _optional(check_sequence_length),
+    "position_mode": _choice(POSITION_MODES),
+    "logit_clip": _optional(check_positive_number),
+    "blocks": _block_types,
+    "ffn": _choice(FFN_TYPES),
+    "ffn_factor": check_integer,
+    "position_dim": check_integer,
+    "position_embedding": _flag,
+    "sliding_window_sizes": _sliding_window_sizes,
+    "dropout": check_dropout,
+    "tie_word_embeddings": _flag,
+    "norm": _choice((None, *NORMS)),
+    "layer_norm_epsilon": _optional(check_positive_number),
+    "embedding_norm": _flag,
+    "final_norm": _flag,
+    "scaled_tied_logits": _flag,
+    "ffn_bias": _flag,
+    "ffn_init_stddev": _optional(check_positive_number),
+    "first_value_projection": _flag,
+}
+# The arguments every saved config holds, elita-tf 0.1.0's too: the vocabulary, the size, the length and the
+# blocks, without which a preset's weights cannot be placed.
+REQUIRED_ARGUMENTS = ("vocabulary_size", *MODEL_SIZES["seed"], "max_sequence_length", "blocks")
 
 
 def check_architecture(config):
@@ -82,66 +150,24 @@ def check_architecture(config):
         ValueError: naming the first argument out of range, in Keras' form (`Received: name=value`).
     """
     config = dict(config)
+    for name, check in ARGUMENT_CHECKS.items():
+        config[name] = check(name, config[name])
     num_layers = config["num_layers"]
-    positive = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "head_dim", "ffn_factor", "position_dim")
-    for name in positive:
-        if not _is_int(config[name]) or config[name] <= 0:
-            _fail(name, config[name], "a positive integer")
-    if not _is_int(config["max_sequence_length"]) or config["max_sequence_length"] < 2:
-        _fail("max_sequence_length", config["max_sequence_length"], "an integer >= 2")
-    for name in ("position_scale", "intermediate_dim"):
-        minimum = 2 if name == "position_scale" else 1
-        if config[name] is not None and (not _is_int(config[name]) or config[name] < minimum):
-            _fail(name, config[name], f"None or an integer >= {minimum}")
-    if config["position_mode"] not in POSITION_MODES:
-        _fail("position_mode", config["position_mode"], f"one of {POSITION_MODES}")
-    blocks = config["blocks"]
-    per_layer = [blocks] * num_layers if isinstance(blocks, str) else list(blocks)
-    per_layer = per_layer * num_layers if len(per_layer) == 1 else per_layer
-    if len(per_layer) != num_layers:
-        _fail("blocks", blocks, f"one block type, or one per layer ({num_layers})")
-    if any(block not in BLOCK_TYPES for block in per_layer):
-        _fail("blocks", blocks, f"block types from {BLOCK_TYPES}")
-    config["blocks"] = per_layer
-    if config["ffn"] not in FFN_TYPES:
-        _fail("ffn", config["ffn"], f"one of {FFN_TYPES}")
+    if len(config["blocks"]) == 1:
+        config["blocks"] = config["blocks"] * num_layers
+    if len(config["blocks"]) != num_layers:
+        fail("blocks", config["blocks"], f"one block type, or one per layer ({num_layers})")
     sizes = config["sliding_window_sizes"]
-    if sizes is not None:
-        sizes = config["sliding_window_sizes"] = list(sizes)
-        if len(sizes) != num_layers or any(size is not None and (not _is_int(size) or size < 1) for size in sizes):
-            _fail(
-                "sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})"
-            )
-    if not isinstance(config["dropout"], (int, float)) or not 0.0 <= config["dropout"] < 1.0:
-        _fail("dropout", config["dropout"], "in [0, 1)")
-    if config["norm"] is not None and config["norm"] not in NORMS:
-        _fail("norm", config["norm"], f"None or one of {NORMS}")
-    for name in ("logit_clip", "layer_norm_epsilon", "ffn_init_stddev"):
-        value = config[name]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            _fail(name, value, "None or a positive number")
-        config[name] = None if value is None else float(value)
+    if sizes is not None and len(sizes) != num_layers:
+        fail("sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})")
     if config["scaled_tied_logits"] and not config["tie_word_embeddings"]:
         raise ValueError(
             "`scaled_tied_logits` scales the tied output layer: set `tie_word_embeddings=True` too. "
             f"Received: scaled_tied_logits=True, tie_word_embeddings={config['tie_word_embeddings']!r}"
         )
-    config["dropout"] = float(config["dropout"])
-    for name in _FLAGS:
-        config[name] = bool(config[name])
     return config
 
 
-# The arguments that are switches, stored as bools.
-_FLAGS = (
-    "position_embedding",
-    "tie_word_embeddings",
-    "embedding_norm",
-    "final_norm",
-    "scaled_tied_logits",
-    "ffn_bias",
-    "first_value_projection",
-)
 def upgrade_config(config):
     """An `ElitaBackbone` config (or a run's recorded architecture) written by an older elita-tf, in today's names.
 
@@ -176,3 +202,22 @@ def decode_limit(blocks, position_embedding, max_sequence_length):
     """
     finite = position_embedding or any(block in FINITE_BUFFER_BLOCKS for block in blocks)
     return max_sequence_length if finite else None
+
+
+def carries_state(config):
+    """Whether a model of architecture `config` can carry its state over a stream of any length
+    (`ElitaBackbone.carries_state`): every block keeps a constant-size state, there are no learned positions,
+    and positions do not move with the length."""
+    limit = decode_limit(config["blocks"], config["position_embedding"], config["max_sequence_length"])
+    return limit is None and config["position_mode"] != "length"
+
+
+def check_carries_state(config):
+    """Raises the one `ValueError` of a model that cannot carry its state (`carries_state`)."""
+    if not carries_state(config):
+        raise ValueError(
+            "Carrying the state over a stream needs blocks that keep a constant-size state (elita, linear, "
+            "additive), no learned positions and positions that do not move with the length. Received: "
+            f"blocks={sorted(set(config['blocks']))}, position_embedding={config['position_embedding']}, "
+            f"position_mode={config['position_mode']!r}"
+        )

@@ -3,19 +3,34 @@
 keras-hub's `CausalLM` trains on the `[B, T, V]` logits its `call` returns. `ChunkedLossTraining`
 takes the same loss from the final hidden states instead (`ElitaBackbone.token_losses`), so that no
 step holds the logits and their gradient, and, with `enable_carried_state`, continues every
-block's decoding state from one batch to the next (truncated backpropagation through time). The
-causal LM itself keeps to generation and scoring.
+block's decoding state from one batch to the next (truncated backpropagation through time).
+
+It runs inside Keras' own training and test steps, on every backend: while a step is traced, `call`
+returns the final hidden states, and `compute_loss` (as keras-hub's PARSeq overrides it) takes the
+loss from them. The carried state is the model's own non-trainable variables, which Keras threads
+through a JAX step as it does a normalisation's statistics. The causal LM itself keeps to
+generation and scoring.
 """
 
+import contextlib
+import sys
+
 import keras
-import tensorflow as tf
 from keras import ops
+
+from elita_tf.private_apis import scale_loss_for_distribution, unscale_loss_for_distribution
 
 
 def padding_mask_of(inputs):
     """`inputs["padding_mask"]` as bool, or None."""
     mask = inputs.get("padding_mask")
     return None if mask is None else ops.cast(mask, "bool")
+
+
+def _distributed(dataset):
+    """Whether `dataset` is a `tf.distribute` dataset (TensorFlow is not imported to find out)."""
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(dataset, tf.distribute.DistributedDataset)
 
 
 class ChunkedLossTraining:
@@ -25,19 +40,27 @@ class ChunkedLossTraining:
     metrics (`weighted_metrics=None`), the training and test steps take the
     loss from the final hidden states a chunk of tokens at a time: the same
     loss, sample weights included, as Keras' on the logits. Any other loss or
-    metric, or `chunked_loss = False`, takes Keras' own step.
+    metric, or `chunked_loss = False`, takes Keras' own loss on the logits.
     """
 
     carried_state = None  # the cache `fit` carries from batch to batch (`enable_carried_state`)
-    chunked_loss = True  # False: Keras' own step on the full logits (to compare with it)
+    chunked_loss = True  # False: Keras' own loss on the full logits (to compare with it)
+    hidden_state_outputs = False  # True while a step taking the chunked loss is traced: `call` gives hidden states
+    _carrying = False  # while a training step is traced with a carried state
 
     def fit(self, x=None, *args, **kwargs):
-        if isinstance(x, tf.distribute.DistributedDataset):  # keras-hub's preprocessing cannot wrap one
+        if self.carried_state is not None and not self._chunked_loss_applies():
+            raise ValueError(
+                "With a carried state, `fit` computes the loss itself: compile with "
+                "SparseCategoricalCrossentropy(from_logits=True) and no metrics (weighted_metrics=None). "
+                f"Received: loss={self.loss!r}"
+            )
+        if _distributed(x):  # keras-hub's preprocessing cannot wrap one
             return keras.Model.fit(self, x, *args, **kwargs)
         return super().fit(x, *args, **kwargs)
 
     def evaluate(self, x=None, *args, **kwargs):
-        if isinstance(x, tf.distribute.DistributedDataset):
+        if _distributed(x):
             return keras.Model.evaluate(self, x, *args, **kwargs)
         return super().evaluate(x, *args, **kwargs)
 
@@ -55,7 +78,8 @@ class ChunkedLossTraining:
 
     def _build_optimizer(self):
         if self.built and self.optimizer is not None and not self.optimizer.built:
-            with self.distribute_strategy.scope():
+            strategy = getattr(self, "distribute_strategy", None)  # TensorFlow's
+            with contextlib.nullcontext() if strategy is None else strategy.scope():
                 self.optimizer.build(self.trainable_variables)
 
     def enable_carried_state(self, batch_size):
@@ -70,19 +94,22 @@ class ChunkedLossTraining:
         saved with the model, so a resumed run continues exactly.
 
         Raises:
-            ValueError: for a model with a block that keeps no constant-size
-                state, or learned positions.
+            ValueError: for a model that cannot carry its state
+                (`ElitaBackbone.carries_state`).
         """
-        backbone = self.backbone
-        if backbone.decode_limit is not None or backbone.position_mode == "length":
-            raise ValueError(
-                "Carrying the state needs blocks that keep a constant-size state, no learned positions and "
-                f"positions that do not move with the length. Received: blocks={sorted(set(backbone.blocks))}, "
-                f"position_embedding={backbone.position_embedding}, position_mode={backbone.position_mode!r}"
+        self.backbone.check_carries_state()
+        cache = self.backbone.get_initial_cache(batch_size)
+        variables = [
+            self.add_weight(
+                shape=value.shape,
+                dtype=keras.backend.standardize_dtype(value.dtype),
+                initializer=lambda shape, dtype, value=value: value,
+                trainable=False,
+                name="carried_state_" + "_".join(map(str, path)),
             )
-        cache = backbone.get_initial_cache(batch_size)
-        with tf.init_scope():
-            self.carried_state = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), cache)
+            for path, value in keras.tree.flatten_with_path(cache)
+        ]
+        self.carried_state = keras.tree.pack_sequence_as(cache, variables)
 
     def _chunked_loss_applies(self):
         loss = getattr(self, "loss", None)
@@ -97,94 +124,85 @@ class ChunkedLossTraining:
             and loss_config["reduction"] in ("sum_over_batch_size", "mean_with_sample_weight")
         )
 
-    def _chunked_loss(self, x, labels, sample_weight, training, carry=False):
-        """The batch's mean loss, as Keras computes a compiled loss (sample weights, regularisers, replicas).
+    @contextlib.contextmanager
+    def _hidden_state_outputs(self, training):
+        """While Keras traces a step: `call` gives the final hidden states where the chunked loss applies."""
+        previous, self.hidden_state_outputs = self.hidden_state_outputs, self._chunked_loss_applies()
+        self._carrying = training and self.carried_state is not None
+        try:
+            yield
+        finally:
+            self.hidden_state_outputs = previous
 
-        With `carry`, the forward continues from the carried state and updates it.
-        """
+    def train_step(self, *args):
+        with self._hidden_state_outputs(training=True):
+            return super().train_step(*args)
+
+    def test_step(self, *args):
+        with self._hidden_state_outputs(training=False):
+            return super().test_step(*args)
+
+    def hidden_states_for_loss(self, x, training):
+        """The final hidden states `compute_loss` takes the loss from; in `fit` with a carried state, continued
+        from it, which they update."""
         backbone = self.backbone
         token_ids, padding_mask = x["token_ids"], padding_mask_of(x)
-        if not carry:
-            hidden = backbone.hidden_states(
+        if not self._carrying:
+            return backbone.hidden_states(
                 token_ids, padding_mask, document_starts=x.get("document_starts"), training=training
             )
-        else:
-            cache = tf.nest.map_structure(lambda v: v.read_value(), self.carried_state)
-            hidden, cache = backbone.hidden_states(
-                token_ids, padding_mask, cache=cache, document_starts=x["document_starts"], training=training
+        if "document_starts" not in x:
+            raise ValueError(
+                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'document_starts'}, labels)` "
+                f"batches (elita_tf.data.stream_dataset). Received: inputs {x!r}"
             )
-            tf.nest.map_structure(lambda v, t: v.assign(t), self.carried_state, cache)
+        cache = keras.tree.map_structure(ops.convert_to_tensor, self.carried_state)  # read: no gradient reaches it
+        hidden, cache = backbone.hidden_states(
+            token_ids, padding_mask, cache=cache, document_starts=x["document_starts"], training=training
+        )
+        for variable, value in zip(keras.tree.flatten(self.carried_state), keras.tree.flatten(cache)):
+            variable.assign(value)
+        return hidden
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' loss of the step from the hidden states `y_pred`, as Keras computes a compiled loss (sample
+        weights, regularisers, replicas), where the chunked loss applies; Keras' own elsewhere."""
+        if not self.hidden_state_outputs:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        backbone = self.backbone
         # Keras' reductions: the weighted sum over every token, divided by their number ("sum_over_batch_size")
         # or by the sum of the weights ("mean_with_sample_weight": packed documents weigh out the first token of
         # each). Training takes the sum from the head, which then forms its gradients in the forward pass.
         if training:
-            loss = backbone.token_losses(hidden, labels, sample_weight, reduction="sum")
+            loss = backbone.token_losses(y_pred, y, sample_weight, reduction="sum")
         else:
-            loss = ops.sum(backbone.token_losses(hidden, labels, sample_weight))
+            loss = ops.sum(backbone.token_losses(y_pred, y, sample_weight))
         if self._weighs_by_samples(sample_weight):
-            divisor = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
+            divisor = ops.sum(ops.cast(sample_weight, loss.dtype))
         else:
-            divisor = tf.cast(tf.size(labels), loss.dtype)
-        loss = tf.math.divide_no_nan(loss, divisor)
-        for extra in self.losses:  # regularisers, as `compute_loss` adds them
+            divisor = ops.cast(ops.size(y), loss.dtype)
+        loss = ops.divide_no_nan(loss, divisor)
+        for extra in self.losses:  # regularisers, as Keras' `compute_loss` adds them
             loss = loss + ops.cast(ops.sum(extra), loss.dtype)
-        return loss / tf.distribute.get_strategy().num_replicas_in_sync
+        loss = scale_loss_for_distribution(loss)
+        if not training and self._weighs_by_samples(sample_weight):
+            # Keras' step adds each batch's loss to its "loss" weighed by the batch's rows. Evaluation's figure is
+            # the mean over every weighted token (packed documents): weighed by the weights' sum, the rest here.
+            rows = ops.cast(ops.shape(y)[0], loss.dtype)
+            self._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=divisor - rows)
+        return loss
 
     def _weighs_by_samples(self, sample_weight):
         """Whether the loss is averaged over the weights of `sample_weight` rather than over every token."""
         return sample_weight is not None and self.loss.get_config()["reduction"] == "mean_with_sample_weight"
 
-    def _track_loss(self, loss, token_ids, sample_weight=None):
-        # Each batch's mean weighs in by its rows, or, given `sample_weight` with a loss averaged over the
-        # weights, by their sum: evaluation's figure is then the mean over every weighted token (packed
-        # documents). Training keeps rows: `StepLog` reads each batch's loss back from the running mean.
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        weight = tf.cast(tf.shape(token_ids)[0], loss.dtype)
-        if self._weighs_by_samples(sample_weight):
-            weight = tf.reduce_sum(tf.cast(sample_weight, loss.dtype))
-        self._loss_tracker.update_state(loss * replicas, sample_weight=weight)
-
-    def train_step(self, data):
-        x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if not self._chunked_loss_applies():
-            if self.carried_state is not None:
-                raise ValueError(
-                    "With a carried state, `fit` computes the loss itself: compile with "
-                    "SparseCategoricalCrossentropy(from_logits=True) and no metrics (weighted_metrics=None). "
-                    f"Received: loss={self.loss!r}"
-                )
-            return super().train_step(data)
-        if self.carried_state is not None and not (isinstance(x, dict) and "document_starts" in x):
-            raise ValueError(
-                "With a carried state, `fit` takes `({'token_ids', 'padding_mask', 'document_starts'}, labels)` "
-                "batches "
-                f"(elita_tf.data.stream_dataset). Received: inputs {x!r}"
-            )
-        with tf.GradientTape() as tape:
-            loss = self._chunked_loss(x, labels, sample_weight, training=True, carry=self.carried_state is not None)
-            self._track_loss(loss, x["token_ids"])
-            scaled = self.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, self.trainable_weights)
-        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
-        return self.get_metrics_result()
-
-    def test_step(self, data):
-        x, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if not self._chunked_loss_applies():
-            return super().test_step(data)
-        loss = self._chunked_loss(x, labels, sample_weight, training=False)
-        self._track_loss(loss, x["token_ids"], sample_weight)
-        return self.get_metrics_result()
-
     def save_own_variables(self, store):
-        super().save_own_variables(store)
-        for i, variable in enumerate(tf.nest.flatten(self.carried_state or {})):
-            store[f"carried_state_{i}"] = variable.numpy()
+        # The model's own variables are the carried state's alone, stored under names that say so.
+        for i, variable in enumerate(keras.tree.flatten(self.carried_state or {})):
+            store[f"carried_state_{i}"] = ops.convert_to_numpy(variable)
 
     def load_own_variables(self, store):
-        carried = {key for key in store.keys() if key.startswith("carried_state_")}
-        super().load_own_variables({key: store[key] for key in store.keys() if key not in carried})
-        for i, variable in enumerate(tf.nest.flatten(self.carried_state or {})):
+        for i, variable in enumerate(keras.tree.flatten(self.carried_state or {})):
             variable.assign(store[f"carried_state_{i}"])
 
     def get_config(self):

@@ -21,15 +21,17 @@ import inspect
 
 import keras
 import keras_hub
-import tensorflow as tf
 
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models import lora
 from elita_tf.models.architectures import (
+    ARGUMENT_CHECKS,
     DEFAULT_SEQUENCE_LENGTH,
     MODEL_SIZES,
     architecture,
+    carries_state,
     check_architecture,
+    check_carries_state,
     decode_limit,
     upgrade_config,
 )
@@ -76,7 +78,7 @@ def _run_layers(
         x = layers["final_norm"](x)
     if cache is None:
         return x
-    length = tf.shape(token_ids)[1]
+    length = keras.ops.shape(token_ids)[1]
     end = real_extent(padding_mask, length)
     if document_starts is None:
         new_cache["position"] = start + end
@@ -117,11 +119,13 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         head_dim: int. Width per head (ELiTA values, linear attention,
             Transformer). These four default to `MODEL_SIZES["seed"]`'s
             (6, 4, 64 and 16).
-        max_sequence_length: int. The positions the finite buffers hold:
-            learned position tables, key/value buffers and 3Lin's wide layers.
-            Models without any of those (ELiTA, and linear or additive blocks
-            without learned positions) generate past it. Defaults to
-            `DEFAULT_SEQUENCE_LENGTH` (256).
+        max_sequence_length: int, at least 2. The positions the finite
+            buffers hold: learned position tables, key/value buffers and 3Lin's
+            wide layers (each layer's `max_sequence_length`), and ELiTA's
+            `position_scale` unless given. A run trains on examples of this
+            length (`TrainSettings.sequence_length`). Models without finite
+            buffers (ELiTA, and linear or additive blocks without learned
+            positions) generate past it. Defaults to `DEFAULT_SEQUENCE_LENGTH` (256).
         intermediate_dim: int or None. The feed-forward network's inner
             width: the MLP's hidden units (None: `4 * hidden_dim`, the One
             Wide FFN's `4 * hidden_dim * num_layers`), or `FeedForward2`'s
@@ -146,7 +150,13 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
             positions an additive or 3Lin block sees; a None entry makes an
             additive block global and gives a 3Lin block 64. None picks the originals'
             defaults: `4 * 2**l` with the last layer global for additive, 64 for 3Lin.
-        dropout: float. Residual dropout. Defaults to `0.0`.
+        dropout: float in `[0, 1)`. The dropout rate of every dropout in
+            training: on the embeddings (after `embedding_norm`), on each
+            block's mixer and feed-forward outputs before they join the
+            residual stream (`DecoderBlock`), on the Transformer's attention
+            weights (`CausalSelfAttention`) and on the additive blocks' two
+            pooled vectors (`AdditiveAttention`); ELiTA's, linear, shaped and
+            3Lin mixers have none inside. `TrainSettings.dropout`. Defaults to `0.0`.
         tie_word_embeddings: bool. The head uses the token embedding matrix. Defaults to `False`.
         norm: None (each block type's own norm), or the norm of every block
             that has one: `"layer_norm"`, `"unscaled_layer_norm"`, `"rms_norm"`
@@ -183,8 +193,9 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
 
     Example:
     >>> backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=100, num_layers=2, hidden_dim=32)
-    >>> backbone({"token_ids": tf.ones([2, 8], tf.int32), "padding_mask": tf.ones([2, 8], tf.int32)}).shape
-    TensorShape([2, 8, 100])
+    >>> ones = keras.ops.ones((2, 8), "int32")
+    >>> tuple(backbone({"token_ids": ones, "padding_mask": ones}).shape)
+    (2, 8, 100)
     """
 
     def __init__(
@@ -220,7 +231,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         **kwargs,
     ):
         arguments = locals()
-        config = check_architecture({name: arguments[name] for name in ARCHITECTURE_FIELDS})
+        config = check_architecture({name: arguments[name] for name in ARGUMENT_CHECKS})
         # === Layers ===
         layers = make_layers(config, dtype)
         self.token_embedding = layers["token_embedding"]
@@ -250,6 +261,17 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         """The positions generation can reach (`architectures.decode_limit`): `max_sequence_length`, or None."""
         return decode_limit(self.blocks, self.position_embedding, self.max_sequence_length)
 
+    @property
+    def carries_state(self):
+        """Whether this model can carry its state over a stream of any length (`TrainSettings.carry_state`,
+        `document_starts` with a cache): every block keeps a constant-size state, no learned positions, and
+        positions that do not move with the length (`architectures.carries_state`)."""
+        return carries_state(self._architecture)
+
+    def check_carries_state(self):
+        """Raises `ValueError`, naming the blocks and positions, unless `carries_state`."""
+        check_carries_state(self._architecture)
+
     def call(self, inputs, training=None, mask=None):
         # A functional model casts its inputs to the `keras.Input` dtype: float ids would be truncated silently.
         if not in_symbolic_scope() and isinstance(inputs, dict) and "token_ids" in inputs:
@@ -271,7 +293,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         cache = {
             f"block_{i}": self.get_layer(f"block_{i}").get_initial_cache(batch_size) for i in range(self.num_layers)
         }
-        cache["position"] = tf.zeros([batch_size], tf.int32)
+        cache["position"] = keras.ops.zeros([batch_size], "int32")
         return cache
 
     def hidden_states(
@@ -290,8 +312,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
                 no position sees anything of an earlier document, and
                 positions restart at 0 there. Every model takes them without
                 a cache (packed documents); a stream carried in `cache` over
-                several positions needs blocks that keep a constant-size
-                state (elita, linear, additive).
+                several positions needs a model that `carries_state`.
             training: bool, for dropout.
             intercept: optional `f(x, i) -> x` applied to the embedded tokens
                 (`i = -1`) and to each block's output (`i = 0, 1, ...`).
@@ -300,17 +321,8 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
             `hidden [B, T, d]`, or `(hidden, new_cache)` with a cache.
         """
         token_ids = check_integer_ids(token_ids, self.vocabulary_size)
-        if (
-            document_starts is not None
-            and cache is not None
-            and token_ids.shape[1] != 1
-            and self.decode_limit is not None
-        ):
-            raise ValueError(
-                "A stream carried in a cache restarts documents (`document_starts`) only in blocks that keep a "
-                "constant-size state and no learned positions (elita, linear, additive). "
-                f"Received: blocks={sorted(set(self.blocks))}, position_embedding={self.position_embedding}"
-            )
+        if document_starts is not None and cache is not None and token_ids.shape[1] != 1:
+            self.check_carries_state()  # a stream carried in a cache, restarting at documents
         return _run_layers(
             self._architecture,
             self._layers_by_name,
@@ -340,10 +352,10 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         head = self.token_embedding if self.tie_word_embeddings else self.get_layer("logits")
         if head.quantization_mode is not None:
             logits = keras.ops.cast(self.logits(hidden), "float32")
-            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
+            losses = keras.ops.sparse_categorical_crossentropy(labels, logits, from_logits=True)
             if sample_weight is not None:
-                losses = losses * tf.cast(sample_weight, losses.dtype)
-            return tf.reduce_sum(losses) if reduction == "sum" else losses
+                losses = losses * keras.ops.cast(sample_weight, losses.dtype)
+            return keras.ops.sum(losses) if reduction == "sum" else losses
         if self.tie_word_embeddings:
             kernel, bias = keras.ops.transpose(head.embeddings), None
         else:
@@ -406,14 +418,6 @@ def architecture_config(name, **overrides):
     defaults = {
         key: parameter.default
         for key, parameter in inspect.signature(ElitaBackbone.__init__).parameters.items()
-        if key in ARCHITECTURE_FIELDS and parameter.default is not inspect.Parameter.empty
+        if key in ARGUMENT_CHECKS and parameter.default is not inspect.Parameter.empty
     }
     return check_architecture({**defaults, **architecture(name), **overrides})
-
-
-# The backbone's arguments that are its architecture: its signature, less Keras' and LoRA's.
-ARCHITECTURE_FIELDS = tuple(
-    name
-    for name in inspect.signature(ElitaBackbone.__init__).parameters
-    if name not in ("self", "lora_rank", "dtype", "kwargs")
-)

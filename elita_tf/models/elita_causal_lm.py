@@ -2,9 +2,9 @@
 
 import keras
 import keras_hub
-import tensorflow as tf
 from keras import ops
 
+from elita_tf import backend
 from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models.chunked_loss_training import ChunkedLossTraining, padding_mask_of
 from elita_tf.models.elita_backbone import ElitaBackbone
@@ -32,9 +32,10 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
     (`ElitaBackbone.token_losses`): the step never holds the `[B, T, V]`
     logits and their gradient (docs/math.md §10). It is the same loss, sample
     weights included, as Keras' on the logits `call` returns; any other loss
-    or metric, or `chunked_loss = False`, takes Keras' own step. `enable_carried_state` makes `fit` carry
-    every block's state from batch to batch (truncated backpropagation
-    through time).
+    or metric, or `chunked_loss = False`, takes Keras' own loss on the logits.
+    `enable_carried_state` makes `fit` carry every block's state from batch
+    to batch (truncated backpropagation through time). Both run inside
+    Keras' own steps (`compute_loss`), on TensorFlow, JAX and PyTorch.
 
     **Generation.** `generate_step` prefills, in one parallel pass, every
     position before the shortest prompt's last token, then takes one cached
@@ -73,6 +74,8 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         super().__init__(inputs=inputs, outputs=backbone(inputs), **kwargs)
 
     def call(self, inputs, training=None, mask=None):
+        if self.hidden_state_outputs:  # a training or test step taking the chunked loss (`compute_loss`)
+            return self.hidden_states_for_loss(inputs, training)
         if isinstance(inputs, dict) and "document_starts" in inputs:  # packed documents: outside the functional graph
             backbone = self.backbone
             hidden = backbone.hidden_states(
@@ -162,9 +165,9 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
                 (usually `token_ids` shifted left by one); needed for `"loss"`.
 
         Example:
-        >>> ids = tf.constant([[5, 9, 14, 3]])
-        >>> losses = causal_lm.score(ids, scoring_mode="loss", target_ids=tf.roll(ids, -1, axis=1))  # doctest: +SKIP
-        >>> nll = tf.reduce_sum(causal_lm.score(["The cat sat ."], scoring_mode="loss"), axis=1)  # doctest: +SKIP
+        >>> ids = ops.convert_to_tensor([[5, 9, 14, 3]])
+        >>> losses = causal_lm.score(ids, scoring_mode="loss", target_ids=ops.roll(ids, -1, axis=1))  # doctest: +SKIP
+        >>> nll = ops.sum(causal_lm.score(["The cat sat ."], scoring_mode="loss"), axis=1)  # doctest: +SKIP
         """
         if scoring_mode not in ("logits", "loss"):
             raise ValueError(f"`scoring_mode` must be 'logits' or 'loss'. Received: scoring_mode={scoring_mode!r}")
@@ -237,11 +240,7 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=1)
         index = ops.min(row_lengths)
         # A row with no token has nothing to continue from (the preprocessor always adds the start token).
-        empty = tf.debugging.assert_positive(
-            index, message="Every prompt needs at least one token: padding_mask has a row with none"
-        )
-        with tf.control_dependencies([empty]):
-            index = tf.identity(index)
+        backend.check_less_equal(1, index, "Every prompt needs at least one token: padding_mask has a row with none")
         # One parallel pass over every position before the shortest prompt's last token; hidden states
         # only, since its logits (`[B, max_length, V]`) would be computed and thrown away.
         prefill_mask = ops.tile(ops.arange(length)[None, :] < index - 1, [batch_size, 1])

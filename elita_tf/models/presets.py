@@ -10,21 +10,9 @@ import os
 import h5py
 import sentencepiece
 
-from elita_tf.models.architectures import upgrade_config
+from elita_tf.models.architectures import REQUIRED_ARGUMENTS, upgrade_config
 
 _REGISTERED_NAME = "elita_tf>ElitaBackbone"
-
-
-# What every ElitaBackbone config holds: without them a preset's weights cannot be placed.
-_REQUIRED_FIELDS = (
-    "vocabulary_size",
-    "num_layers",
-    "num_heads",
-    "hidden_dim",
-    "head_dim",
-    "max_sequence_length",
-    "blocks",
-)
 
 
 def check_preset(preset, load_weights=True):
@@ -68,7 +56,7 @@ def read_preset_config(preset):
             f"Received: class_name={kind!r}"
         )
     config = saved.get("config")
-    missing = [name for name in _REQUIRED_FIELDS if not isinstance(config, dict) or name not in config]
+    missing = [name for name in REQUIRED_ARGUMENTS if not isinstance(config, dict) or name not in config]
     if missing:
         raise ValueError(f"{path} lacks the architecture fields {missing}: the preset is damaged or incomplete.")
     return upgrade_config(config)

@@ -12,19 +12,11 @@ from elita_tf.ops.causal_softmax_mean import (
     causal_softmax_mean_step,
     empty_softmax_mean_state,
 )
+from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.gated_projection import gated_output_projection
 from elita_tf.ops.layer_norm import unscaled_layer_norm
 from elita_tf.ops.linear_attention import causal_linear_attention, causal_linear_attention_step, empty_linear_state
 from elita_tf.ops.softmax_attention import empty_kv_cache, softmax_attention, update_kv_cache
-
-
-def __getattr__(name):
-    # The chunked loss is TensorFlow's alone for now (the model's `compute_loss`): loaded on first use.
-    if name == "chunked_cross_entropy":
-        from elita_tf.ops.cross_entropy import chunked_cross_entropy
-
-        return chunked_cross_entropy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -31,14 +31,17 @@ the gradients for weights `g_n = w_n` while it holds each chunk's softmax,
 and the backward pass scales them by that number: three `[N, d] x [d, V]`
 products in all, as many as with the full logits, and no choice to make at
 run time. All arithmetic is float32 (float64 stays float64) whatever the
-input dtype.
+input dtype. The chunks are a scan (`elita_tf.backend.scan`): a
+`tf.while_loop` with one chunk in flight on TensorFlow, `lax.scan` on JAX.
 """
 
+import keras
 import numpy as np
-import tensorflow as tf
+from keras import ops
 
-from elita_tf.ops.utils.dtypes import accumulator_dtype
-from elita_tf.backend import branch_or_select
+from elita_tf import backend
+from elita_tf.ops.utils.dtypes import accumulator_dtype, dtype_of
+from elita_tf.ops.utils.positions import gather_rows
 
 CROSS_ENTROPY_CHUNK_SIZE = 512
 
@@ -54,119 +57,106 @@ def _token_loss(logits, probs, labels):
     choose between the two (`branch_or_select`: under XLA the maxima fuse
     with the softmax's own).
     """
-    label_probs = tf.gather(probs, labels, axis=1, batch_dims=1)
-    tiny = float(np.sqrt(np.finfo(probs.dtype.as_numpy_dtype).tiny))
+    label_probs = gather_rows(probs, labels[:, None], 1)[:, 0]
+    tiny = ops.convert_to_tensor(float(np.sqrt(np.finfo(dtype_of(probs)).tiny)), dtype_of(probs))
 
     def by_row():
-        label_logits = tf.gather(logits, labels, axis=1, batch_dims=1)
-        from_the_largest = tf.reduce_max(logits, axis=-1) - tf.math.log(tf.reduce_max(probs, axis=-1)) - label_logits
-        return tf.where(label_probs >= tiny, -tf.math.log(tf.maximum(label_probs, tiny)), from_the_largest)
+        label_logits = gather_rows(logits, labels[:, None], 1)[:, 0]
+        from_the_largest = ops.max(logits, axis=-1) - ops.log(ops.max(probs, axis=-1)) - label_logits
+        return ops.where(label_probs >= tiny, -ops.log(backend.maximum(label_probs, tiny)), from_the_largest)
 
-    return branch_or_select(tf.reduce_all(label_probs >= tiny), lambda: -tf.math.log(label_probs), by_row)
+    return backend.branch_or_select(ops.all(label_probs >= tiny), lambda: -ops.log(label_probs), by_row)
 
 
-def _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale, parallel_iterations):
+def _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale):
     """Per-token loss `[K, C]` of hidden `[K, C, d]` and labels `[K, C]`, with its custom gradient.
 
     `valid [K, C]` is 1 on real tokens, 0 on the chunks' padding. With `weights [K, C]` (zero on the
     padding) the result is instead the scalar `Σ weights * loss`, whose gradients the forward pass forms.
+    Every tensor is an argument of the custom gradient (JAX lets it close over none); only the first three
+    get gradients.
     """
     summed = weights is not None
     width, vocab_size = kernel.shape
+    options_given = ([weights] if summed else []) + ([] if scale is None else [scale])
 
-    def loop(body, arrays, accumulators=()):
-        num_chunks = tf.shape(hidden)[0]
-        return tf.while_loop(
-            lambda k, *_: k < num_chunks, body, [0, *arrays, *accumulators], parallel_iterations=parallel_iterations
-        )[1:]
-
-    def array(element_shape):
-        return tf.TensorArray(hidden.dtype, size=tf.shape(hidden)[0], element_shape=element_shape)
-
-    @tf.custom_gradient
-    def loss_fn(hidden, kernel, bias):
+    def loss_fn(hidden, kernel, bias, labels, valid, *options):
+        options = list(options)
+        weights = options.pop(0) if summed else None
+        scale = options.pop(0) if options else None
         # z = s (h W + b) as one product: rows [s h, s] times the table [W; b]. A padded token's row is
         # all zeros, so it adds nothing to the table's gradient.
-        rows = tf.concat([hidden, valid[..., None]], axis=-1)  # [K, C, d + 1]
+        rows = ops.concatenate([hidden, valid[..., None]], axis=-1)  # [K, C, d + 1]
         rows = rows if scale is None else rows * scale
-        table = tf.concat([kernel, bias[None]], axis=0)  # [d + 1, V]
+        table = ops.concatenate([kernel, bias[None]], axis=0)  # [d + 1, V]
 
-        def chunk_softmax(k):
-            logits = tf.matmul(rows[k], table)  # [C, V]
-            return logits, tf.nn.softmax(logits)
+        def chunk_softmax(chunk_rows):
+            logits = backend.matmul(chunk_rows, table)  # [C, V]
+            return logits, ops.softmax(logits, axis=-1)
 
-        def softmax_step(k, weighted_rows, d_hidden, d_table):
-            """Chunk `k`'s logits and softmax, and the softmax's share of the gradients for weights `g`.
-
-            The share is `softmax Wᵀ` for the hidden states and `(g rows)ᵀ softmax` for the
-            table; the one-hot part of `softmax - onehot(y)` is added after the loop.
-            """
-            logits, probs = chunk_softmax(k)
-            if d_hidden is not None:
-                d_hidden = d_hidden.write(k, tf.matmul(probs, kernel, transpose_b=True))
-            return logits, probs, d_hidden, d_table + tf.matmul(weighted_rows[k], probs, transpose_a=True)
+        def softmax_shares(probs, weighted_rows, d_table):
+            """The softmax's share of the gradients for weights `g`: `softmax Wᵀ` for the hidden states,
+            `(g rows)ᵀ softmax` added to the table's. The one-hot part of `softmax - onehot(y)` comes after."""
+            return backend.matmul(probs, kernel, transpose_b=True), d_table + backend.matmul(
+                weighted_rows, probs, transpose_a=True
+            )
 
         # The gradients for weights `g [K, C]` from the softmax's shares, the one-hot part subtracted:
         # `dh_n = s g_n (softmax(z_n) Wᵀ - W[:, y_n]ᵀ)` and the table's
         # `Σ_n g_n rows_nᵀ (softmax(z_n) - onehot(y_n))`, whose one-hot part is a sum of `g_n rows_n`
         # per label: `[N, d + 1]` work, not `[N, V]`.
         def hidden_gradient(weights, soft_hidden):
-            d_hidden = (soft_hidden - tf.gather(tf.transpose(kernel), labels)) * weights[..., None]
+            d_hidden = (soft_hidden - ops.take(ops.transpose(kernel), labels, axis=0)) * weights[..., None]
             return d_hidden if scale is None else d_hidden * scale
 
         def table_gradient(weights, soft_table):
-            weighted = tf.reshape(rows * weights[..., None], [-1, width + 1])
-            one_hot_part = tf.math.unsorted_segment_sum(weighted, tf.reshape(labels, [-1]), vocab_size)  # [V, d + 1]
-            return soft_table - tf.transpose(one_hot_part)
+            weighted = ops.reshape(rows * weights[..., None], [-1, width + 1])
+            one_hot_part = backend.segment_sum(weighted, ops.reshape(labels, [-1]), vocab_size)  # [V, d + 1]
+            return soft_table - ops.transpose(one_hot_part)
 
-        if summed:  # padded rows are zeros already: weights that are just `valid` change nothing
+        if summed:  # the softmax's shares for g = weights, while each chunk's softmax is here
+
+            def forward(d_table, chunk):
+                chunk_rows, weighted_rows, chunk_labels = chunk
+                logits, probs = chunk_softmax(chunk_rows)
+                d_hidden, d_table = softmax_shares(probs, weighted_rows, d_table)
+                return d_table, (_token_loss(logits, probs, chunk_labels), d_hidden)
+
+            # Padded rows are zeros already: weights that are just `valid` change nothing.
             weighted_rows = rows if weights is valid else rows * weights[..., None]
+            soft_table, (losses, soft_hidden) = backend.scan(forward, ops.zeros_like(table), (rows, weighted_rows, labels))
+        else:
 
-        def forward(k, losses, *gradients):
-            if summed:  # the softmax's shares for g = weights, while the softmax is here
-                logits, probs, *gradients = softmax_step(k, weighted_rows, *gradients)
-            else:
-                logits, probs = chunk_softmax(k)
-            return [k + 1, losses.write(k, _token_loss(logits, probs, labels[k])), *gradients]
+            def forward(nothing, chunk):
+                logits, probs = chunk_softmax(chunk[0])
+                return nothing, _token_loss(logits, probs, chunk[1])
 
-        arrays, accumulators = [array(labels.shape[1:])], []
-        if summed:
-            arrays.append(array(hidden.shape[1:]))
-            accumulators = [tf.zeros_like(table)]
-        losses, *weighted_shares = loop(forward, arrays, accumulators)
+            _, losses = backend.scan(forward, (), (rows, labels))
 
-        def recomputed(upstream, with_hidden):
-            weighted_rows = rows * upstream[..., None]
+        def recomputed(upstream):
+            """Per-token upstream gradients: each chunk's softmax formed again."""
 
-            def backward(k, *gradients):
-                gradients = gradients if with_hidden else (None, *gradients)
-                _, _, d_hidden, d_table = softmax_step(k, weighted_rows, *gradients)
-                return [k + 1, d_table] if d_hidden is None else [k + 1, d_hidden, d_table]
+            def backward(d_table, chunk):
+                chunk_rows, weighted_rows = chunk
+                d_hidden, d_table = softmax_shares(chunk_softmax(chunk_rows)[1], weighted_rows, d_table)
+                return d_table, d_hidden
 
-            shares = loop(backward, [array(hidden.shape[1:])] if with_hidden else [], [tf.zeros_like(table)])
-            d_table = table_gradient(upstream, shares[-1])
-            return (hidden_gradient(upstream, shares[0].stack()), d_table) if with_hidden else d_table
-
-        def gradients(upstream):
-            if not summed:
-                return recomputed(upstream, with_hidden=True)
-            # The sum's upstream gradient is one number: the weighted shares scaled by it, exactly.
-            soft_hidden, soft_table = weighted_shares
-            return (
-                upstream * hidden_gradient(weights, soft_hidden.stack()),
-                upstream * table_gradient(weights, soft_table),
-            )
+            shares = backend.scan(backward, ops.zeros_like(table), (rows, rows * upstream[..., None]))
+            return hidden_gradient(upstream, shares[1]), table_gradient(upstream, shares[0])
 
         def grad(upstream):
-            with tf.name_scope("chunked_cross_entropy_gradient"):
-                d_hidden, d_table = gradients(upstream)
-                return d_hidden, d_table[:width], d_table[width]
+            with keras.name_scope("chunked_cross_entropy_gradient"):
+                if summed:  # the sum's upstream gradient is one number: the weighted shares scaled by it, exactly
+                    d_hidden = upstream * hidden_gradient(weights, soft_hidden)
+                    d_table = upstream * table_gradient(weights, soft_table)
+                else:
+                    d_hidden, d_table = recomputed(upstream)
+                return (d_hidden, d_table[:width], d_table[width]) + (None,) * (2 + len(options_given))
 
-        losses = losses.stack()
-        return (tf.reduce_sum(losses * weights) if summed else losses), grad
+        return (ops.sum(losses * weights) if summed else losses), grad
 
-    with tf.name_scope("chunked_cross_entropy"):
-        return loss_fn(hidden, kernel, bias)
+    with keras.name_scope("chunked_cross_entropy"):
+        return backend.custom_gradient(loss_fn)(hidden, kernel, bias, labels, valid, *options_given)
 
 
 def chunked_cross_entropy(
@@ -178,7 +168,6 @@ def chunked_cross_entropy(
     chunk_size=CROSS_ENTROPY_CHUNK_SIZE,
     sample_weight=None,
     reduction="none",
-    parallel_iterations=1,
 ):
     """Softmax cross-entropy of `s (hidden @ kernel + bias)`, per token or summed, without all the logits at once.
 
@@ -199,20 +188,19 @@ def chunked_cross_entropy(
             fewer), and nothing is decided at run time. Per-token losses
             recompute the logits in the backward pass, exact for any
             upstream gradient. Defaults to `"none"`.
-        parallel_iterations: int. Chunks in flight at once. Defaults to `1`.
 
     Returns:
         float32 (float64 for float64 inputs) `[...]` losses `logsumexp(z) - z[label]`,
         or their scalar sum, with gradients to `hidden`, `kernel` and `bias` in their own dtypes.
 
     Example:
-    >>> hidden, kernel = tf.random.normal([2, 8, 16]), tf.random.normal([16, 100])
-    >>> chunked_cross_entropy(hidden, kernel, tf.zeros([2, 8], tf.int32), chunk_size=4).shape
-    TensorShape([2, 8])
-    >>> chunked_cross_entropy(hidden, kernel, tf.zeros([2, 8], tf.int32), reduction="sum").shape
-    TensorShape([])
+    >>> hidden, kernel = keras.random.normal([2, 8, 16]), keras.random.normal([16, 100])
+    >>> tuple(chunked_cross_entropy(hidden, kernel, keras.ops.zeros([2, 8], "int32"), chunk_size=4).shape)
+    (2, 8)
+    >>> tuple(chunked_cross_entropy(hidden, kernel, keras.ops.zeros([2, 8], "int32"), reduction="sum").shape)
+    ()
     """
-    if not isinstance(chunk_size, int) or chunk_size < 1:
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"`chunk_size` must be a positive integer. Received: chunk_size={chunk_size}")
     if reduction not in ("none", "sum"):
         raise ValueError(f'`reduction` must be "none" or "sum". Received: reduction={reduction!r}')
@@ -220,31 +208,33 @@ def chunked_cross_entropy(
     width, vocab_size = kernel.shape[0], kernel.shape[-1]
     if hidden.shape[-1] != width:
         raise ValueError(
-            f"`hidden`'s last axis must be the kernel's input width {width}. Received: hidden.shape={hidden.shape}"
+            f"`hidden`'s last axis must be the kernel's input width {width}. Received: hidden.shape={tuple(hidden.shape)}"
         )
-    out_shape = tf.shape(labels)
+    out_shape = ops.shape(labels)
     if sample_weight is not None:
-        sample_weight = tf.broadcast_to(tf.cast(sample_weight, dtype), out_shape)
-    hidden = tf.reshape(tf.cast(hidden, dtype), [-1, width])
-    labels = tf.reshape(tf.cast(labels, tf.int32), [-1])
-    count = tf.shape(labels)[0]
-    num_chunks = (count + chunk_size - 1) // chunk_size
-    pad = num_chunks * chunk_size - count  # padded tokens get a zero upstream gradient: they add nothing
-    hidden = tf.reshape(tf.pad(hidden, [[0, pad], [0, 0]]), [-1, chunk_size, width])
-    valid = tf.reshape(tf.sequence_mask(count, num_chunks * chunk_size, dtype), [-1, chunk_size])
-    labels = tf.reshape(tf.pad(labels, [[0, pad]]), [-1, chunk_size])
+        sample_weight = ops.broadcast_to(ops.cast(sample_weight, dtype), out_shape)
+    hidden = ops.reshape(ops.cast(hidden, dtype), [-1, width])
+    labels = ops.reshape(ops.cast(labels, "int32"), [-1])
+    count = ops.shape(labels)[0]
+    pad = (-count) % chunk_size  # padded tokens get a zero upstream gradient: they add nothing
+
+    def chunks(x):
+        """`x [N, ...]` padded with zeros to whole chunks: `[K, C, ...]`."""
+        x = ops.pad(x, [[0, pad]] + [[0, 0]] * (len(x.shape) - 1))
+        return ops.reshape(x, [-1, chunk_size, *x.shape[1:]])
+
+    valid = chunks(ops.ones_like(labels, dtype=dtype))
     # Read variables here: the custom gradient is taken with respect to these tensors.
-    bias = tf.zeros([vocab_size], dtype) if bias is None else tf.convert_to_tensor(tf.cast(bias, dtype))
-    if tf.is_tensor(scale):
-        scale = tf.cast(scale, dtype)
+    bias = ops.zeros([vocab_size], dtype) if bias is None else ops.cast(bias, dtype)
+    if ops.is_tensor(scale):
+        scale = ops.cast(scale, dtype)
     else:  # a Python float stays exact; 1 costs nothing
-        scale = None if scale == 1 else tf.constant(scale, dtype)
-    kernel = tf.convert_to_tensor(tf.cast(kernel, dtype))
+        scale = None if scale == 1 else ops.convert_to_tensor(scale, dtype)
+    kernel = ops.cast(kernel, dtype)
+    hidden, labels = chunks(hidden), chunks(labels)
     if reduction == "sum":
-        weights = valid
-        if sample_weight is not None:
-            weights = valid * tf.reshape(tf.pad(tf.reshape(sample_weight, [-1]), [[0, pad]]), [-1, chunk_size])
-        return _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale, parallel_iterations)
-    losses = _chunked_loss(hidden, kernel, bias, labels, valid, None, scale, parallel_iterations)
-    losses = tf.reshape(tf.reshape(losses, [-1])[:count], out_shape)
+        weights = valid if sample_weight is None else valid * chunks(ops.reshape(sample_weight, [-1]))
+        return _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale)
+    losses = _chunked_loss(hidden, kernel, bias, labels, valid, None, scale)
+    losses = ops.reshape(ops.reshape(losses, [-1])[:count], out_shape)
     return losses if sample_weight is None else losses * sample_weight

@@ -11,6 +11,7 @@ import math
 
 from keras import ops
 
+from elita_tf import backend
 from elita_tf.ops.utils.dtypes import dtype_of
 
 # Stands in for -inf in a reference's masked logits: exp() of it, minus any row maximum, is exactly 0.
@@ -80,7 +81,7 @@ def causal_linear_attention_reference(query_features, key_features, values, mask
 
 def cross_entropy_reference(hidden, kernel, labels, bias=None, scale=1.0):
     """Softmax cross-entropy from the full `[..., V]` logits, `logsumexp(z) - z[label]`."""
-    logits = ops.matmul(hidden, kernel)
+    logits = backend.matmul(hidden, kernel)  # in float64 on every backend
     logits = (logits if bias is None else logits + bias) * scale
     label_logit = ops.take_along_axis(logits, ops.cast(labels, "int32")[..., None], axis=-1)[..., 0]
     return ops.logsumexp(logits, axis=-1) - label_logit

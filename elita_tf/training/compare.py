@@ -21,9 +21,10 @@ import sys
 import time
 
 from elita_tf.models import ARCHITECTURES
+from elita_tf.settings_fields import check_field
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
 from elita_tf.training.run_directory import RESULTS_FILE, manifest_differences, read_results
-from elita_tf.training.settings import INTEGER_RANGES, check_integer, fields_marked, train_settings
+from elita_tf.training.settings import TrainSettings, fields_marked, train_settings
 
 # Settings that change nothing a comparison reports: a finished run trained with others is still the same run.
 _NOT_COMPARED = ("force_new", "checkpoint_every", "keep_checkpoints")
@@ -100,7 +101,7 @@ def check_comparison(output_dir, architectures, seeds, plot=None):
     if len(set(architectures)) != len(architectures):
         raise ValueError(f"`architectures` must be distinct. Received: architectures={list(architectures)}")
     for seed in seeds:
-        check_integer("seeds", seed, *INTEGER_RANGES["seed"])
+        check_field(TrainSettings, "seed", seed, shown_as="seeds")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be distinct non-negative integers. Received: seeds={list(seeds)}")
     if plot is not None:

@@ -9,7 +9,7 @@ one concrete model.
 import dataclasses
 
 from elita_tf.models import ElitaCausalLM
-from elita_tf.models.architectures import ARCHITECTURES, MODEL_SIZES, architecture, decode_limit
+from elita_tf.models.architectures import ARCHITECTURES, MODEL_SIZES, architecture, check_carries_state
 from elita_tf.models.elita_backbone import architecture_config
 from elita_tf.models.presets import check_preset, read_preset_config
 from elita_tf.training.run_directory import RunDirectory, preset_of
@@ -145,13 +145,5 @@ def resolve_position_mode(settings, run_path):
 
 
 def check_carry_state(settings):
-    """Raises `ValueError` unless the architecture can carry its state (`TrainSettings.carry_state`)."""
-    config = model_config(settings)
-    limit = decode_limit(config["blocks"], config["position_embedding"], config["max_sequence_length"])
-    if limit is not None or config["position_mode"] == "length":
-        raise ValueError(
-            "--carry-state needs a model whose every block keeps a constant-size state, no learned positions and "
-            f"positions that do not move with the length (elita). Received: architecture={settings.architecture!r} "
-            f"(blocks {sorted(set(config['blocks']))}, position_embedding={config['position_embedding']}, "
-            f"position_mode={config['position_mode']!r})"
-        )
+    """Raises `ValueError` unless the run's model can carry its state (`ElitaBackbone.carries_state`)."""
+    check_carries_state(model_config(settings))

@@ -1,3 +1,4 @@
+import inspect
 import re
 
 import keras
@@ -173,3 +174,45 @@ def test_a_dtype_policy_reaches_every_layer_and_leaves_the_global_policy():
     assert {w.dtype for w in backbone.weights} == {"float32"}
     # Logits in the compute dtype, as keras-hub's models (the training loss is float32 by its own path).
     assert backbone(_inputs([[1, 2, 3]])).dtype == "bfloat16"
+
+
+def test_the_architecture_arguments_are_listed_once_and_are_the_signatures():
+    # `ARGUMENT_CHECKS` names every argument of the architecture once; the signature is the same list.
+    from elita_tf.models.architectures import ARGUMENT_CHECKS, REQUIRED_ARGUMENTS
+
+    signature = [name for name in inspect.signature(ElitaBackbone.__init__).parameters]
+    assert list(ARGUMENT_CHECKS) == [n for n in signature if n not in ("self", "lora_rank", "dtype", "kwargs")]
+    assert set(REQUIRED_ARGUMENTS) <= set(ARGUMENT_CHECKS)
+    assert set(architecture_config("elita", vocabulary_size=8)) == set(ARGUMENT_CHECKS)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, carries",
+    [
+        ("elita", {}, True),
+        ("elita", {"position_mode": "length"}, False),  # positions that move with the length
+        ("elita-reference", {}, False),
+        ("linear", {}, False),  # learned positions
+        ("linear", {"position_embedding": False}, True),
+        ("additive", {"position_embedding": False}, True),
+        ("transformer", {"position_embedding": False}, False),  # a key/value buffer
+        ("3lin", {}, False),
+    ],
+)
+def test_carries_state_is_one_answer_with_one_message(name, overrides, carries):
+    from elita_tf.models.architectures import check_carries_state
+
+    backbone = _backbone(name, **overrides)
+    assert backbone.carries_state is carries
+    if carries:
+        backbone.check_carries_state()
+        check_carries_state(backbone.get_config())
+        return
+    message = (
+        r"Carrying the state over a stream needs blocks that keep a constant-size state \(elita, linear, additive\), "
+        r"no learned positions and positions that do not move with the length\. "
+        rf"Received: blocks=\['{name.split('-')[0]}'\]"
+    )
+    for check in (backbone.check_carries_state, lambda: check_carries_state(backbone.get_config())):
+        with pytest.raises(ValueError, match=message):
+            check()

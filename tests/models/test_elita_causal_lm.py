@@ -17,6 +17,7 @@ from elita_tf.models import (
     ElitaTokenizer,
 )
 from elita_tf.schedules import InverseSqrtSchedule, elita_adam
+from tests.models.training import rule_batches, trainable
 
 # The architectures that decode step by step (elita-reference's positions move with the length).
 DECODING = sorted(name for name in ARCHITECTURES if name != "elita-reference")
@@ -411,46 +412,23 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
 
 # --- Training: fit with the chunked output-head loss ------------------------------------------------
 
-TRAIN = {"hidden_dim": 32, "num_layers": 2, "num_heads": 2, "head_dim": 8, "max_sequence_length": 32}
-
-
-def _rule_batches(vocab=24, length=32, batch=8, steps=20, seed=0):
-    """Sequences of `next = (5 * token + 1) mod V` from random starts: learnable in a few steps."""
-    tokens = np.random.default_rng(seed).integers(0, vocab, size=(steps, batch, 1))
-    columns = [tokens]
-    for _ in range(length):
-        columns.append((5 * columns[-1] + 1) % vocab)
-    seqs = np.concatenate(columns, axis=-1).astype("int32")
-    return [({"token_ids": s[:, :-1], "padding_mask": np.ones_like(s[:, :-1])}, s[:, 1:]) for s in seqs]
-
-
-def _trainable(name, dtype=None, optimizer=None, jit_compile=False, **compile_kwargs):
-    """A causal LM compiled as `elita-train` compiles it: the loss alone, no metrics."""
-    keras.utils.set_random_seed(0)
-    causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(name, vocabulary_size=24, dtype=dtype, **TRAIN))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    compile_kwargs.setdefault("weighted_metrics", None)
-    causal_lm.compile(optimizer or elita_adam(), loss, jit_compile=jit_compile, **compile_kwargs)
-    return causal_lm
-
-
 # The three heads: an untied `logits` layer, the tied embedding, and the tied embedding scaled by 1/sqrt(d).
 @pytest.mark.parametrize("name", ["elita", "simplified-reference", "additive-reference"])
 def test_the_chunked_loss_trains_and_evaluates_as_keras_loss_on_the_logits(name):
     # Plain SGD: the weights move by the gradients themselves (Adam would magnify round-off
     # in gradients that are zero in exact arithmetic, such as a softmax key bias's).
-    chunked = _trainable(name, optimizer=keras.optimizers.SGD(0.5))
-    plain = _trainable(name, optimizer=keras.optimizers.SGD(0.5))
+    chunked = trainable(name, optimizer=keras.optimizers.SGD(0.5))
+    plain = trainable(name, optimizer=keras.optimizers.SGD(0.5))
     plain.set_weights(chunked.get_weights())
     plain.chunked_loss = False
     assert chunked._chunked_loss_applies() and not plain._chunked_loss_applies()
     weights = np.random.default_rng(3).uniform(size=(8, 32)).astype("float32")  # as a preprocessor's padding gives
-    for x, y in _rule_batches(steps=3):
+    for x, y in rule_batches(steps=3):
         got, want = chunked.train_on_batch(x, y, sample_weight=weights), plain.train_on_batch(x, y, weights)
         np.testing.assert_allclose(got, want, rtol=1e-5)
     for got, want in zip(chunked.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    x, y = _rule_batches(steps=1, seed=1)[0]
+    x, y = rule_batches(steps=1, seed=1)[0]
     np.testing.assert_allclose(chunked.evaluate(x, y, verbose=0), plain.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
@@ -460,8 +438,8 @@ def test_the_first_training_step_is_traced_once(monkeypatch):
     traces = []
     train_step = ElitaCausalLM.train_step
     monkeypatch.setattr(ElitaCausalLM, "train_step", lambda self, data: traces.append(1) or train_step(self, data))
-    causal_lm = _trainable("elita")
-    x, y = _rule_batches(steps=1)[0]
+    causal_lm = trainable("elita")
+    x, y = rule_batches(steps=1)[0]
     causal_lm.train_on_batch(x, y)
     causal_lm.train_on_batch(x, y)
     assert len(traces) == 1
@@ -469,12 +447,12 @@ def test_the_first_training_step_is_traced_once(monkeypatch):
 
 
 def test_a_checkpoint_keeps_the_chunked_loss_and_a_metric_takes_keras_step(tmp_path):
-    causal_lm = _trainable("elita", optimizer=keras.optimizers.SGD(0.5))
+    causal_lm = trainable("elita", optimizer=keras.optimizers.SGD(0.5))
     path = str(tmp_path / "model.keras")
     causal_lm.save(path)
     restored = keras.models.load_model(path)
     assert restored._chunked_loss_applies()
-    x, y = _rule_batches(steps=1)[0]
+    x, y = rule_batches(steps=1)[0]
     np.testing.assert_allclose(restored.train_on_batch(x, y), causal_lm.train_on_batch(x, y), rtol=1e-6)
     restored.compile(
         keras.optimizers.SGD(0.5), keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
@@ -484,8 +462,8 @@ def test_a_checkpoint_keeps_the_chunked_loss_and_a_metric_takes_keras_step(tmp_p
 
 def test_out_of_range_ids_under_xla_give_nan_not_a_clamped_row():
     # XLA drops assertions and clamps gathers: the embedding marks the row NaN instead.
-    causal_lm = _trainable("elita", jit_compile=True)
-    x, y = _rule_batches(steps=1)[0]
+    causal_lm = trainable("elita", jit_compile=True)
+    x, y = rule_batches(steps=1)[0]
     assert np.isfinite(causal_lm.train_on_batch(x, y))
     x["token_ids"][1, 2] = 99
     assert np.isnan(causal_lm.train_on_batch(x, y))
@@ -495,9 +473,9 @@ def test_out_of_range_ids_under_xla_give_nan_not_a_clamped_row():
 def test_every_architecture_learns_and_generates_under_xla(name):
     # Keras compiles with XLA by default on GPUs: the training step and the decoding loop must compile,
     # and 20 steps (with the chunked loss) learn the rule.
-    causal_lm = _trainable(name, jit_compile=True)
+    causal_lm = trainable(name, jit_compile=True)
     assert causal_lm._chunked_loss_applies()
-    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in _rule_batches()]
+    losses = [float(causal_lm.train_on_batch(x, y)) for x, y in rule_batches()]
     assert all(np.isfinite(losses))
     # fastformerLM's head divides tied logits of N(0, 0.02) embeddings by sqrt(d): it starts
     # uniform and moves slowly at this learning rate (measured: 3.18 -> 3.08 in 20 steps).
@@ -521,14 +499,14 @@ def test_every_architecture_learns_and_generates_under_xla(name):
 def test_every_architecture_trains_under_mixed_precision_as_in_float32(name, policy_name):
     # Five steps from the same weights: every weight moves (the blocks train, not the output layer
     # alone), and the losses stay within a band of the float32 run's.
-    batches = _rule_batches(steps=5)
-    reference = _trainable(name)
+    batches = rule_batches(steps=5)
+    reference = trainable(name)
     # Keras' float16 loss scale starts at 2^15 and skips the steps that overflow until it has come down:
     # a scale of 1 (these gradients do not underflow) applies every step, as float32 does.
     optimizer = (
         keras.optimizers.LossScaleOptimizer(elita_adam(), initial_scale=1.0) if policy_name == "mixed_float16" else None
     )
-    causal_lm = _trainable(name, dtype=policy_name, optimizer=optimizer)
+    causal_lm = trainable(name, dtype=policy_name, optimizer=optimizer)
     causal_lm.set_weights(reference.get_weights())
     start = [w.numpy().copy() for w in causal_lm.trainable_weights]
     want = [float(reference.train_on_batch(x, y)) for x, y in batches]
@@ -539,7 +517,7 @@ def test_every_architecture_trains_under_mixed_precision_as_in_float32(name, pol
     # The band: 2% of the loss (16-bit activations move each step's update a little).
     np.testing.assert_allclose(got, want, rtol=0.02)
     # Keras scales the loss under mixed_float16 by itself: the task follows its backbone's policy.
-    scaled = isinstance(_trainable(name, dtype=policy_name).optimizer, keras.optimizers.LossScaleOptimizer)
+    scaled = isinstance(trainable(name, dtype=policy_name).optimizer, keras.optimizers.LossScaleOptimizer)
     assert scaled == (policy_name == "mixed_float16")
 
 

@@ -99,7 +99,7 @@ def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_
 
 def test_a_carried_stream_with_document_starts_is_refused_by_models_with_finite_buffers():
     backbone = _backbone("transformer")
-    with pytest.raises(ValueError, match="A stream carried in a cache restarts documents"):
+    with pytest.raises(ValueError, match="Carrying the state over a stream needs"):
         backbone.hidden_states(
             np.zeros((1, 4), "int32"), cache=backbone.get_initial_cache(1), document_starts=np.zeros((1, 4), bool)
         )

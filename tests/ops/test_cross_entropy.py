@@ -1,46 +1,55 @@
 import numpy as np
 import pytest
-import tensorflow as tf
+from keras import ops
 
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.reference import cross_entropy_reference
+from tests.backend_utils import BACKEND, compiled, numpy, outputs_and_gradients, tensor
+from tests.ops.gradient_checks import compute_gradient, output_and_gradient_dtypes
 from tests.ops.low_precision import assert_low_precision_follows_float32
-
-# The chunked loss is the model's, TensorFlow's alone until the model runs on every backend.
-pytestmark = pytest.mark.tf_only
 
 CHUNK = 16
 
 
-def _inputs(length, batch=2, width=8, vocab=37, seed=0, dtype=tf.float64, spread=1.0):
+def _inputs(length, batch=2, width=8, vocab=37, seed=0, dtype="float64", spread=1.0):
     rng = np.random.default_rng(seed)
-    hidden = tf.constant(rng.normal(size=(batch, length, width)) * spread, dtype)
-    kernel = tf.constant(rng.normal(size=(width, vocab)), dtype)
-    bias = tf.constant(rng.normal(size=(vocab,)), dtype)
-    labels = tf.constant(rng.integers(0, vocab, size=(batch, length)), tf.int32)
+    hidden = rng.normal(size=(batch, length, width)).astype(dtype) * spread
+    kernel = rng.normal(size=(width, vocab)).astype(dtype)
+    bias = rng.normal(size=(vocab,)).astype(dtype)
+    labels = rng.integers(0, vocab, size=(batch, length)).astype("int32")
     return hidden, kernel, bias, labels
 
 
 def _loss_and_gradients(fn, hidden, kernel, bias, labels, reduction="none", **kwargs):
-    """The loss and the gradients of `Σ c_n loss_n` for random weights `c`: per-token upstream gradients, or
+    """The loss and the gradients of `3 Σ c_n loss_n` for random weights `c`: per-token upstream gradients, or
     (`reduction="sum"`) the same weights given as `sample_weight`, under the scalar sum's upstream gradient of 3."""
-    cotangent = tf.constant(np.random.default_rng(1).normal(size=labels.shape), hidden.dtype)
-    with tf.GradientTape() as tape:
-        tape.watch([hidden, kernel, bias])
-        if reduction == "sum":
-            loss = fn(hidden, kernel, labels, bias=bias, sample_weight=cotangent, reduction="sum", **kwargs)
-            total = 3.0 * tf.cast(loss, hidden.dtype)
-        else:
-            loss = fn(hidden, kernel, labels, bias=bias, **kwargs)
-            total = 3.0 * tf.reduce_sum(tf.cast(loss, hidden.dtype) * cotangent)
-    return [loss] + tape.gradient(total, [hidden, kernel, bias])
+    weights = np.random.default_rng(1).normal(size=labels.shape).astype(hidden.dtype)
+    labels = tensor(labels)
+    if reduction == "sum":
+
+        def loss(h, k, b):
+            return fn(h, k, labels, bias=b, sample_weight=tensor(weights), reduction="sum", **kwargs)
+
+        cotangent = np.array(3.0, hidden.dtype)
+    else:
+
+        def loss(h, k, b):
+            return fn(h, k, labels, bias=b, **kwargs)
+
+        cotangent = 3.0 * weights
+    (value,), grads = outputs_and_gradients(loss, [hidden, kernel, bias], [cotangent])
+    return [value, *grads]
 
 
 def _reference(hidden, kernel, labels, bias=None, sample_weight=None, reduction="none", **kwargs):
     losses = cross_entropy_reference(hidden, kernel, labels, bias=bias, **kwargs)
     if sample_weight is not None:
         losses = losses * sample_weight
-    return tf.reduce_sum(losses) if reduction == "sum" else losses
+    return ops.sum(losses) if reduction == "sum" else losses
+
+
+def _chunked(*args, **kwargs):
+    return chunked_cross_entropy(*args, chunk_size=CHUNK, **kwargs)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum"])
@@ -49,8 +58,7 @@ def _reference(hidden, kernel, labels, bias=None, sample_weight=None, reduction=
 def test_loss_and_gradients_match_reference(length, scale, reduction):
     # Per-token upstream gradients recompute the logits; the weighted sum's gradients come from its forward pass.
     inputs = _inputs(length)
-    chunked = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k)  # noqa: E731
-    got = _loss_and_gradients(chunked, *inputs, reduction=reduction, scale=scale)
+    got = _loss_and_gradients(_chunked, *inputs, reduction=reduction, scale=scale)
     want = _loss_and_gradients(_reference, *inputs, reduction=reduction, scale=scale)
     assert got[0].shape == (inputs[3].shape if reduction == "none" else ())
     for g, w in zip(got, want):
@@ -59,30 +67,28 @@ def test_loss_and_gradients_match_reference(length, scale, reduction):
 
 
 def test_without_bias_equals_a_zero_bias():
-    hidden, kernel, bias, labels = _inputs(20)
+    hidden, kernel, bias, labels = (tensor(x) for x in _inputs(20))
     np.testing.assert_allclose(
-        chunked_cross_entropy(hidden, kernel, labels, chunk_size=CHUNK),
-        chunked_cross_entropy(hidden, kernel, labels, bias=tf.zeros_like(bias), chunk_size=CHUNK),
+        numpy(_chunked(hidden, kernel, labels)), numpy(_chunked(hidden, kernel, labels, bias=ops.zeros_like(bias)))
     )
 
 
-def test_custom_gradient_passes_numerical_check():
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_custom_gradient_passes_numerical_check(reduction):
     hidden, kernel, bias, labels = _inputs(5, width=3, vocab=7)
-    for reduction in ("none", "sum"):
-        theoretical, numerical = tf.test.compute_gradient(
-            lambda h, w, b: chunked_cross_entropy(h, w, labels, bias=b, scale=0.7, chunk_size=2, reduction=reduction),
-            [hidden, kernel, bias],
-        )
-        for t, n in zip(theoretical, numerical):
-            np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-7)
+    labels = tensor(labels)
+    theoretical, numerical = compute_gradient(
+        lambda h, w, b: chunked_cross_entropy(h, w, labels, bias=b, scale=0.7, chunk_size=2, reduction=reduction),
+        [hidden, kernel, bias],
+    )
+    for t, n in zip(theoretical, numerical):
+        np.testing.assert_allclose(t, n, rtol=1e-6, atol=1e-7)
 
 
 def test_large_logits_stay_finite_and_exact():
     # Logits of order 1e4 would overflow exp() in float32 without the log-sum-exp shift.
-    hidden, kernel, bias, labels = _inputs(40, spread=3000.0, dtype=tf.float32)
-    got = _loss_and_gradients(
-        lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k), hidden, kernel, bias, labels
-    )
+    hidden, kernel, bias, labels = _inputs(40, spread=3000.0, dtype="float32")
+    got = _loss_and_gradients(_chunked, hidden, kernel, bias, labels)
     want = _loss_and_gradients(cross_entropy_reference, hidden, kernel, bias, labels)
     assert np.all(np.isfinite(got[0])) and np.max(got[0]) > 1e3
     for g, w in zip(got, want):
@@ -94,74 +100,101 @@ def test_float32_loss_is_exact_on_both_sides_of_the_underflow_switch(choice_form
     # The loss is read from the softmax while the label's probability is a normal float; a chunk
     # holding a loss above 43.7 (probability below 1e-19) switches to the largest logit's form.
     vocab = 37
-    hidden = tf.eye(vocab, dtype=tf.float64)[None]  # token n's logits are row n of the kernel
+    hidden = np.eye(vocab)[None]  # token n's logits are row n of the kernel
     rng = np.random.default_rng(3)
     kernel = rng.normal(size=(vocab, vocab))
-    labels = rng.integers(0, vocab, size=(1, vocab))
+    labels = rng.integers(0, vocab, size=(1, vocab)).astype("int32")
     gaps = np.array([-20.0, -1.0, 0.0, 1.0, 20.0, 43.0, 44.0, 80.0, 300.0])  # how far each label's logit trails
     for n, gap in enumerate(gaps):
         kernel[n, labels[0, n]] = kernel[n].max() - gap
-    kernel, labels = tf.constant(kernel), tf.constant(labels, tf.int32)
-    want = cross_entropy_reference(hidden, kernel, labels)  # float64
+    want = numpy(cross_entropy_reference(tensor(hidden), tensor(kernel), tensor(labels)))  # float64
     for chunk_size in (8, 64):  # the large losses alone in a chunk, or with all the others
         got = chunked_cross_entropy(
-            tf.cast(hidden, tf.float32), tf.cast(kernel, tf.float32), labels, chunk_size=chunk_size
+            tensor(hidden, "float32"), tensor(kernel, "float32"), tensor(labels), chunk_size=chunk_size
         )
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-6)
+        np.testing.assert_allclose(numpy(got), want, rtol=1e-6, atol=2e-6)
     assert want[0, 0] < 1e-6 and want[0, 8] > 300
 
 
-@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_inputs_accumulate_in_float32(dtype):
-    hidden, kernel, bias, labels = _inputs(50, dtype=tf.float32)
-    low = tf.cast(hidden, dtype)
-    got = _loss_and_gradients(
-        lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k), low, kernel, bias, labels
-    )
-    assert got[0].dtype == tf.float32 and got[1].dtype == dtype and got[2].dtype == tf.float32
-    want = cross_entropy_reference(tf.cast(low, tf.float32), kernel, labels, bias=bias)
-    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-5)
+    hidden, kernel, bias, labels = _inputs(50, dtype="float32")
+    low = ops.cast(tensor(hidden), dtype)
+    assert output_and_gradient_dtypes(lambda h: _chunked(h, tensor(kernel), tensor(labels), bias=tensor(bias)), [low]) == [
+        "float32",
+        dtype,
+    ]
+    got = _chunked(low, tensor(kernel), tensor(labels), bias=tensor(bias))
+    want = cross_entropy_reference(ops.cast(low, "float32"), tensor(kernel), tensor(labels), bias=tensor(bias))
+    np.testing.assert_allclose(numpy(got), numpy(want), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum"])
-@pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_low_precision_hidden_states_get_the_float32_gradient(dtype, reduction):
     # The mixed-precision path: 16-bit hidden states, float32 head. Without the hidden states'
     # gradient, a mixed-precision model would train its output layer alone.
-    hidden, kernel, bias, labels = _inputs(50, dtype=tf.float32)
+    hidden, kernel, bias, labels = (tensor(x) for x in _inputs(50, dtype="float32"))
 
-    def loss(h, k, b):
-        return chunked_cross_entropy(h, k, labels, bias=b, chunk_size=CHUNK, reduction=reduction)
+    def loss(h):
+        return _chunked(h, kernel, labels, bias=bias, reduction=reduction)
 
-    assert_low_precision_follows_float32(lambda h: loss(h, kernel, bias), [hidden], dtype)
+    assert_low_precision_follows_float32(loss, [hidden], dtype)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum"])
-def test_under_xla_matches_eager(reduction):
-    hidden, kernel, bias, labels = _inputs(70, dtype=tf.float32)
-    run = lambda *a, **k: chunked_cross_entropy(*a, chunk_size=CHUNK, **k)  # noqa: E731
-    eager = _loss_and_gradients(run, hidden, kernel, bias, labels, reduction)
-    compiled = tf.function(lambda *a: _loss_and_gradients(run, *a, reduction), jit_compile=True)(
-        hidden, kernel, bias, labels
-    )
-    for e, c in zip(eager, compiled):
-        np.testing.assert_allclose(c, e, rtol=1e-5, atol=1e-5)
+def test_compiled_matches_eager(reduction):
+    """XLA on TensorFlow, `jax.jit` on JAX: the loop over chunks compiles, with the same values and gradients."""
+    hidden, kernel, bias, labels = _inputs(70, dtype="float32")
+    run = compiled(lambda h, k, b, y: _loss_and_gradients_tensors(h, k, b, y, reduction))
+    eager = _loss_and_gradients(_chunked, hidden, kernel, bias, labels, reduction)
+    for e, c in zip(eager, run(*(tensor(x) for x in (hidden, kernel, bias, labels)))):
+        np.testing.assert_allclose(numpy(c), e, rtol=1e-5, atol=1e-5)
 
 
+def _loss_and_gradients_tensors(hidden, kernel, bias, labels, reduction):
+    """`_loss_and_gradients` as tensors, traceable by `compiled`: the backend's own gradient transform."""
+    weights = ops.convert_to_tensor(np.random.default_rng(1).normal(size=labels.shape).astype("float32"))
+
+    def total(h, k, b):
+        """`(3 Σ c_n loss_n, the loss)`, as `_loss_and_gradients` takes them."""
+        if reduction == "sum":
+            value = _chunked(h, k, labels, bias=b, sample_weight=weights, reduction="sum")
+            return 3.0 * value, value
+        value = _chunked(h, k, labels, bias=b)
+        return 3.0 * ops.sum(value * weights), value
+
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch([hidden, kernel, bias])
+            loss, value = total(hidden, kernel, bias)
+        return [value, *tape.gradient(loss, [hidden, kernel, bias])]
+    if BACKEND == "jax":
+        import jax
+
+        (_, value), grads = jax.value_and_grad(total, argnums=(0, 1, 2), has_aux=True)(hidden, kernel, bias)
+        return [value, *grads]
+    pytest.skip("PyTorch is checked eagerly (torch.compile takes minutes on a CPU)")
+
+
+@pytest.mark.tf_only
 @pytest.mark.parametrize("reduction", ["none", "sum"])
 def test_variables_get_their_gradients_inside_a_tf_function(reduction):
-    hidden, kernel, bias, labels = _inputs(30, dtype=tf.float32)
+    import tensorflow as tf
+
+    hidden, kernel, bias, labels = _inputs(30, dtype="float32")
     kernel_var, bias_var = tf.Variable(kernel), tf.Variable(bias)
 
     @tf.function
     def gradients():
         with tf.GradientTape() as tape:
-            loss = chunked_cross_entropy(
-                hidden, kernel_var, labels, bias=bias_var, chunk_size=CHUNK, reduction=reduction
-            )
+            loss = _chunked(hidden, kernel_var, labels, bias=bias_var, reduction=reduction)
             loss = tf.reduce_mean(loss) if reduction == "none" else loss / tf.cast(tf.size(labels), loss.dtype)
         return tape.gradient(loss, [kernel_var, bias_var])
 
+    kernel, bias = tf.constant(kernel), tf.constant(bias)
     with tf.GradientTape() as tape:
         tape.watch([kernel, bias])
         loss = tf.reduce_mean(cross_entropy_reference(hidden, kernel, labels, bias=bias))
@@ -170,7 +203,7 @@ def test_variables_get_their_gradients_inside_a_tf_function(reduction):
 
 
 def test_refuses_a_width_other_than_the_kernels():
-    hidden, kernel, _, labels = _inputs(4)
+    hidden, kernel, _, labels = (tensor(x) for x in _inputs(4))
     with pytest.raises(ValueError, match=r"hidden.shape=\(2, 4, 5\)"):
         chunked_cross_entropy(hidden[..., :5], kernel, labels)
     with pytest.raises(ValueError, match="chunk_size=0"):

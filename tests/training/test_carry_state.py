@@ -86,10 +86,7 @@ def test_carry_state_trains_checkpoints_its_state_and_resumes_exactly(tiny_wikit
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (
-            ["--architecture", "transformer"],
-            "--carry-state needs a model whose every block keeps a constant-size state",
-        ),
+        (["--architecture", "transformer"], "Carrying the state over a stream needs blocks that keep a constant-size"),
         (["--architecture", "linear"], "position_embedding=True"),
         (["--architecture", "elita-reference"], "position_mode='length'"),
         (["--strategy", "mirrored"], "`carry_state` needs strategy='default'. Received: strategy='mirrored'"),
