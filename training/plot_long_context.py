@@ -21,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 
 from elita_tf.layers import Attention2  # noqa: E402
 from elita_tf.models import ElitaCausalLM  # noqa: E402
+from elita_tf.training.run_directory import preset_of, read_manifest  # noqa: E402
 
 POSITIONS = 16384
 
@@ -34,7 +35,7 @@ def _load(path):
 
 def position_terms(run_dir, length=POSITIONS):
     """`P1, P2 [layers, heads, length]` of every Attention2 layer of a run, at positions `0 .. length - 1`."""
-    backbone = ElitaCausalLM.from_preset(run_dir).backbone
+    backbone = ElitaCausalLM.from_preset(preset_of(run_dir)).backbone
     terms = []
     for layer in backbone._flatten_layers():
         if isinstance(layer, Attention2):
@@ -50,13 +51,13 @@ def main():
     parser.add_argument("--output", default="docs/long_context.png")
     args = parser.parse_args()
 
-    runs = sorted(name for name in os.listdir(args.runs) if _load(os.path.join(args.runs, name, "run.json")))
+    runs = sorted(name for name in os.listdir(args.runs) if read_manifest(os.path.join(args.runs, name)))
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     print("| run | trained T | test loss by position (windows of up to 16K) | test split as one stream |")
     print("|---|---|---|---|")
     for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs):
         run_dir = os.path.join(args.runs, name)
-        sequence_length = _load(os.path.join(run_dir, "run.json"))["training"]["sequence_length"]
+        sequence_length = read_manifest(run_dir)["training"]["sequence_length"]
         left.axvline(sequence_length, color=color, linestyle=":", linewidth=1)
         for file, stream_file, label, style in (
             ("test-windows.json", "test-stream.json", name, "o-"),

@@ -37,7 +37,7 @@ from elita_tf.models.architectures import (
 )
 from elita_tf.models.decoder_layers import make_layers
 from elita_tf.models.dtype_policies import SavedPolicies
-from elita_tf.models.presets import resolve_preset, saved_mixed_precision
+from elita_tf.models.presets import check_preset, saved_mixed_precision
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.positions import real_extent
@@ -393,13 +393,13 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
+        """keras-hub's `from_preset`: a preset directory or a `kaggle://` or `hf://` handle, checked first.
 
         A quantized preset (`quantize("int8")`, then `save_to_preset`) loads
         quantized, through this class or keras-hub's generic `Backbone.from_preset`;
         a mixed-precision one in its policy, or in the `dtype` given (`dtype="float32"`).
         """
-        preset = resolve_preset(preset, load_weights)
+        preset = check_preset(preset, load_weights)
         if kwargs.get("dtype") is None:
             kwargs["dtype"] = saved_mixed_precision(preset)
         return super().from_preset(preset, load_weights=load_weights, **kwargs)

@@ -9,7 +9,7 @@ from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models.chunked_loss_training import ChunkedLossTraining, padding_mask_of
 from elita_tf.models.elita_backbone import ElitaBackbone
 from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
-from elita_tf.models.presets import resolve_preset, saved_mixed_precision
+from elita_tf.models.presets import check_preset, saved_mixed_precision
 from elita_tf.private_apis import in_symbolic_scope
 
 
@@ -55,7 +55,7 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
             `{"token_ids", "padding_mask"}` directly.
 
     Example:
-    >>> causal_lm = ElitaCausalLM.from_preset("runs/compare/elita/seed-0")  # doctest: +SKIP
+    >>> causal_lm = ElitaCausalLM.from_preset("elita-preset")  # doctest: +SKIP
     >>> causal_lm.generate("The history of", max_length=64)  # doctest: +SKIP
     >>> causal_lm.compile(sampler=keras_hub.samplers.TopKSampler(k=40))  # doctest: +SKIP
     """
@@ -294,11 +294,11 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """keras-hub's `from_preset`; a finished `elita-train` run directory loads its `preset/` folder.
+        """keras-hub's `from_preset`: a preset directory or a `kaggle://` or `hf://` handle, checked first.
 
         A mixed-precision preset loads in its policy, or in the `dtype` given (`dtype="float32"`).
         """
-        preset = resolve_preset(preset, load_weights)
+        preset = check_preset(preset, load_weights)
         if kwargs.get("dtype") is None:
             kwargs["dtype"] = saved_mixed_precision(preset)
         return super().from_preset(preset, load_weights=load_weights, **kwargs)

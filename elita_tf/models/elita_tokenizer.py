@@ -17,7 +17,7 @@ class ElitaTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
         proto: the serialized SentencePiece model (`bytes`) or a path to it.
 
     Example:
-    >>> tokenizer = ElitaTokenizer(proto="runs/compare/elita/seed-0/sentencepiece.model")  # doctest: +SKIP
+    >>> tokenizer = ElitaTokenizer(proto="wikitext.model")  # doctest: +SKIP
     """
 
     def __init__(self, proto=None, **kwargs):

@@ -1,4 +1,4 @@
-"""Presets: where a preset is (a directory, an elita-train run, a handle), and whether it is an ELiTA model's.
+"""Presets: whether a preset (a directory or a handle) is there, whole, and an ELiTA model's.
 
 keras-hub reports a missing or damaged preset file without naming it, and loads any config it is
 given; these checks name the file, and refuse a preset of another model before anything loads.
@@ -12,39 +12,24 @@ import sentencepiece
 
 from elita_tf.models.architectures import REQUIRED_ARGUMENTS, upgrade_config
 
-RUN_MANIFEST = "run.json"  # what marks an elita-train run directory (`elita_tf.training.RunDirectory`)
-RUN_PRESET = "preset"  # the folder of a run directory that holds its keras-hub preset
-
-
 _REGISTERED_NAME = "elita_tf>ElitaBackbone"
 
 
-def resolve_preset(preset, load_weights=True):
-    """A preset handle or directory; for an `elita-train` run directory, its `preset/` folder.
+def check_preset(preset, load_weights=True):
+    """`preset`, once a local one is found whole: a handle is keras-hub's to fetch.
 
     Raises:
-        ValueError: for a run directory whose run has not finished (it has
-            no preset yet), saying how to export its last checkpoint; for a
-            name that is neither a directory nor a `scheme://` handle (a
-            keras-hub built-in such as `"gemma_2b_en"` is not an ELiTA model).
+        ValueError: for a name that is neither a directory nor a `scheme://` handle (a keras-hub
+            built-in such as `"gemma_2b_en"` is not an ELiTA model).
         FileNotFoundError: for a local preset without its config or weights file.
     """
     if not isinstance(preset, str) or "://" in preset:
         return preset
-    if os.path.isfile(os.path.join(preset, RUN_MANIFEST)):
-        folder = os.path.join(preset, RUN_PRESET)
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            raise ValueError(
-                f"{preset!r} is an elita-train run that has not finished: its preset is written at the end. "
-                f"Resume it with the same elita-train command, or export its last checkpoint with "
-                f"`elita-export --run-dir {preset} --format preset --output DIR`."
-            )
-        preset = folder
     if not os.path.isdir(preset):
         raise ValueError(
-            "An ELiTA preset is a local directory (an elita-train run, or one `save_to_preset` or "
-            "`elita-export --format preset` wrote) or a handle such as kaggle://USER/MODEL/keras/VARIANT or "
-            f"hf://USER/MODEL; elita-tf has no built-in presets. Received: preset={preset!r}"
+            "An ELiTA preset is a local directory (one `save_to_preset`, elita-train or `elita-export --format "
+            "preset` wrote) or a handle such as kaggle://USER/MODEL/keras/VARIANT or hf://USER/MODEL; elita-tf "
+            f"has no built-in presets. Received: preset={preset!r}"
         )
     _check_preset_files(preset, load_weights)
     return preset
@@ -67,7 +52,7 @@ def read_preset_config(preset):
         kind = saved.get("class_name") if isinstance(saved, dict) else None
         raise ValueError(
             f"{path} is not an ELiTA model's config: its backbone is {kind or 'not named'}, and elita-tf loads "
-            f"ElitaBackbone presets only (an elita-train run, or one `save_to_preset` or elita-export wrote). "
+            f"ElitaBackbone presets only (one `save_to_preset`, elita-train or elita-export wrote). "
             f"Received: class_name={kind!r}"
         )
     config = saved.get("config")
@@ -98,7 +83,7 @@ def _check_preset_files(preset, load_weights):
     sharded = os.path.isfile(os.path.join(preset, "model.weights.json"))
     for name in ("config.json", *(("model.weights.h5",) if load_weights and not sharded else ())):
         if not os.path.isfile(os.path.join(preset, name)):
-            raise FileNotFoundError(f"The preset directory {preset!r} has no {name}: it is incomplete.")
+            raise FileNotFoundError(f"{preset!r} has no {name}: it is not a keras-hub preset, or an incomplete one.")
     read_preset_config(preset)
     vocabulary = os.path.join(preset, "assets", "tokenizer", "vocabulary.spm")
     if load_weights and not sharded:

@@ -1,4 +1,4 @@
-"""Training as a library: settings, the loop, run directories (manifest, lock) and checkpoints.
+"""Training as a library: settings, the loop, run directories (their files, manifest, lock, preset) and checkpoints.
 
 Each name loads its module on first use (`elita_tf.lazy`).
 """
@@ -10,7 +10,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
     {
         "CorruptCheckpointError": "checkpoints",
         "latest_checkpoint": "checkpoints",
-        "list_checkpoints": "checkpoints",
         "load_latest_checkpoint": "checkpoints",
         "save_checkpoint": "checkpoints",
         "verify_checkpoint": "checkpoints",
@@ -19,6 +18,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "StepLog": "callbacks",
         "train": "loop",
         "RunDirectory": "run_directory",
+        "list_checkpoints": "run_directory",
+        "preset_of": "run_directory",
         "RunDirectoryError": "run_directory",
         "write_atomically": "run_directory",
         "TrainSettings": "settings",

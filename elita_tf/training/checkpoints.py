@@ -3,6 +3,8 @@
     run_dir/checkpoints/step-00000020.keras
     run_dir/checkpoints/step-00000040.keras    <- newest
 
+(named by `elita_tf.training.run_directory`: `checkpoint_path`, `list_checkpoints`)
+
 A checkpoint is a `.keras` file (model and optimizer). Each is written to a
 temporary file, flushed to disk and renamed into place, so a crash leaves
 either the old file or the new one, never half of one. A file damaged later
@@ -11,31 +13,14 @@ reads it; resuming then falls back to the previous checkpoint with a warning.
 """
 
 import os
-import re
 import warnings
 import zipfile
 
-CHECKPOINT_DIR = "checkpoints"
-_NAME = re.compile(r"^step-(\d{8})\.keras$")
+from elita_tf.training.run_directory import checkpoint_path, list_checkpoints
 
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint file that is not a complete `.keras` archive."""
-
-
-def checkpoint_path(run_dir, step):
-    return os.path.join(run_dir, CHECKPOINT_DIR, f"step-{step:08d}.keras")
-
-
-def list_checkpoints(run_dir):
-    """`[(step, path)]` of the run's checkpoints, oldest first."""
-    directory = os.path.join(run_dir, CHECKPOINT_DIR)
-    if not os.path.isdir(directory):
-        return []
-    found = [
-        (int(m.group(1)), os.path.join(directory, name)) for name in os.listdir(directory) if (m := _NAME.match(name))
-    ]
-    return sorted(found)
 
 
 def verify_checkpoint(path):
@@ -101,7 +86,7 @@ def latest_checkpoint(run_dir):
 
 def load_checkpoint(path, compile=True):
     """The model (an `ElitaCausalLM`, with its optimizer when `compile`) a checkpoint holds."""
-    # Here, not at the top: the file names above serve `elita-train`'s Ctrl-C hint without TensorFlow. The
+    # Here, not at the top: the checks above need no TensorFlow. The
     # package loads lazily: the classes a checkpoint names are imported so that Keras finds them registered.
     import keras
 

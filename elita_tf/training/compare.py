@@ -23,6 +23,7 @@ import time
 from elita_tf.models import ARCHITECTURES
 from elita_tf.settings_fields import check_field
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
+from elita_tf.training.run_directory import RESULTS_FILE, manifest_differences, read_results
 from elita_tf.training.settings import TrainSettings, fields_marked, train_settings
 
 # Settings that change nothing a comparison reports: a finished run trained with others is still the same run.
@@ -51,7 +52,7 @@ def _check_outputs(output_dir, default_plot):
     A comparison's `results.json` maps each architecture to its statistics and `"runs"`; the
     table and the default plot beside it are written over only with it.
     """
-    summary = os.path.join(output_dir, "results.json")
+    summary = os.path.join(output_dir, RESULTS_FILE)
     try:
         with open(summary) as f:
             ours = all(isinstance(entry, dict) and "runs" in entry for entry in json.load(f).values())
@@ -124,12 +125,10 @@ def finished_run_differences(directory, settings):
     its model fields from its size, its positions from the stored run.
     """
     from elita_tf.training.model_settings import complete_settings, resolve_position_mode  # TensorFlow
-    from elita_tf.training.run_directory import manifest_differences
 
-    with open(os.path.join(directory, "results.json")) as f:
-        trained = json.load(f).get("config", {}).get("settings")
+    trained = read_results(directory).get("config", {}).get("settings")
     if not isinstance(trained, dict):
-        return ["its results.json records no settings (config.settings)"]
+        return [f"its {RESULTS_FILE} records no settings (config.settings)"]
     asked = dataclasses.asdict(resolve_position_mode(complete_settings(settings), directory))
     return manifest_differences(_comparable(trained), _comparable(asked))
 
@@ -140,7 +139,7 @@ def _check_finished_runs(output_dir, architectures, seeds, settings):
     for seed in seeds:
         for name in architectures:
             directory = run_dir(output_dir, name, seed)
-            if os.path.exists(os.path.join(directory, "results.json")):
+            if os.path.exists(os.path.join(directory, RESULTS_FILE)):
                 asked = train_settings(output_dir=directory, architecture=name, seed=seed, **settings)
                 differences = finished_run_differences(directory, asked)
                 if differences:
@@ -188,7 +187,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
     for seed in seeds:
         for name in architectures:
             directory = run_dir(output_dir, name, seed)
-            results = os.path.join(directory, "results.json")
+            results = os.path.join(directory, RESULTS_FILE)
             if reuse and os.path.exists(results):
                 print(f"{name}, seed {seed}: already trained ({results})", flush=True)
             elif budget_s is not None and runs[name] and time.monotonic() - start + longest > budget_s:
@@ -210,7 +209,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
     summary = summarize(runs)
     for name, dirs in runs.items():
         summary[name]["runs"] = {os.path.basename(d): read_run(d)[1] for d in dirs}
-    with open(os.path.join(output_dir, "results.json"), "w") as f:
+    with open(os.path.join(output_dir, RESULTS_FILE), "w") as f:
         json.dump(summary, f, indent=2)
     print(table)
     print(f"Plot: {plot_path}")

@@ -34,8 +34,7 @@ from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
 from elita_tf.export.settings import check_quantize
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
-from elita_tf.models.presets import RUN_MANIFEST
-from elita_tf.training.run_directory import read_manifest
+from elita_tf.training.run_directory import MANIFEST_FILE, preset_of, read_manifest
 
 
 def position_buckets(length, first=16, factor=4):
@@ -224,7 +223,7 @@ def evaluate(
     manifest = read_manifest(run_dir)
     if manifest is None:
         raise FileNotFoundError(
-            f"{os.path.join(run_dir, RUN_MANIFEST)} is missing: `run_dir` must be an elita-train run directory "
+            f"{os.path.join(run_dir, MANIFEST_FILE)} is missing: `run_dir` must be an elita-train run directory "
             f"(it records the windows to cut). Received: run_dir={run_dir!r}"
         )
     sequence_length = manifest["training"]["sequence_length"]
@@ -234,7 +233,7 @@ def evaluate(
         pack_documents = trained_packed and litert is None and not carry_state
     batch_size = batch_size or max(1, manifest["training"]["batch_size"] * sequence_length // length)
 
-    causal_lm = ElitaCausalLM.from_preset(run_dir)
+    causal_lm = ElitaCausalLM.from_preset(preset_of(run_dir))
     if litert is not None:
         check_identity(litert, causal_lm)  # before any work: a file of another run would score as this one
     backbone = causal_lm.backbone

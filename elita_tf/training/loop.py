@@ -9,18 +9,10 @@ downloaded (and prepared once by tensorflow-datasets) unless `corpus.data_dir` o
 variable `ELITA_WIKITEXT_DIR` names a local directory holding its files. The text is read and
 checked before the run directory is touched: bad input leaves nothing behind.
 
-A run directory (`RunDirectory`) keeps the training state apart from the model it publishes:
-
-    run.json              the manifest: architecture, training settings, data and tokenizer hashes
-    sentencepiece.model   the tokenizer, trained on the train split
-    steps.csv             loss, learning rate and wall time of every step
-    tensorboard/          TensorBoard logs
-    checkpoints/          step-N.keras: model, optimizer (and carried state), every
-                          `checkpoint_every` steps and at each epoch end; the last few kept
-    results.json          validation and test loss and perplexity, step time, tokens/s, peak memory,
-                          the data's SHA-256, versions and load
-    preset/               at the end: the trained model as a keras-hub preset, nothing else
-                          (`ElitaCausalLM.from_preset(run_dir)` loads it; `keras_hub.upload_preset` publishes it)
+A run directory (`elita_tf.training.run_directory`, which lists its files) keeps the training state
+(manifest, tokenizer, step log, checkpoints every `checkpoint_every` steps and at each epoch end,
+results) apart from the model it publishes: a keras-hub preset, written at the end
+(`ElitaCausalLM.from_preset(preset_of(run_dir))` loads it; `keras_hub.upload_preset` publishes it).
 
 Training again into the same directory resumes exactly where the last intact checkpoint left
 off: same step, same data position, same result as an uninterrupted run. A larger `max_steps`
@@ -46,7 +38,6 @@ import tensorflow as tf
 
 from elita_tf.data import lm_dataset, steps_per_epoch, stream_dataset, stream_steps_per_epoch
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
-from elita_tf.models.presets import RUN_PRESET
 from elita_tf.schedules import elita_adam, three_lin_schedule, three_lin_sgd
 from elita_tf.training.callbacks import Checkpoint, EpochProgress, StepLog
 from elita_tf.training.checkpoints import load_latest_checkpoint
@@ -62,11 +53,17 @@ from elita_tf.training.model_settings import check_carry_state, complete_setting
 from elita_tf.training.provenance import software_versions
 from elita_tf.training.run_data import load_settings_corpus, prepare_run, sha256
 from elita_tf.training.run_directory import (
-    TOKENIZER,
+    PRESET_DIR,
+    RESULTS_FILE,
+    STEPS_FILE,
+    TENSORBOARD_DIR,
+    TOKENIZER_FILE,
     RunDirectory,
     RunDirectoryError,
     check_sources_outside,
     check_writable,
+    preset_of,
+    read_results,
     save_run_preset,
     write_atomically,
 )
@@ -98,7 +95,7 @@ def train(settings, callbacks=(), strategy=None):
     check_sources_outside(settings)
     settings = complete_settings(settings)
     if settings.lora_rank is not None:  # refused before anything is read or written
-        ElitaBackbone.from_preset(settings.init_from, load_weights=False).check_lora_rank(settings.lora_rank)
+        ElitaBackbone.from_preset(preset_of(settings.init_from), load_weights=False).check_lora_rank(settings.lora_rank)
     if strategy.extended.should_checkpoint:
         check_writable(settings.output_dir)  # before the data: minutes of preparation for nothing, otherwise
     corpus = load_settings_corpus(settings)  # before the run directory: bad text leaves nothing behind
@@ -142,7 +139,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         if model is None:
             model = ElitaCausalLM(ElitaBackbone(**config, dtype=settings.dtype_policy))
             if settings.init_from is not None:
-                start_from = ElitaBackbone.from_preset(settings.init_from)
+                start_from = ElitaBackbone.from_preset(preset_of(settings.init_from))
                 if start_from.lora_rank is not None:  # an adapted model starts from its merged weights
                     start_from = start_from.merge_lora()
                 model.backbone.set_weights(start_from.get_weights())
@@ -174,7 +171,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
         arguments["corpus"] = settings.corpus.record()
         request = json.dumps([requested_manifest(settings, config, data), arguments], sort_keys=True).encode()
-        with open(run_dir.file(TOKENIZER), "rb") as f:
+        with open(run_dir.file(TOKENIZER_FILE), "rb") as f:
             tokenizer = f.read()
         fingerprint = lambda blob: int(sha256(blob)[:15], 16)  # noqa: E731  (fits in an int64)
         check_workers_agree(
@@ -196,24 +193,24 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
 
         return distributed_dataset(strategy, shard, settings.batch_size), batches
 
-    stored = _read_results(checkpoints)
+    stored = read_results(checkpoints)
     finished = stored if start == total and _evaluated_as(stored, total, settings) else None
     if finished is not None:
         if chief:
             print(f"{settings.output_dir} has finished its {total} steps already: nothing to train or evaluate.")
-            if not os.path.exists(run_dir.file(RUN_PRESET)):
+            if not os.path.exists(run_dir.file(PRESET_DIR)):
                 _save_preset(model, settings, run_dir)
             _print_results(settings, run_dir)
         return finished
     if start == total and chief:
         print(f"{settings.output_dir} has finished its {total} steps: evaluating it again.", flush=True)
 
-    step_log = StepLog(run_dir.file("steps.csv"), time.perf_counter(), start)
+    step_log = StepLog(run_dir.file(STEPS_FILE), time.perf_counter(), start)
     fit_callbacks = [
         step_log,
         # Every worker saves (a save may read variables collectively); only the chief's go to the run.
         Checkpoint(run_dir.path, settings.checkpoint_every, settings.keep_checkpoints),
-        keras.callbacks.TensorBoard(run_dir.file("tensorboard"), update_freq=settings.checkpoint_every),
+        keras.callbacks.TensorBoard(run_dir.file(TENSORBOARD_DIR), update_freq=settings.checkpoint_every),
         *callbacks,
     ]
     if settings.verbose:
@@ -290,20 +287,11 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     # A figure taken while other work shared the cores says so here.
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
-    write_atomically(run_dir.file("results.json"), json.dumps(results, indent=2))
+    write_atomically(run_dir.file(RESULTS_FILE), json.dumps(results, indent=2))
     if chief:
         _save_preset(model, settings, run_dir)
         _print_results(settings, run_dir)
     return results
-
-
-def _read_results(run_path):
-    """The run's `results.json`, or None before it has one."""
-    path = os.path.join(run_path, "results.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def _evaluated_as(results, total, settings):
@@ -316,7 +304,7 @@ def _evaluated_as(results, total, settings):
 
 
 def _save_preset(model, settings, run_dir):
-    """The trained model as a keras-hub preset, in the run's `preset/` folder."""
+    """The trained model as the run's keras-hub preset."""
     save_run_preset(ElitaCausalLM(model.backbone.merge_lora()) if settings.merge_lora else model, run_dir.path)
 
 
@@ -324,4 +312,4 @@ def _print_results(settings, run_dir):
     from elita_tf.training.plot import results_table  # matplotlib, once a run ends
 
     print(results_table({settings.architecture: run_dir.path}), end="", flush=True)
-    print(f"Everything the run measured: {run_dir.file('results.json')}", flush=True)
+    print(f"Everything the run measured: {run_dir.file(RESULTS_FILE)}", flush=True)

@@ -9,7 +9,6 @@ import hashlib
 import os
 
 from elita_tf.models.architectures import upgrade_config
-from elita_tf.models.presets import resolve_preset
 from elita_tf.training.settings import fields_marked
 
 # Corpus settings that elita-tf 0.1.0 recorded under other names, old name: new name.
@@ -19,9 +18,11 @@ _RENAMED_CORPUS = {"documents": "document_separator"}
 def requested_manifest(settings, config, data):
     """The manifest of the run `settings` asks for, with the model's architecture `config` and its `data`
     (`load_corpus`'s info), without the tokenizer's hash, which the run adds once it has one."""
+    from elita_tf.training.run_directory import preset_of  # it reads manifests through `upgrade_manifest`
+
     fine_tuning = {}
     if settings.init_from is not None:
-        weights = os.path.join(resolve_preset(settings.init_from), "model.weights.h5")
+        weights = os.path.join(preset_of(settings.init_from), "model.weights.h5")
         with open(weights, "rb") as f:
             fine_tuning["init_from"] = {
                 "preset": os.path.abspath(settings.init_from),

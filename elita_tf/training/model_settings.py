@@ -11,8 +11,8 @@ import dataclasses
 from elita_tf.models import ElitaCausalLM
 from elita_tf.models.architectures import ARCHITECTURES, MODEL_SIZES, architecture, check_carries_state
 from elita_tf.models.elita_backbone import architecture_config
-from elita_tf.models.presets import read_preset_config, resolve_preset
-from elita_tf.training.run_directory import RunDirectory
+from elita_tf.models.presets import check_preset, read_preset_config
+from elita_tf.training.run_directory import RunDirectory, preset_of
 from elita_tf.training.settings import TrainSettings, model_fields
 
 # Fields a fine-tuned run takes from its model: the recipe, and every model field.
@@ -37,7 +37,7 @@ def preset_architecture(preset):
         ValueError: when the preset is not an ELiTA model's, or its model is none of
             `ARCHITECTURES` at any size.
     """
-    config = read_preset_config(resolve_preset(preset))
+    config = read_preset_config(check_preset(preset_of(preset)))
     overrides = {argument: config[argument] for argument in model_fields().values() if argument in config}
     for name in ARCHITECTURES:
         try:
@@ -82,7 +82,7 @@ def init_from_settings(settings, given=None):
 
 def preset_tokenizer(preset):
     """The serialized SentencePiece model of a finished run directory or keras-hub preset."""
-    return ElitaCausalLM.from_preset(preset, load_weights=False).preprocessor.tokenizer.proto
+    return ElitaCausalLM.from_preset(preset_of(preset), load_weights=False).preprocessor.tokenizer.proto
 
 
 def tokenizer_from_settings(settings, given=None):
@@ -97,7 +97,7 @@ def tokenizer_from_settings(settings, given=None):
     """
     if settings.tokenizer_from is None:
         return settings
-    tokenizer = ElitaCausalLM.from_preset(settings.tokenizer_from, load_weights=False).preprocessor.tokenizer
+    tokenizer = ElitaCausalLM.from_preset(preset_of(settings.tokenizer_from), load_weights=False).preprocessor.tokenizer
     size = tokenizer.vocabulary_size()
     if given is None:
         default = {field.name: field.default for field in dataclasses.fields(TrainSettings)}["vocabulary_size"]

@@ -8,15 +8,17 @@ import statistics
 
 import matplotlib
 
+from elita_tf.training.run_directory import RESULTS_FILE, STEPS_FILE
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
 def read_run(run_dir):
     """`(steps, results)`: the rows of `steps.csv` as floats and `results.json`."""
-    with open(os.path.join(run_dir, "steps.csv")) as f:
+    with open(os.path.join(run_dir, STEPS_FILE)) as f:
         rows = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
-    with open(os.path.join(run_dir, "results.json")) as f:
+    with open(os.path.join(run_dir, RESULTS_FILE)) as f:
         results = json.load(f)
     return rows, results
 

@@ -15,7 +15,7 @@ from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, writ
 from elita_tf.data.text_files import TextCorpus, data_kind
 from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
 from elita_tf.training.model_settings import model_config, preset_tokenizer
-from elita_tf.training.run_directory import TOKENIZER, RunDirectoryError, read_manifest, write_atomically
+from elita_tf.training.run_directory import TOKENIZER_FILE, RunDirectoryError, read_manifest, write_atomically
 
 
 def sha256(data):
@@ -44,7 +44,7 @@ def prepare_run(settings, run_dir, splits, data):
         old_hash = TextCorpus(settings.corpus, settings.seed).sha256(recorded)
         compared = {**manifest, "data": {**manifest["data"], "sha256": old_hash}}
     stored = run_dir.check_manifest(compared)
-    tokenizer_path = run_dir.file(TOKENIZER)
+    tokenizer_path = run_dir.file(TOKENIZER_FILE)
     # The splits hold (line, starts_document) pairs; the tokenizer trains on the lines.
     pairs, splits = splits, {split: pairs.map(lambda line, _: line) for split, pairs in splits.items()}
     reused = settings.init_from or settings.tokenizer_from  # fine-tuning keeps the model's own tokenizer

@@ -1,32 +1,51 @@
-"""A run directory belongs to one run, written by one process at a time.
+"""A run directory: every file a training run writes is named here, and only here.
 
-- `run.json`, the run's manifest: the model's architecture, the training
-  settings that shape it, the data's SHA-256 and the tokenizer's. It is
-  written once, when the run starts. Resuming compares the request with it
-  field by field and stops, naming every difference, before anything in the
-  directory is touched; a run that saved nothing yet (no checkpoint, results
-  or preset) starts over instead, with a notice.
-- `.lock`: held (`flock`) by the process that trains, with its PID inside. A
-  second writer stops with that PID; a lock left by a killed process is taken
-  over, with a notice.
+    runs/elita/
+      run.json              the manifest (`elita_tf.training.manifest`): architecture, training settings,
+                            data and tokenizer hashes
+      sentencepiece.model   the tokenizer, trained on the train split
+      steps.csv             loss, learning rate and wall time of every step
+      tensorboard/          TensorBoard logs
+      checkpoints/          step-00000020.keras, ...: model, optimizer (and carried state); the last few kept
+      results.json          validation and test loss and perplexity, step time, tokens/s, peak memory,
+                            the data's SHA-256, versions and load
+      preset/               at the end: the trained model as a keras-hub preset, nothing else
+      .lock                 held (`flock`) by the process that trains, with its PID inside
+
+A run directory belongs to one run, written by one process at a time. `run.json` is written once,
+when the run starts. Resuming compares the request with it field by field and stops, naming every
+difference, before anything in the directory is touched; a run that saved nothing yet (no
+checkpoint, results or preset) starts over instead, with a notice. A second writer stops with the
+lock holder's PID; a lock left by a killed process is taken over, with a notice.
+
+Models know presets only: `preset_of` gives the preset of a run directory (or of a preset), and the
+commands and the training code ask it before `from_preset`.
+
+TensorFlow loads only in the functions that build a model: the names serve the commands before it.
 """
 
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import time
 
-from elita_tf.models import ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
-from elita_tf.models.presets import RUN_MANIFEST, RUN_PRESET
-from elita_tf.training.checkpoints import CHECKPOINT_DIR, latest_checkpoint, list_checkpoints, load_checkpoint
 from elita_tf.training.manifest import upgrade_manifest
 
-TOKENIZER = "sentencepiece.model"
-LOCK = ".lock"
+MANIFEST_FILE = "run.json"
+TOKENIZER_FILE = "sentencepiece.model"
+STEPS_FILE = "steps.csv"
+RESULTS_FILE = "results.json"
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+PRESET_DIR = "preset"
+LOCK_FILE = ".lock"
 # What a run writes: `--force-new` removes exactly these.
-ARTEFACTS = (RUN_MANIFEST, TOKENIZER, "steps.csv", "results.json", CHECKPOINT_DIR, "tensorboard", RUN_PRESET)
+ARTEFACTS = (MANIFEST_FILE, TOKENIZER_FILE, STEPS_FILE, RESULTS_FILE, CHECKPOINT_DIR, TENSORBOARD_DIR, PRESET_DIR)
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{8})\.keras$")
+_PRESET_CONFIG = "config.json"  # keras-hub's: every preset holds one
 
 
 class RunDirectoryError(ValueError):
@@ -118,7 +137,7 @@ class RunDirectory:
         self._created = not os.path.exists(self.path)
         try:
             os.makedirs(self.path, exist_ok=True)
-            lock = open(os.path.join(self.path, LOCK), "a+")
+            lock = open(os.path.join(self.path, LOCK_FILE), "a+")
         except OSError as error:
             raise RunDirectoryError(
                 f"Cannot write to the run directory {self.path!r}: {error.strerror}. Choose a writable --output-dir."
@@ -152,9 +171,9 @@ class RunDirectory:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
-            if exc_type is not None and not os.path.exists(self.file(RUN_MANIFEST)):
+            if exc_type is not None and not os.path.exists(self.file(MANIFEST_FILE)):
                 # A run that failed before it started (bad text, say) leaves nothing behind.
-                os.remove(self.file(LOCK))
+                os.remove(self.file(LOCK_FILE))
                 if self._created and not os.listdir(self.path):
                     os.rmdir(self.path)
         return False
@@ -169,7 +188,7 @@ class RunDirectory:
     def has_progress(self):
         """Whether the run has saved anything worth resuming: a checkpoint, its results or its preset."""
         return bool(list_checkpoints(self.path)) or any(
-            os.path.exists(self.file(name)) for name in ("results.json", RUN_PRESET)
+            os.path.exists(self.file(name)) for name in (RESULTS_FILE, PRESET_DIR)
         )
 
     def _remove_run(self, names):
@@ -203,7 +222,7 @@ class RunDirectory:
         if stored is None:
             if present:
                 raise RunDirectoryError(
-                    f"The run directory {self.path!r} holds {', '.join(present)} but no {RUN_MANIFEST}: it is not an "
+                    f"The run directory {self.path!r} holds {', '.join(present)} but no {MANIFEST_FILE}: it is not an "
                     "elita-train run, and elita-train never deletes or overwrites files it did not write. Nothing "
                     "was changed. Move those files away, or choose another --output-dir."
                 )
@@ -227,13 +246,13 @@ class RunDirectory:
         return stored
 
     def write_manifest(self, manifest):
-        write_atomically(self.file(RUN_MANIFEST), json.dumps(manifest, indent=2, sort_keys=True))
+        write_atomically(self.file(MANIFEST_FILE), json.dumps(manifest, indent=2, sort_keys=True))
 
 
 def read_manifest(run_path, upgrade=True):
     """The `run.json` of the run in `run_path`, in today's names (`upgrade_manifest`) unless not `upgrade`, or
     None without one."""
-    path = os.path.join(run_path, RUN_MANIFEST)
+    path = os.path.join(run_path, MANIFEST_FILE)
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -241,9 +260,70 @@ def read_manifest(run_path, upgrade=True):
     return upgrade_manifest(manifest) if upgrade else manifest
 
 
+def read_results(run_path):
+    """The run's `results.json`, or None before it has one."""
+    path = os.path.join(run_path, RESULTS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def checkpoint_path(run_path, step):
+    """The path of the checkpoint of `step` (`elita_tf.training.checkpoints` writes and reads it)."""
+    return os.path.join(run_path, CHECKPOINT_DIR, f"step-{step:08d}.keras")
+
+
+def list_checkpoints(run_path):
+    """`[(step, path)]` of the run's checkpoints, oldest first."""
+    directory = os.path.join(run_path, CHECKPOINT_DIR)
+    if not os.path.isdir(directory):
+        return []
+    found = [
+        (int(m.group(1)), os.path.join(directory, name))
+        for name in os.listdir(directory)
+        if (m := _CHECKPOINT_NAME.match(name))
+    ]
+    return sorted(found)
+
+
+def preset_of(path):
+    """The keras-hub preset at `path`: a run directory's `preset/`, else `path` itself, a preset or a handle.
+
+    `from_preset` knows presets only, as keras-hub's does; the commands accept either and ask this first.
+
+    Example:
+    >>> ElitaCausalLM.from_preset(preset_of("runs/elita"))  # doctest: +SKIP
+
+    Raises:
+        ValueError: for a run that has not finished (it has no preset yet), saying how to export its
+            last checkpoint; for a local path that is neither a run directory nor a preset.
+    """
+    path = os.fspath(path)
+    if "://" in path:  # a kaggle:// or hf:// handle: keras-hub fetches it
+        return path
+    if os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+        preset = os.path.join(path, PRESET_DIR)
+        if not os.path.isfile(os.path.join(preset, _PRESET_CONFIG)):
+            raise ValueError(
+                f"{path!r} is an elita-train run that has not finished: its preset is written at the end. "
+                f"Resume it with the same elita-train command, or export its last checkpoint with "
+                f"`elita-export --run-dir {path} --format preset --output DIR`."
+            )
+        return preset
+    if not os.path.isfile(os.path.join(path, _PRESET_CONFIG)):
+        raise ValueError(
+            f"{path!r} is neither an elita-train run directory (it has no {MANIFEST_FILE}) nor a keras-hub preset "
+            f"(no {_PRESET_CONFIG}). Received: path={path!r}"
+        )
+    return path
+
+
 def _run_preprocessor(run_path):
     """The run's tokenizer in a preprocessor whose `sequence_length` is the training length."""
-    with open(os.path.join(run_path, TOKENIZER), "rb") as f:
+    from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer  # TensorFlow, once a model is built
+
+    with open(os.path.join(run_path, TOKENIZER_FILE), "rb") as f:
         tokenizer = ElitaTokenizer(proto=f.read())
     sequence_length = read_manifest(run_path)["training"]["sequence_length"]
     return ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
@@ -251,7 +331,9 @@ def _run_preprocessor(run_path):
 
 def save_run_preset(model, run_path):
     """Writes `model`'s backbone with the run's tokenizer as a keras-hub preset in `run_path/preset/`."""
-    ElitaCausalLM(model.backbone, _run_preprocessor(run_path)).save_to_preset(os.path.join(run_path, RUN_PRESET))
+    from elita_tf.models import ElitaCausalLM
+
+    ElitaCausalLM(model.backbone, _run_preprocessor(run_path)).save_to_preset(os.path.join(run_path, PRESET_DIR))
 
 
 def load_run_model(run_path):
@@ -261,8 +343,11 @@ def load_run_model(run_path):
         FileNotFoundError: naming what the directory lacks (manifest, tokenizer or checkpoint).
         CorruptCheckpointError: when every checkpoint is corrupt.
     """
+    from elita_tf.models import ElitaCausalLM
+    from elita_tf.training.checkpoints import latest_checkpoint, load_checkpoint  # they read these names
+
     checkpoint = latest_checkpoint(run_path)
-    missing = [os.path.join(run_path, name) for name in (RUN_MANIFEST, TOKENIZER)]
+    missing = [os.path.join(run_path, name) for name in (MANIFEST_FILE, TOKENIZER_FILE)]
     missing = [path for path in missing if not os.path.exists(path)]
     if checkpoint is None:
         missing.append(os.path.join(run_path, CHECKPOINT_DIR, "step-*.keras"))

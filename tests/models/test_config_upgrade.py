@@ -19,7 +19,7 @@ from elita_tf.export.litert import model_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.architectures import upgrade_config
 from elita_tf.training.evaluate import evaluate
-from elita_tf.training.run_directory import load_run_model, read_manifest
+from elita_tf.training.run_directory import load_run_model, preset_of, read_manifest
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run-0.1.0")
 
@@ -79,12 +79,12 @@ def test_an_old_preset_loads_through_every_entry_point_with_its_logits(old_run):
     run, expected = old_run
     want = np.asarray(expected["logits"])
     for causal_lm in (
-        ElitaCausalLM.from_preset(run),
+        ElitaCausalLM.from_preset(preset_of(run)),
         keras_hub.models.CausalLM.from_preset(os.path.join(run, "preset")),
     ):
         assert causal_lm.backbone.tie_word_embeddings and causal_lm.backbone.layer_norm_epsilon == 1e-5
         np.testing.assert_allclose(_logits(causal_lm, expected["token_ids"]), want, rtol=1e-6, atol=1e-6)
-    backbone = ElitaBackbone.from_preset(run)
+    backbone = ElitaBackbone.from_preset(preset_of(run))
     assert "tie_word_embeddings" in backbone.get_config() and "tied_embeddings" not in backbone.get_config()
 
 

@@ -150,11 +150,10 @@ def test_from_preset_names_what_is_wrong(proto, tmp_path):
     causal_lm.save_to_preset(str(good))
     with pytest.raises(ValueError, match="no built-in presets. Received: preset='gemma_2b_en'"):
         ElitaCausalLM.from_preset("gemma_2b_en")  # a keras-hub handle: not fetched from Kaggle
-    # A run killed before it wrote its preset.
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "run.json").write_text("{}")
-    with pytest.raises(ValueError, match="has not finished.*elita-export --run-dir"):
-        ElitaBackbone.from_preset(str(tmp_path / "run"))
+    # from_preset knows presets only, as keras-hub's does: any other directory is refused, named.
+    (tmp_path / "other").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"'.*other' has no config.json: it is not a keras-hub preset"):
+        ElitaBackbone.from_preset(str(tmp_path / "other"))
 
     def damaged(name, cut):
         broken = tmp_path / f"broken-{len(list(tmp_path.iterdir()))}"

@@ -14,7 +14,7 @@ from elita_tf.cli.compare import main as compare_main
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
-from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, load_latest_checkpoint, train
+from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, load_latest_checkpoint, preset_of, train
 from elita_tf.training.evaluate import evaluate
 from tests.conftest import PRESET_FILES, TINY_RUN, write_documents
 
@@ -83,7 +83,8 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
         assert os.path.exists(whole / name), name
     # The trained model is a keras-hub preset in the run's preset/ folder, which holds nothing else.
     assert sorted(os.listdir(whole / "preset")) == PRESET_FILES
-    causal_lm = ElitaCausalLM.from_preset(str(whole))
+    assert preset_of(str(whole)) == str(whole / "preset")
+    causal_lm = ElitaCausalLM.from_preset(preset_of(str(whole)))
     assert keras_hub.models.CausalLM.from_preset(str(whole / "preset")).backbone.num_layers == 1
     trained, _ = load_latest_checkpoint(str(whole))
     ids = np.array([[2, 5, 9, 14, 3]], "int32")

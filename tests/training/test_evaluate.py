@@ -10,7 +10,7 @@ from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
 from elita_tf.data import load_wikitext, make_tokenizer, token_windows
 from elita_tf.models import ElitaCausalLM
-from elita_tf.training import train
+from elita_tf.training import preset_of, train
 from elita_tf.training.evaluate import evaluate, position_buckets
 from tests.training.test_cli import _args
 
@@ -58,7 +58,7 @@ def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_r
     run, data = elita_run
     result = evaluate(run, window_length=16, carry_state=True, **data)
     # The same stream in one parallel pass: segments of 16 with carried states give the same losses.
-    causal_lm = ElitaCausalLM.from_preset(run)
+    causal_lm = ElitaCausalLM.from_preset(preset_of(run))
     splits = load_wikitext("wikitext-2-v1", local_dir=data["data_dir"], tfds_dir=data["tfds_dir"])
     stream = token_windows(splits["test"], make_tokenizer(causal_lm.preprocessor.tokenizer.proto), 2).reshape(-1)
     ids = tf.constant(stream[None, :-1])

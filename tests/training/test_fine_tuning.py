@@ -10,7 +10,7 @@ import pytest
 
 from elita_tf.cli.train import main as train_main
 from elita_tf.models import ElitaCausalLM
-from elita_tf.training import load_latest_checkpoint
+from elita_tf.training import load_latest_checkpoint, preset_of
 from tests.conftest import TINY_RUN, write_documents
 
 
@@ -56,7 +56,7 @@ def test_an_adapted_preset_loads_generates_and_trains_as_saved(base, tmp_path):
     flags = ["--init-from", str(root / "base"), "--data", new, "--holdout-fraction", "0.2", "--lora-rank", "2"]
     assert _train(tmp_path / "tuned", *flags, "--max-steps", "3") == 0
     trained, _ = load_latest_checkpoint(str(tmp_path / "tuned"))
-    causal_lm = ElitaCausalLM.from_preset(str(tmp_path / "tuned"))
+    causal_lm = ElitaCausalLM.from_preset(preset_of(str(tmp_path / "tuned")))
     assert causal_lm.backbone.lora_rank == 2
     for path, value in _adapters(trained.backbone).items():
         np.testing.assert_array_equal(_adapters(causal_lm.backbone)[path], value)

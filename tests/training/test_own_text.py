@@ -12,6 +12,7 @@ import sentencepiece
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import main as train_main
 from elita_tf.models import ElitaCausalLM
+from elita_tf.training import preset_of
 from tests.conftest import TINY_RUN, WORDS, write_documents
 from tests.data.test_corpus import TinyText
 
@@ -50,7 +51,7 @@ def test_text_files_train_evaluate_and_generate_through_the_commands(tmp_path, c
     assert evaluate_main(["--run-dir", str(run), "--data", str(crlf / "*.txt")]) == 0
     windows_crlf = json.loads(capsys.readouterr().out)
     assert windows_crlf["tokens"] == other["tokens"] and windows_crlf["loss"] == pytest.approx(other["loss"], rel=1e-6)
-    causal_lm = ElitaCausalLM.from_preset(str(run))
+    causal_lm = ElitaCausalLM.from_preset(preset_of(str(run)))
     assert isinstance(causal_lm.generate("the cat", max_length=12), str)
 
     # Fine-tuning on new text starts from the run's weights (three Adam steps away from them) and tokenizer.
@@ -58,7 +59,7 @@ def test_text_files_train_evaluate_and_generate_through_the_commands(tmp_path, c
     tuned = tmp_path / "tuned"
     assert _train(tuned, "--init-from", str(run), "--data", new_glob, "--holdout-fraction", "0.2") == 0
     start = causal_lm.backbone.get_weights()
-    weights = ElitaCausalLM.from_preset(str(tuned)).backbone.get_weights()
+    weights = ElitaCausalLM.from_preset(preset_of(str(tuned))).backbone.get_weights()
     assert max(float(np.abs(a - b).max()) for a, b in zip(weights, start)) < 0.01
     assert (tuned / "sentencepiece.model").read_bytes() == (run / "sentencepiece.model").read_bytes()
     assert json.loads((tuned / "run.json").read_text())["init_from"]["preset"] == str(run)
@@ -68,7 +69,7 @@ def test_text_files_train_evaluate_and_generate_through_the_commands(tmp_path, c
                   "--merge-lora") == 0  # fmt: skip
     results = json.loads((lora / "results.json").read_text())
     assert 0 < results["trainable_params"] < results["params"] / 4
-    merged = ElitaCausalLM.from_preset(str(lora)).backbone
+    merged = ElitaCausalLM.from_preset(preset_of(str(lora))).backbone
     assert merged.lora_rank is None and len(merged.weights) == len(start)
     np.testing.assert_array_equal(merged.token_embedding.embeddings, causal_lm.backbone.token_embedding.embeddings)
     assert any(not np.array_equal(a, b) for a, b in zip(merged.get_weights(), start))

@@ -28,6 +28,7 @@ from elita_tf.training import (
     RunDirectoryError,
     latest_checkpoint,
     list_checkpoints,
+    preset_of,
     train,
     verify_checkpoint,
 )
@@ -331,7 +332,7 @@ def test_a_new_run_clamps_its_positions_and_a_resumed_run_keeps_its_own(tiny_wik
     out = tmp_path / "run"
     results = _run(tiny_wikitext, out, "--max-steps", "2")
     assert results["config"]["model"]["position_mode"] == results["config"]["settings"]["position_mode"] == "clamped"
-    backbone = ElitaCausalLM.from_preset(str(out)).backbone
+    backbone = ElitaCausalLM.from_preset(preset_of(str(out))).backbone
     assert backbone.get_layer("block_0").mixer.position_mode == "clamped"
     # Another position mode is another architecture: resuming with it stops, naming the field.
     with pytest.raises(RunDirectoryError, match=r"model.position_mode: stored 'clamped', requested 'fixed'"):
