@@ -1,7 +1,7 @@
 """A run's manifest (`run.json`): what makes a run that run, which a resumed run must match field by field.
 
 {"architecture", "model": the backbone's arguments, "data": {"dataset", "sha256", "corpus"},
- "training": the settings marked "run" in TrainSettings, "tokenizer_sha256",
+ "training": the settings marked "run" in TrainSettings, "keras_backend", "tokenizer_sha256",
  "init_from": {...} and "tokenizer_from" when fine-tuning}
 """
 
@@ -18,6 +18,8 @@ _RENAMED_CORPUS = {"documents": "document_separator"}
 def requested_manifest(settings, config, data):
     """The manifest of the run `settings` asks for, with the model's architecture `config` and its `data`
     (`load_corpus`'s info), without the tokenizer's hash, which the run adds once it has one."""
+    import keras  # here: reading a manifest needs no backend
+
     from elita_tf.training.run_directory import preset_of  # it reads manifests through `upgrade_manifest`
 
     fine_tuning = {}
@@ -38,6 +40,8 @@ def requested_manifest(settings, config, data):
         # WikiText's record is its name and hash; other text also records how it was split.
         "data": {key: data[key] for key in ("dataset", "sha256", "corpus") if key in data},
         "training": {name: getattr(settings, name) for name in fields_marked("run")},
+        # A checkpoint's optimizer state and random streams are its backend's: a run resumes on that backend only.
+        "keras_backend": keras.backend.backend(),
     }
 
 
@@ -53,6 +57,7 @@ def legacy_corpus_record(manifest):
 def upgrade_manifest(manifest):
     """A manifest written by an older elita-tf, in today's names (the model's and the corpus settings')."""
     manifest = dict(manifest)
+    manifest.setdefault("keras_backend", "tensorflow")  # every run before JAX and PyTorch trained on TensorFlow
     if "model" in manifest:
         manifest["model"] = upgrade_config(manifest["model"])
     data = manifest.get("data")

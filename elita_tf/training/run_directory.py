@@ -236,6 +236,12 @@ class RunDirectory:
             print(f"The run in {self.path!r} saved no checkpoint: starting it again with these arguments.", flush=True)
             self._remove_run(present)
             return None
+        trained_on, asked = comparable.get("keras_backend"), requested.get("keras_backend")
+        if differences and trained_on != asked:
+            raise RunDirectoryError(
+                f"The run in {self.path!r} trained on Keras' {trained_on} backend, and its checkpoints resume there "
+                f"only (KERAS_BACKEND={trained_on}); this is {asked}. Nothing was changed."
+            )
         if differences:
             raise RunDirectoryError(
                 f"The run directory {self.path!r} holds another run; resuming it with these arguments would mix "
