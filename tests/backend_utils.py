@@ -100,3 +100,18 @@ def compiled(fn):
 
         return jax.jit(fn)
     return fn
+
+
+def run_on_backend(backend, script, *arguments):
+    """Runs the Python `script` with `arguments` in a process of its own on the Keras `backend` (Keras picks its
+    backend once, at import); returns its standard output, or fails the test with the end of its errors."""
+    import os
+    import subprocess
+    import sys
+
+    environment = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+    run = subprocess.run(
+        [sys.executable, "-c", script, *map(str, arguments)], env=environment, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout

@@ -5,15 +5,12 @@ where that backend is not installed: CI installs all three for the JAX and PyTor
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
-from tests.backend_utils import BACKEND, numpy
+from tests.backend_utils import BACKEND, numpy, run_on_backend
 from tests.layers.test_mixer_contract import MIXERS, WIDTH, _inputs, _mixer
 
 _LOAD_AND_CALL = """
@@ -49,14 +46,7 @@ def test_keras_files_load_on_the_other_backend_with_the_same_outputs(other, tmp_
         model = keras.Model(inputs, layer(inputs))
         model.save(tmp_path / f"{name}.keras")
         want[name] = want[name + "/decoded"] = numpy(model(x))
-    environment = dict(os.environ, KERAS_BACKEND=other, TF_CPP_MIN_LOG_LEVEL="3")
-    run = subprocess.run(
-        [sys.executable, "-c", _LOAD_AND_CALL, str(tmp_path), *sorted(MIXERS)],
-        env=environment,
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_on_backend(other, _LOAD_AND_CALL, tmp_path, *sorted(MIXERS))
     got = np.load(tmp_path / "outputs.npz")
     for key, value in want.items():
         scale = np.abs(value).max()

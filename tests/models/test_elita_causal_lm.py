@@ -412,26 +412,6 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
 
 # --- Training: fit with the chunked output-head loss ------------------------------------------------
 
-# The three heads: an untied `logits` layer, the tied embedding, and the tied embedding scaled by 1/sqrt(d).
-@pytest.mark.parametrize("name", ["elita", "simplified-reference", "additive-reference"])
-def test_the_chunked_loss_trains_and_evaluates_as_keras_loss_on_the_logits(name):
-    # Plain SGD: the weights move by the gradients themselves (Adam would magnify round-off
-    # in gradients that are zero in exact arithmetic, such as a softmax key bias's).
-    chunked = trainable(name, optimizer=keras.optimizers.SGD(0.5))
-    plain = trainable(name, optimizer=keras.optimizers.SGD(0.5))
-    plain.set_weights(chunked.get_weights())
-    plain.chunked_loss = False
-    assert chunked._chunked_loss_applies() and not plain._chunked_loss_applies()
-    weights = np.random.default_rng(3).uniform(size=(8, 32)).astype("float32")  # as a preprocessor's padding gives
-    for x, y in rule_batches(steps=3):
-        got, want = chunked.train_on_batch(x, y, sample_weight=weights), plain.train_on_batch(x, y, weights)
-        np.testing.assert_allclose(got, want, rtol=1e-5)
-    for got, want in zip(chunked.get_weights(), plain.get_weights()):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    x, y = rule_batches(steps=1, seed=1)[0]
-    np.testing.assert_allclose(chunked.evaluate(x, y, verbose=0), plain.evaluate(x, y, verbose=0), rtol=1e-5)
-
-
 def test_the_first_training_step_is_traced_once(monkeypatch):
     # Keras builds the optimizer inside the first traced step when nothing built it before, and
     # TensorFlow traces a function that makes variables twice: the first step's tracing, doubled.

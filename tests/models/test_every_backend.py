@@ -6,16 +6,13 @@ contract on whichever backend the tests run on (`KERAS_BACKEND`).
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
 from elita_tf.models import ARCHITECTURES, ElitaCausalLM
-from tests.backend_utils import BACKEND, numpy
+from tests.backend_utils import BACKEND, numpy, run_on_backend
 from tests.models.training import rule_batches, trainable
 
 
@@ -54,12 +51,15 @@ def test_fit_lowers_the_loss_and_moves_every_weight(name):
 # The three heads: an untied `logits` layer, the tied embedding, and the tied embedding scaled by 1/sqrt(d).
 @pytest.mark.parametrize("name", ["elita", "simplified-reference", "additive-reference"])
 def test_the_chunked_loss_is_keras_loss_on_the_logits(name):
+    # Plain SGD: the weights move by the gradients themselves (Adam would magnify round-off
+    # in gradients that are zero in exact arithmetic, such as a softmax key bias's).
     chunked = trainable(name, optimizer=keras.optimizers.SGD(0.5))
     plain = trainable(name, optimizer=keras.optimizers.SGD(0.5))
     plain.set_weights(chunked.get_weights())
     plain.chunked_loss = False
-    weights = np.random.default_rng(3).uniform(size=(8, 32)).astype("float32")
-    for x, y in rule_batches(steps=2):
+    assert chunked._chunked_loss_applies() and not plain._chunked_loss_applies()
+    weights = np.random.default_rng(3).uniform(size=(8, 32)).astype("float32")  # as a preprocessor's padding gives
+    for x, y in rule_batches(steps=3):
         got, want = chunked.train_on_batch(x, y, sample_weight=weights), plain.train_on_batch(x, y, weights)
         np.testing.assert_allclose(got, want, rtol=1e-5)
     for got, want in zip(chunked.get_weights(), plain.get_weights()):
@@ -145,14 +145,7 @@ def test_presets_saved_here_load_on_tensorflow_with_the_same_logits(tmp_path):
         causal_lm.train_on_batch(*rule_batches(steps=1)[0])  # weights away from their start
         causal_lm.save_to_preset(str(tmp_path / name))
         want[name] = numpy(causal_lm(x))
-    environment = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    run = subprocess.run(
-        [sys.executable, "-c", _LOAD_ON_TENSORFLOW, str(tmp_path), *want],
-        env=environment,
-        capture_output=True,
-        text=True,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_on_backend("tensorflow", _LOAD_ON_TENSORFLOW, tmp_path, *want)
     got = np.load(tmp_path / "logits.npz")
     for name, logits in want.items():
         np.testing.assert_allclose(got[name], logits, rtol=1e-5, atol=1e-5 * np.abs(logits).max(), err_msg=name)

@@ -3,13 +3,11 @@ scores there the test loss the run measured on its own backend."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from elita_tf.cli.train import main as train_main
-from tests.backend_utils import BACKEND
+from tests.backend_utils import BACKEND, run_on_backend
 from tests.conftest import TINY_RUN, write_documents
 
 _ON_TENSORFLOW = """
@@ -38,13 +36,6 @@ def test_a_run_here_is_complete_and_scores_its_test_loss_under_tensorflow_and_li
     results = json.loads((run / "results.json").read_text())
     assert results["software"]["keras_backend"] == BACKEND and results["steps"] == 3
     assert {"preset", "checkpoints", "sentencepiece.model", "steps.csv", "run.json"} <= set(os.listdir(run))
-    environment = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
-    scored = subprocess.run(
-        [sys.executable, "-c", _ON_TENSORFLOW, str(run), str(tmp_path / "model.tflite")],
-        env=environment,
-        capture_output=True,
-        text=True,
-    )
-    assert scored.returncode == 0, scored.stderr[-3000:]
-    losses = json.loads(scored.stdout.strip().splitlines()[-1])  # TensorFlow's, then the LiteRT file's
+    scored = run_on_backend("tensorflow", _ON_TENSORFLOW, run, tmp_path / "model.tflite")
+    losses = json.loads(scored.strip().splitlines()[-1])  # TensorFlow's, then the LiteRT file's
     assert losses == pytest.approx([results["test_loss"]] * 2, rel=1e-5)
