@@ -299,8 +299,9 @@ def test_mixed_precision_outputs_and_gradients_follow_float32(name, policy_name,
     names = ["outputs", "inputs"] + [w.path for w in layer.trainable_weights]
     zero = [False, False] + [_exactly_zero_gradient(w) for w in layer.trainable_weights]
     tolerance = 16 * EPSILON[layer.compute_dtype]
-    if BACKEND == "torch" and name in ("block_sas", "block_sas_p"):
-        tolerance *= 4  # torch's weights put FFN ReLU inputs within float16 round-off of 0: a flip is 1.7-4.3%
+    if BACKEND != "tensorflow" and name in ("block_sas", "block_sas_p"):
+        # torch's and JAX's seeded weights put FFN ReLU inputs within float16 round-off of 0: a flip is 1.7-4.3%
+        tolerance *= 4
     largest = max(np.linalg.norm(want) for want in reference[2:])
     for label, exactly_zero, g, want in zip(names, zero, got, reference):
         # Against the tensor's own size; a gradient that is zero in exact arithmetic, against the largest.
