@@ -46,7 +46,6 @@ class ChunkedLossTraining:
     carried_state = None  # the cache `fit` carries from batch to batch (`enable_carried_state`)
     chunked_loss = True  # False: Keras' own loss on the full logits (to compare with it)
     hidden_state_outputs = False  # True while a step taking the chunked loss is traced: `call` gives hidden states
-    _carrying = False  # while a training step is traced with a carried state
 
     def fit(self, x=None, *args, **kwargs):
         if self.carried_state is not None and not self._chunked_loss_applies():
@@ -125,21 +124,20 @@ class ChunkedLossTraining:
         )
 
     @contextlib.contextmanager
-    def _hidden_state_outputs(self, training):
+    def _hidden_state_outputs(self):
         """While Keras traces a step: `call` gives the final hidden states where the chunked loss applies."""
         previous, self.hidden_state_outputs = self.hidden_state_outputs, self._chunked_loss_applies()
-        self._carrying = training and self.carried_state is not None
         try:
             yield
         finally:
             self.hidden_state_outputs = previous
 
     def train_step(self, *args):
-        with self._hidden_state_outputs(training=True):
+        with self._hidden_state_outputs():
             return super().train_step(*args)
 
     def test_step(self, *args):
-        with self._hidden_state_outputs(training=False):
+        with self._hidden_state_outputs():
             return super().test_step(*args)
 
     def hidden_states_for_loss(self, x, training):
@@ -147,7 +145,7 @@ class ChunkedLossTraining:
         from it, which they update."""
         backbone = self.backbone
         token_ids, padding_mask = x["token_ids"], padding_mask_of(x)
-        if not self._carrying:
+        if not training or self.carried_state is None:  # only `fit` carries the state
             return backbone.hidden_states(
                 token_ids, padding_mask, document_starts=x.get("document_starts"), training=training
             )
