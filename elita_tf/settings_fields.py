@@ -50,6 +50,23 @@ def setting(default=dataclasses.MISSING, help=None, *, check=None, choices=None,
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def setting_like(settings_class, name, default=None, **changes):
+    """A field with the help text and check of `settings_class`'s field `name`, written there once; `default`
+    and `changes` (`default_help="the run's"`) are its own.
+
+    Example:
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Run:
+    ...     steps: int = setting(10, "Steps in all.")
+    >>> like = setting_like(Run, "steps", default_help="the run's")
+    >>> like.default, like.metadata["help"], like.metadata["default_help"]
+    (None, 'Steps in all.', "the run's")
+    """
+    metadata = field_named(settings_class, name).metadata
+    shared = {key: metadata[key] for key in ("help", "check", "choices", "default_help")}
+    return setting(default, **{**shared, **changes})
+
+
 def field_named(settings_class, name):
     """The `dataclasses.Field` `name` of `settings_class`."""
     return {field.name: field for field in dataclasses.fields(settings_class)}[name]

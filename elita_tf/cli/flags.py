@@ -4,6 +4,7 @@
 `elita-evaluate` the `CorpusSettings` of other text: every flag is the field of that name.
 """
 
+import argparse
 import dataclasses
 import re
 
@@ -21,7 +22,7 @@ def flag_help(settings_class, field, default_help=None):
 
     text = field.metadata.get("help") or ""
     default = default_help or default_text(field)
-    if default is not None and field.type is not bool:
+    if default is not None and (field.type is not bool or field.default is None):
         text += f" Default: {default}."
     return re.sub(r"`([^`]+)`", as_flag, text).replace("%", "%%")  # argparse formats help with %
 
@@ -42,6 +43,9 @@ def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=No
             continue
         flag = "--" + field.name.replace("_", "-")
         help_text = flag_help(settings_class, field, default_help)
+        if field.type is bool and field.default is None:  # unset means something else: `--flag` / `--no-flag`
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+            continue
         if field.type is bool:
             parser.add_argument(flag, action="store_true", default=False if defaults else None, help=help_text)
             continue

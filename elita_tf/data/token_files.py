@@ -166,6 +166,23 @@ def fingerprint(*parts):
     return hashlib.sha256(json.dumps([FORMAT, *parts]).encode()).hexdigest()[:32]
 
 
+def cached_token_file(lines, proto, text_sha256, split, vocabulary_size=None, progress=None):
+    """A split tokenized once into the cache, and read from there by training and evaluation alike: a `TokenFile`.
+
+    Args:
+        lines: `tf.data.Dataset` of `(line, starts_document)` pairs (`load_corpus(..., document_starts=True)`).
+        proto: bytes, the SentencePiece model (`make_tokenizer`'s).
+        text_sha256: str, the SHA-256 of the text and of what split it (`load_corpus`'s `info["sha256"]`).
+        split: str, the split's name.
+        vocabulary_size, progress: as `write_token_file`'s.
+    """
+    from elita_tf.data.tokenizer import make_tokenizer  # TensorFlow: a reader of existing files needs none
+
+    proto_sha256 = hashlib.sha256(proto).hexdigest()
+    directory = os.path.join(cache_root(), fingerprint(text_sha256, proto_sha256, split))
+    return write_token_file(lines, make_tokenizer(proto), directory, vocabulary_size, progress=progress)
+
+
 def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_per_batch=1024, progress=None):
     """Tokenizes a split into `directory` (written under a temporary name, then renamed): a `TokenFile`.
 

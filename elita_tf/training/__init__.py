@@ -16,6 +16,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "DistributedSetupError": "distributed",
         "make_strategy": "distributed",
         "StepLog": "callbacks",
+        "evaluate": "evaluation",
+        "EvaluateSettings": "evaluate_settings",
         "train": "loop",
         "RunDirectory": "run_directory",
         "list_checkpoints": "run_directory",

@@ -36,7 +36,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.data import lm_dataset, steps_per_epoch, stream_dataset, stream_steps_per_epoch
+from elita_tf.data import steps_per_epoch, stream_dataset, stream_steps_per_epoch
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.schedules import elita_adam, three_lin_schedule, three_lin_sgd
 from elita_tf.training.callbacks import Checkpoint, EpochProgress, StepLog
@@ -121,13 +121,12 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             f"batch_size={settings.batch_size}"
         )
     splits, data = corpus
-    config, windows = prepare_run(settings, run_dir, splits, data)
+    config, run_splits = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
-        per_epoch = stream_steps_per_epoch(
-            len(windows["train_stream"][0]), settings.batch_size, settings.sequence_length
-        )
+        tokens = len(run_splits["train"].tokens)
+        per_epoch = stream_steps_per_epoch(tokens, settings.batch_size, settings.sequence_length)
     else:
-        per_epoch = steps_per_epoch(windows["train"][0], settings.batch_size)
+        per_epoch = steps_per_epoch(run_splits["train"].examples, settings.batch_size)
     total = (
         settings.epochs * per_epoch
         if settings.max_steps is None
@@ -182,14 +181,11 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
 
     def evaluation(split):
         """`(dataset, batches)` of a held-out split: the count told to Keras, which warns when a stream ends."""
-        cut, starts = windows[split]
-        batches = min(steps_per_epoch(cut, settings.batch_size), settings.eval_batches or math.inf)
+        held_out = run_splits[split]
+        batches = min(steps_per_epoch(held_out.examples, settings.batch_size), settings.eval_batches or math.inf)
 
         def shard(index, count):
-            data = lm_dataset(
-                cut, settings.batch_size, shuffle=False, shard=index, num_shards=count, document_starts=starts
-            )
-            return data.take(batches)
+            return held_out.dataset(settings.batch_size, shuffle=False, shard=index, num_shards=count).take(batches)
 
         return distributed_dataset(strategy, shard, settings.batch_size), batches
 
@@ -220,25 +216,19 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     # results need not evaluate the split again (seconds of a short run).
     last_validation = None
     step = start
+    train_stream = run_splits["train"].stream() if settings.carry_state else None
     while step < total:
         epoch = step // per_epoch
         # A resumed epoch first runs its remaining steps, then epochs are whole again.
         steps = min(per_epoch - step % per_epoch, total - step)
         if settings.carry_state:  # one process (checked): the batch's rows are the streams
-            ids, document_starts = windows["train_stream"]
+            ids, document_starts = train_stream
             stream = lambda shard, num_shards: stream_dataset(  # noqa: E731
                 ids, document_starts, settings.batch_size, settings.sequence_length, epochs=None, start_step=step
             )
         else:
-            cut, starts = windows["train"]
             stream = functools.partial(
-                lm_dataset,
-                cut,
-                settings.batch_size,
-                seed=settings.seed,
-                epochs=None,
-                start_step=step,
-                document_starts=starts,
+                run_splits["train"].dataset, settings.batch_size, seed=settings.seed, epochs=None, start_step=step
             )
         history = model.fit(
             distributed_dataset(

@@ -5,13 +5,14 @@ one batch stops the run before `run.json` exists, so following the error's advic
 as another run.
 """
 
+import dataclasses
 import hashlib
 import os
 
 import keras
 
-from elita_tf.data import load_corpus, make_tokenizer, sample_text, stream_steps_per_epoch, train_sentencepiece
-from elita_tf.data.token_files import FileWindows, cache_root, fingerprint, write_token_file
+from elita_tf.data import lm_dataset, load_corpus, sample_text, stream_steps_per_epoch, train_sentencepiece
+from elita_tf.data.token_files import FileWindows, TokenFile, cached_token_file
 from elita_tf.data.text_files import TextCorpus, data_kind
 from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
 from elita_tf.training.model_settings import model_config, preset_tokenizer
@@ -20,6 +21,29 @@ from elita_tf.training.run_directory import TOKENIZER_FILE, RunDirectoryError, r
 
 def sha256(data):
     return hashlib.sha256(data).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSplit:
+    """A split of a run as training reads it: its token files, and the training examples cut from them.
+
+    Attributes:
+        tokens: the `TokenFile` of the split, in order.
+        examples: `FileWindows` of `sequence_length + 1` tokens.
+        packed: whether an example holds documents back to back that never see each other.
+    """
+
+    tokens: TokenFile
+    examples: FileWindows
+    packed: bool
+
+    def dataset(self, batch_size, **kwargs):
+        """`lm_dataset` of the examples (packed, they carry their documents' starts)."""
+        return lm_dataset(self.examples, batch_size, document_starts=True if self.packed else None, **kwargs)
+
+    def stream(self):
+        """`(ids int32 [N], document_starts bool [N])`: the whole split, as a carried state reads it."""
+        return self.tokens.read(0, len(self.tokens))
 
 
 def load_settings_corpus(settings):
@@ -32,7 +56,7 @@ def prepare_run(settings, run_dir, splits, data):
 
     A new run trains the tokenizer, cuts every split, and only then writes
     the tokenizer and `run.json`; a resumed one reuses its tokenizer after
-    checking its hash. Returns `(config, windows)`.
+    checking its hash. Returns `(config, {split: RunSplit})`.
     """
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
@@ -60,21 +84,17 @@ def prepare_run(settings, run_dir, splits, data):
                 f"{tokenizer_path} is missing or is not the tokenizer this run was trained with "
                 f"(sha256 {stored['tokenizer_sha256'][:12]}...). Restore it, or use --force-new."
             )
-    tokenizer = make_tokenizer(proto)
-    windows = {}
+    run_splits = {}
     bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
     for split in pairs:
-        # Each split tokenized once into files, reused by any later run on the same text and tokenizer.
-        directory = os.path.join(cache_root(), fingerprint(data["sha256"], sha256(proto), split))
+        # Each split tokenized once into files, reused by any later run or evaluation on the same text and tokenizer.
         try:
-            tokens = write_token_file(
-                pairs[split], tokenizer, directory, settings.vocabulary_size, progress=bar.add if bar else None
-            )
+            progress = bar.add if bar else None
+            tokens = cached_token_file(pairs[split], proto, data["sha256"], split, settings.vocabulary_size, progress)
             cut = FileWindows(tokens, settings.sequence_length + 1)
             if not len(cut):
                 raise ValueError(f"The corpus is shorter than one window of {settings.sequence_length + 1} tokens.")
-            if split == "train" and settings.carry_state:  # the train split as one stream, with its document starts
-                windows["train_stream"] = tokens.read(0, len(tokens))
+            if split == "train" and settings.carry_state:  # read as one stream
                 stream_steps_per_epoch(len(tokens), settings.batch_size, settings.sequence_length)
             elif len(cut) < settings.batch_size:  # checked before the run writes anything
                 raise ValueError(
@@ -84,11 +104,10 @@ def prepare_run(settings, run_dir, splits, data):
         except ValueError as error:
             source = data.get("corpus", {}).get(f"{split}_data") or data["dataset"]  # the files given for it
             raise ValueError(f"The {split} split ({source}): {error}") from None
-        # (windows, document starts): `lm_dataset`'s arguments.
-        windows[split] = (cut, True if settings.pack_documents else None)
+        run_splits[split] = RunSplit(tokens, cut, settings.pack_documents)
     if bar is not None and bar._seen_so_far:  # ends its line: Keras' "Epoch 1/N" followed it on the same one
         bar.update(bar._seen_so_far, finalize=True)
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": sha256(proto)})
-    return config, windows
+    return config, run_splits

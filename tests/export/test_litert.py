@@ -1,5 +1,6 @@
 """LiteRT export: prefill/decode signatures, built-in ops only, run by the `ai_edge_litert` interpreter."""
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -17,8 +18,7 @@ from elita_tf.export import LiteRTModel, export_litert, litert
 from elita_tf.export.litert import flatten_state, model_identity, read_identity
 from elita_tf.layers.renamed_arguments import RENAMED_ARGUMENTS
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
-from elita_tf.training import train
-from elita_tf.training.evaluate import evaluate
+from elita_tf.training import EvaluateSettings, evaluate, train
 from elita_tf.training.run_directory import load_run_model
 from tests.conftest import TINY_RUN, rare_character_lines
 from tests.export.test_export import _refused
@@ -92,13 +92,13 @@ def test_float_file_decodes_the_keras_greedy_tokens_and_its_loss(trained, tiny_w
     model = LiteRTModel(files[None])
     assert [model.generate(prompt, 24) for prompt in PROMPTS] == _greedy(backbone, PROMPTS, 24)
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds", "eval_batches": 2}
-    scored = evaluate(str(run), litert=files[None], **data)
+    scored = evaluate(EvaluateSettings(str(run), litert=files[None], **data))
     assert scored["loss"] == pytest.approx(results["test_loss"], abs=1e-4)
     assert scored["windows"] == 2 * 16
     # Other text is scored whole through the file too: the same tokens as the Keras model, the same loss.
     text = os.path.join(tiny_wikitext, "wiki.valid.tokens")
-    keras_whole = evaluate(str(run), corpus=CorpusSettings(text))
-    litert_whole = evaluate(str(run), corpus=CorpusSettings(text), litert=files[None])
+    keras_whole = evaluate(EvaluateSettings(str(run), corpus=CorpusSettings(text)))
+    litert_whole = evaluate(EvaluateSettings(str(run), corpus=CorpusSettings(text), litert=files[None]))
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(run / "sentencepiece.model"))
     lines = [line.strip() for line in open(text, encoding="utf-8") if line.strip()]
     assert litert_whole["tokens"] == sum(len(pieces.encode(line)) + 1 for line in lines) - 1  # every token but one
@@ -119,7 +119,7 @@ def test_int8_file_is_under_half_the_size_and_agrees_with_keras(trained, tiny_wi
     assert np.mean(_teacher_forced_top1(files["int8"], text[0]) == keras_top1) >= 0.9
     assert np.array_equal(_teacher_forced_top1(files[None], text[0]), keras_top1)
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds", "eval_batches": 2}
-    int8 = evaluate(str(run), litert=files["int8"], **data)["loss"]
+    int8 = evaluate(EvaluateSettings(str(run), litert=files["int8"], **data))["loss"]
     assert int8 == pytest.approx(results["test_loss"], abs=0.05) and int8 != results["test_loss"]
 
 
@@ -138,8 +138,9 @@ def test_a_byte_fallback_run_scores_rare_characters_through_the_file(tmp_path):
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(tmp_path / "run" / "sentencepiece.model"))
     ids = sum(pieces.encode(other), [])
     assert pieces.get_piece_size() == 300 and pieces.unk_id() not in ids and any(map(pieces.is_byte, ids))
-    keras_whole = evaluate(str(tmp_path / "run"), corpus=CorpusSettings(str(tmp_path / "other.txt")))
-    litert_whole = evaluate(str(tmp_path / "run"), corpus=CorpusSettings(str(tmp_path / "other.txt")), litert=path)
+    other_text = EvaluateSettings(str(tmp_path / "run"), corpus=CorpusSettings(str(tmp_path / "other.txt")))
+    keras_whole = evaluate(other_text)
+    litert_whole = evaluate(dataclasses.replace(other_text, litert=path))
     assert litert_whole["tokens"] == keras_whole["tokens"] == len(ids) + len(other) - 1  # every token but one
     assert litert_whole["loss"] == pytest.approx(keras_whole["loss"], abs=1e-4)
 
@@ -177,7 +178,7 @@ def test_bad_requests_are_refused_with_the_value(trained, tmp_path, capsys):
     with pytest.raises(ValueError, match="prompt=\\[\\]"):
         LiteRTModel(files[None]).generate([], 4)
     with pytest.raises(ValueError, match="pass `litert` or `quantize`"):
-        evaluate(str(run), litert=files[None], quantize="int8")
+        evaluate(EvaluateSettings(str(run), litert=files[None], quantize="int8"))
 
 
 def test_the_file_carries_its_run_and_another_run_s_file_is_refused(trained, tiny_wikitext, tmp_path, monkeypatch):
@@ -199,12 +200,12 @@ def test_the_file_carries_its_run_and_another_run_s_file_is_refused(trained, tin
     other = export_litert(causal_lm, str(tmp_path / "other.tflite"))
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds", "eval_batches": 1}
     with pytest.raises(ValueError, match="exported from another model. Received: weights_sha256="):
-        evaluate(str(run), litert=other, **data)
+        evaluate(EvaluateSettings(str(run), litert=other, **data))
     # Another architecture is named field by field.
     backbone = ElitaBackbone.from_architecture("elita", vocabulary_size=60, num_layers=1, hidden_dim=16, head_dim=8)
     small = export_litert(ElitaCausalLM(backbone), str(tmp_path / "small.tflite"))
     with pytest.raises(ValueError, match="num_layers=1 \\(the run's: 2\\)"):
-        evaluate(str(run), litert=small, **data)
+        evaluate(EvaluateSettings(str(run), litert=small, **data))
 
 
 def test_undefined_next_tokens_are_nan_and_the_runner_refuses_them(trained, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 from elita_tf.export.litert import model_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.architectures import upgrade_config
-from elita_tf.training.evaluate import evaluate
+from elita_tf.training import EvaluateSettings, evaluate
 from elita_tf.training.run_directory import load_run_model, preset_of, read_manifest
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run-0.1.0")
@@ -97,7 +97,7 @@ def test_an_old_run_directory_loads_for_export_and_evaluates_as_it_trained(old_r
     assert manifest["model"]["tie_word_embeddings"] and manifest["data"]["corpus"]["document_separator"] == "file"
     assert model_identity(checkpointed)["architecture"]["tie_word_embeddings"]
     # elita-evaluate reads the run's own held-out text again by its recorded settings.
-    result = evaluate(run, split="validation")
+    result = evaluate(EvaluateSettings(run, split="validation"))
     with open(os.path.join(run, "results.json")) as f:
         assert result["loss"] == pytest.approx(json.load(f)["validation_loss"], rel=1e-5)  # what training measured
 

@@ -14,8 +14,8 @@ from elita_tf.cli.compare import main as compare_main
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
-from elita_tf.training import StepLog, latest_checkpoint, list_checkpoints, load_latest_checkpoint, preset_of, train
-from elita_tf.training.evaluate import evaluate
+from elita_tf.training import EvaluateSettings, StepLog, evaluate, latest_checkpoint, list_checkpoints
+from elita_tf.training import load_latest_checkpoint, preset_of, train
 from tests.conftest import PRESET_FILES, TINY_RUN, write_documents
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,12 +93,12 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     assert causal_lm.generate("the cat", max_length=12).startswith("the cat")
     # elita-evaluate cuts the run's own windows: the float figure is the run's; int8 is close to it.
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(whole) + "_tfds"}
-    evaluated = evaluate(str(whole), eval_batches=2, **data)
+    evaluated = evaluate(EvaluateSettings(str(whole), eval_batches=2, **data))
     assert evaluated["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
     # The run's validation figure is fit's last pass, which the run does not repeat: the same as evaluating it.
-    validation = evaluate(str(whole), split="validation", eval_batches=2, **data)["loss"]
+    validation = evaluate(EvaluateSettings(str(whole), split="validation", eval_batches=2, **data))["loss"]
     assert validation == pytest.approx(results["validation_loss"], abs=1e-5)
-    int8 = evaluate(str(whole), eval_batches=2, quantize="int8", **data)
+    int8 = evaluate(EvaluateSettings(str(whole), eval_batches=2, quantize="int8", **data))
     assert int8["loss"] == pytest.approx(results["test_loss"], abs=0.05) and int8["loss"] != evaluated["loss"]
     assert (
         evaluate_main(
@@ -207,8 +207,7 @@ from elita_tf.cli.train import parse_args
 from elita_tf.models import ElitaCausalLM
 from elita_tf.cli.compare import main as compare_main
 from elita_tf.cli.evaluate import main as evaluate_main
-from elita_tf.training.evaluate import evaluate
-from elita_tf.training import train
+from elita_tf.training import EvaluateSettings, evaluate, train
 results = train(parse_args(sys.argv[1:]))
 import json; print("RESULT", json.dumps(results))
 """

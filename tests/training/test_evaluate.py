@@ -8,10 +8,11 @@ import tensorflow as tf
 
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
-from elita_tf.data import load_wikitext, make_tokenizer, token_windows
+from elita_tf.data import load_corpus, make_tokenizer, token_stream
+from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.models import ElitaCausalLM
-from elita_tf.training import preset_of, train
-from elita_tf.training.evaluate import evaluate, position_buckets
+from elita_tf.training import EvaluateSettings, evaluate, preset_of, train
+from elita_tf.training.evaluation import position_buckets
 from tests.training.test_cli import _args
 
 
@@ -31,11 +32,11 @@ def test_position_buckets_are_log_spaced_up_to_the_length():
 
 def test_windows_of_another_length_report_the_loss_by_position(elita_run):
     run, data = elita_run
-    own = evaluate(run, eval_batches=1, **data)  # the run's windows (T = 16): one bucket, the mean itself
+    own = evaluate(EvaluateSettings(run, eval_batches=1, **data))  # the run's windows (T = 16): one bucket
     assert [(b["start"], b["end"]) for b in own["loss_by_position"]] == [(0, 16)]
     assert own["loss_by_position"][0]["loss"] == pytest.approx(own["loss"], rel=1e-9)
     assert own["tokens"] == own["windows"] * 16 and own["window_length"] == 16
-    longer = evaluate(run, window_length=40, batch_size=4, **data)
+    longer = evaluate(EvaluateSettings(run, window_length=40, batch_size=4, **data))
     buckets = longer["loss_by_position"]
     assert [(b["start"], b["end"]) for b in buckets] == [(0, 16), (16, 40)]
     assert sum(b["tokens"] for b in buckets) == longer["tokens"] == longer["windows"] * 40
@@ -45,8 +46,8 @@ def test_windows_of_another_length_report_the_loss_by_position(elita_run):
 
 def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_run):
     run, data = elita_run
-    fixed = evaluate(run, window_length=40, batch_size=4, **data)
-    clamped = evaluate(run, window_length=40, batch_size=4, position_mode="clamped", **data)
+    fixed = evaluate(EvaluateSettings(run, window_length=40, batch_size=4, **data))
+    clamped = evaluate(EvaluateSettings(run, window_length=40, batch_size=4, position_mode="clamped", **data))
     assert (fixed["position_mode"], clamped["position_mode"]) == ("fixed", "clamped")
     # Up to the training length (16) the two modes are one function; past it they differ.
     inside, past = (b["loss"] for b in fixed["loss_by_position"])
@@ -56,11 +57,11 @@ def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_
 
 def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_run):
     run, data = elita_run
-    result = evaluate(run, window_length=16, carry_state=True, **data)
+    result = evaluate(EvaluateSettings(run, window_length=16, carry_state=True, **data))
     # The same stream in one parallel pass: segments of 16 with carried states give the same losses.
     causal_lm = ElitaCausalLM.from_preset(preset_of(run))
-    splits = load_wikitext("wikitext-2-v1", local_dir=data["data_dir"], tfds_dir=data["tfds_dir"])
-    stream = token_windows(splits["test"], make_tokenizer(causal_lm.preprocessor.tokenizer.proto), 2).reshape(-1)
+    splits, _ = load_corpus(CorpusSettings(**data), document_starts=True)
+    stream, _ = token_stream(splits["test"], make_tokenizer(causal_lm.preprocessor.tokenizer.proto))
     ids = tf.constant(stream[None, :-1])
     logits = causal_lm({"token_ids": ids, "padding_mask": tf.ones_like(ids)})
     per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(stream[None, 1:], logits)[0].numpy()
@@ -71,7 +72,7 @@ def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_r
         assert bucket["loss"] == pytest.approx(want, rel=1e-4, abs=1e-5), bucket
     assert result["loss_by_position"][-1]["end"] == len(per_token)
     # --eval-batches caps the segments of the stream as it caps the batches of windows.
-    capped = evaluate(run, window_length=16, carry_state=True, eval_batches=3, **data)
+    capped = evaluate(EvaluateSettings(run, window_length=16, carry_state=True, eval_batches=3, **data))
     assert capped["tokens"] == 3 * 16
     assert capped["loss"] == pytest.approx(per_token[:48].mean(), rel=1e-5)
 
@@ -103,6 +104,6 @@ def test_carrying_state_needs_constant_size_states(tiny_wikitext, tmp_path):
     train(parse_args(_args(tiny_wikitext, run, "--architecture", "transformer", "--max-steps", "1")))
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds"}
     with pytest.raises(ValueError, match="constant-size state.*max_sequence_length=16"):
-        evaluate(str(run), carry_state=True, **data)
+        evaluate(EvaluateSettings(str(run), carry_state=True, **data))
     with pytest.raises(ValueError, match="learned positions for at most max_sequence_length=16.*window_length=32"):
-        evaluate(str(run), window_length=32, **data)
+        evaluate(EvaluateSettings(str(run), window_length=32, **data))

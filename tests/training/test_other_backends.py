@@ -1,5 +1,5 @@
-"""`elita-train` on JAX or PyTorch: a complete run directory, whose preset exports to LiteRT under TensorFlow and
-scores there the test loss the run measured on its own backend."""
+"""`elita-train` and `elita-evaluate` on JAX or PyTorch: a complete run directory, whose preset exports to LiteRT
+under TensorFlow and scores there what the run's own backend scores: its test loss, in windows and as one stream."""
 
 import json
 import os
@@ -7,6 +7,7 @@ import os
 import pytest
 
 from elita_tf.cli.train import main as train_main
+from elita_tf.training import EvaluateSettings, evaluate
 from tests.backend_utils import BACKEND, run_on_backend
 from tests.conftest import TINY_RUN, write_documents
 
@@ -17,7 +18,7 @@ from elita_tf.cli.export import main as export
 run, litert = sys.argv[1:]
 assert export(["--run-dir", run, "--format", "litert", "--output", litert]) == 0
 losses = []
-for extra in ([], ["--litert", litert]):
+for extra in ([], ["--litert", litert], ["--carry-state", "--eval-batches", "3"]):
     report = io.StringIO()
     with contextlib.redirect_stdout(report):
         assert evaluate(["--run-dir", run, "--split", "test", *extra]) == 0
@@ -36,6 +37,9 @@ def test_a_run_here_is_complete_and_scores_its_test_loss_under_tensorflow_and_li
     results = json.loads((run / "results.json").read_text())
     assert results["software"]["keras_backend"] == BACKEND and results["steps"] == 3
     assert {"preset", "checkpoints", "sentencepiece.model", "steps.csv", "run.json"} <= set(os.listdir(run))
+    here = evaluate(EvaluateSettings(str(run), verbose=0))
+    stream = evaluate(EvaluateSettings(str(run), carry_state=True, eval_batches=3, verbose=0))
+    assert here["loss"] == pytest.approx(results["test_loss"], rel=1e-5) and stream["tokens"] == 3 * 16
     scored = run_on_backend("tensorflow", _ON_TENSORFLOW, run, tmp_path / "model.tflite")
-    losses = json.loads(scored.strip().splitlines()[-1])  # TensorFlow's, then the LiteRT file's
-    assert losses == pytest.approx([results["test_loss"]] * 2, rel=1e-5)
+    losses = json.loads(scored.strip().splitlines()[-1])  # TensorFlow's, the LiteRT file's, TensorFlow's stream
+    assert losses == pytest.approx([results["test_loss"]] * 2 + [stream["loss"]], rel=1e-5)
