@@ -92,6 +92,7 @@ class TokenLosses(keras.Model):
         super().__init__(**kwargs)
         self.backbone = backbone
         self.built = True  # nothing of its own to build
+        self._convert_input_args = False  # a carried state keeps its dtypes under a mixed policy
 
     def call(self, inputs):
         backbone = self.backbone

@@ -13,6 +13,7 @@ import pytest
 from elita_tf.cli.compare import main as compare_main
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
+from elita_tf.data.token_files import cache_root
 from elita_tf.models import ElitaCausalLM
 from elita_tf.training import EvaluateSettings, StepLog, evaluate, latest_checkpoint, list_checkpoints
 from elita_tf.training import load_latest_checkpoint, preset_of, train
@@ -93,8 +94,10 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     assert causal_lm.generate("the cat", max_length=12).startswith("the cat")
     # elita-evaluate cuts the run's own windows: the float figure is the run's; int8 is close to it.
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(whole) + "_tfds"}
+    cached = sorted(os.listdir(cache_root()))
     evaluated = evaluate(EvaluateSettings(str(whole), eval_batches=2, **data))
     assert evaluated["loss"] == pytest.approx(results["test_loss"], abs=1e-5)
+    assert sorted(os.listdir(cache_root())) == cached  # the token files training wrote, read again
     # The run's validation figure is fit's last pass, which the run does not repeat: the same as evaluating it.
     validation = evaluate(EvaluateSettings(str(whole), split="validation", eval_batches=2, **data))["loss"]
     assert validation == pytest.approx(results["validation_loss"], abs=1e-5)
