@@ -89,10 +89,9 @@ class TokenLosses(keras.Model):
     """
 
     def __init__(self, backbone, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(autocast=False, **kwargs)  # a carried state keeps its dtypes under a mixed policy
         self.backbone = backbone
         self.built = True  # nothing of its own to build
-        self._convert_input_args = False  # a carried state keeps its dtypes under a mixed policy
 
     def call(self, inputs):
         backbone = self.backbone
