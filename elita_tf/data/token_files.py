@@ -130,6 +130,10 @@ class TokenFile:
             np.frombuffer(start_bytes, np.uint8).astype(bool),
         )
 
+    def stream(self):
+        """All the split's tokens in order, as a carried state reads them: `(ids int32 [N], starts bool [N])`."""
+        return self.read(0, len(self))
+
     def windows(self, indices, length):
         """Windows `indices` of `length` tokens: `(ids int32 [n, length], starts bool [n, length])`."""
         ids = np.empty((len(indices), length), np.int32)

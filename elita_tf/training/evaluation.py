@@ -83,9 +83,8 @@ class TokenLosses(keras.Model):
     """A backbone's next-token losses `[B, T]` as a Keras model of its own, whose variables are the backbone's:
     `predict_on_batch` compiles them on every backend (XLA on TensorFlow, `jit` on JAX).
 
-    Inputs: `{"token_ids", "targets"}` int `[B, T]`, and either `"weights"` `[B, T]` (0 leaves a target out)
-    with optional bool `"document_starts"` `[B, T]` (packed documents), or `"cache"`, the decoding state to
-    continue, which the model then returns with the losses.
+    Inputs: `{"token_ids", "targets", "weights"}` `[B, T]` (a weight of 0 leaves a target out), and optional
+    bool `"document_starts"` `[B, T]` (packed documents).
     """
 
     def __init__(self, backbone, **kwargs):
@@ -94,12 +93,17 @@ class TokenLosses(keras.Model):
         self.built = True  # nothing of its own to build
 
     def call(self, inputs):
-        backbone = self.backbone
-        if "cache" in inputs:
-            hidden, cache = backbone.hidden_states(inputs["token_ids"], cache=inputs["cache"])
-            return backbone.token_losses(hidden, inputs["targets"]), cache
-        hidden = backbone.hidden_states(inputs["token_ids"], document_starts=inputs.get("document_starts"))
-        return backbone.token_losses(hidden, inputs["targets"]) * ops.cast(inputs["weights"], "float32")
+        hidden = self.backbone.hidden_states(inputs["token_ids"], document_starts=inputs.get("document_starts"))
+        return self.backbone.token_losses(hidden, inputs["targets"]) * ops.cast(inputs["weights"], "float32")
+
+
+class CarriedTokenLosses(TokenLosses):
+    """`TokenLosses` of a segment that continues a decoding state: inputs `{"token_ids", "targets", "cache"}`,
+    outputs `(losses [B, T], the state after the segment)`."""
+
+    def call(self, inputs):
+        hidden, cache = self.backbone.hidden_states(inputs["token_ids"], cache=inputs["cache"])
+        return self.backbone.token_losses(hidden, inputs["targets"]), cache
 
 
 def score_windows(backbone, windows, batch_size, progress, document_starts=None, scored=None):
@@ -135,13 +139,13 @@ def score_stream(backbone, stream, segment_length, progress):
     Every segment continues from the decoding state the previous one left, so
     position `t` is scored with all `t` tokens before it in view.
     """
-    model = TokenLosses(backbone)
+    model = CarriedTokenLosses(backbone)
     cache = keras.tree.map_structure(ops.convert_to_numpy, backbone.get_initial_cache(1))
     scored = []
     for start in range(0, len(stream) - 1, segment_length):
         stop = min(start + segment_length, len(stream) - 1)
-        inputs = {"token_ids": stream[None, start:stop], "targets": stream[None, start + 1 : stop + 1]}
-        losses, cache = model.predict_on_batch({**inputs, "cache": cache})
+        inputs = {"token_ids": stream[None, start:stop], "targets": stream[None, start + 1 : stop + 1], "cache": cache}
+        losses, cache = model.predict_on_batch(inputs)
         scored.append(losses[0].astype(np.float64))
         progress(1)
     return np.concatenate(scored)
@@ -187,12 +191,13 @@ def evaluate(settings):
     batch_size = settings.batch_size or max(1, manifest["training"]["batch_size"] * sequence_length // length)
     causal_lm = ElitaCausalLM.from_preset(preset_of(settings.run_dir))
     backbone = _backbone_to_score(causal_lm, settings, length)
-    split, windows, starts, scored_targets, data = _cut(settings, manifest, causal_lm, length, pack_documents)
+    cut = _cut(settings, manifest, causal_lm, length, pack_documents)
+    windows, starts, scored_targets = cut.windows, cut.document_starts, cut.scored
     whole = scored_targets is not None  # other text, every window scored
 
     by_position = None
     if settings.carry_state:
-        stream = windows[0]
+        stream = cut.stream
         if settings.eval_batches:  # the first `eval_batches` segments
             stream = stream[: settings.eval_batches * length + 1]
         progress = _progress(math.ceil((len(stream) - 1) / length), settings.verbose)
@@ -205,7 +210,7 @@ def evaluate(settings):
         scored = min(len(windows), batch_size * capped)
         if scored == 0:
             raise ValueError(
-                f"The {split} split makes {len(windows)} windows of {length + 1} tokens, no full batch of "
+                f"The {cut.split} split makes {len(windows)} windows of {length + 1} tokens, no full batch of "
                 f"{batch_size}: lower `batch_size`. Received: batch_size={batch_size}"
             )
         progress = _progress(scored, settings.verbose)
@@ -219,7 +224,7 @@ def evaluate(settings):
         loss, tokens = float(sums.sum() / counts.sum()), int(counts.sum())
         by_position = _by_position(sums, counts)
     return {
-        "split": split,
+        "split": cut.split,
         "loss": loss,
         "perplexity": math.exp(loss),
         "tokens": tokens,
@@ -232,7 +237,7 @@ def evaluate(settings):
         "litert": settings.litert,
         "windows": scored,
         "sequence_length": sequence_length,
-        "data": data,
+        "data": cut.data,
         "trained_on": manifest["data"],
     }
 
@@ -271,11 +276,24 @@ def _backbone_to_score(causal_lm, settings, length):
     return backbone
 
 
+@dataclasses.dataclass(frozen=True)
+class _Cut:
+    """What evaluation scores of a split: `stream [L]` (a carried state's), or `windows [N, length + 1]` with
+    their `document_starts` (packed documents) and `scored` targets `[N, length]` (other text, each token once),
+    either None where unused; `data`, the source and SHA-256 of what was read."""
+
+    split: str
+    data: dict
+    stream: np.ndarray = None
+    windows: np.ndarray = None
+    document_starts: np.ndarray = None
+    scored: np.ndarray = None
+
+
 def _cut(settings, manifest, causal_lm, length, pack_documents):
-    """`(split, windows [N, length + 1], document_starts or None, scored targets or None, data)` of what
-    `settings` scores, from the split's token files, the ones training reads (`cached_token_file`): the
-    run's windows as it cut them (`FileWindows`), with `carry_state` the split as one stream `[1, L]`, and
-    other text whole (`covering_windows`), every token after the first scored once."""
+    """The `_Cut` of what `settings` scores, from the split's token files, the ones training reads
+    (`cached_token_file`): the run's windows as it cut them (`FileWindows`), with `carry_state` the split
+    as one stream, and other text whole (`covering_windows`), every token after the first scored once."""
     corpus, split = settings.corpus, settings.split
     own_text = corpus is not None and data_kind(corpus.data) in ("text", "jsonl")
     if corpus is None:  # the run's own data, split as it was for training
@@ -297,12 +315,12 @@ def _cut(settings, manifest, causal_lm, length, pack_documents):
     proto, vocabulary_size = causal_lm.preprocessor.tokenizer.proto, causal_lm.backbone.vocabulary_size
     tokens = cached_token_file(splits[split], proto, data["sha256"], split, vocabulary_size)
     if settings.carry_state:
-        return split, tokens.read(0, len(tokens))[0][None], None, None, data
+        return _Cut(split, data, stream=tokens.stream()[0])
     if own_text:
-        windows, starts, scored = covering_windows(*tokens.read(0, len(tokens)), length)
-        return split, windows, starts if pack_documents else None, scored, data
-    cut = FileWindows(tokens, length + 1)
-    if not len(cut):
-        raise ValueError(f"The {split} split is shorter than one window of {length + 1} tokens.")
-    windows, starts = cut.rows(range(len(cut)))
-    return split, windows, starts if pack_documents else None, None, data
+        windows, starts, scored = covering_windows(*tokens.stream(), length)
+    else:
+        examples = FileWindows(tokens, length + 1)
+        if not len(examples):
+            raise ValueError(f"The {split} split is shorter than one window of {length + 1} tokens.")
+        (windows, starts), scored = examples.rows(range(len(examples))), None
+    return _Cut(split, data, windows=windows, document_starts=starts if pack_documents else None, scored=scored)

@@ -123,8 +123,8 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     splits, data = corpus
     config, run_splits = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
-        tokens = len(run_splits["train"].tokens)
-        per_epoch = stream_steps_per_epoch(tokens, settings.batch_size, settings.sequence_length)
+        train_tokens = len(run_splits["train"].tokens)
+        per_epoch = stream_steps_per_epoch(train_tokens, settings.batch_size, settings.sequence_length)
     else:
         per_epoch = steps_per_epoch(run_splits["train"].examples, settings.batch_size)
     total = (
@@ -216,7 +216,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     # results need not evaluate the split again (seconds of a short run).
     last_validation = None
     step = start
-    train_stream = run_splits["train"].stream() if settings.carry_state else None
+    train_stream = run_splits["train"].tokens.stream() if settings.carry_state else None
     while step < total:
         epoch = step // per_epoch
         # A resumed epoch first runs its remaining steps, then epochs are whole again.

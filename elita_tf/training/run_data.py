@@ -41,10 +41,6 @@ class RunSplit:
         """`lm_dataset` of the examples (packed, they carry their documents' starts)."""
         return lm_dataset(self.examples, batch_size, document_starts=True if self.packed else None, **kwargs)
 
-    def stream(self):
-        """`(ids int32 [N], document_starts bool [N])`: the whole split, as a carried state reads it."""
-        return self.tokens.read(0, len(self.tokens))
-
 
 def load_settings_corpus(settings):
     """`load_corpus` of the text `settings` names, as `(line, starts_document)` pairs: `(splits, data)`."""
