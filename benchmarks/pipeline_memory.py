@@ -66,11 +66,12 @@ def peak_rss_mib():
 def measure_pipeline(glob, proto_path, cache, batches):
     """One process: the corpus through the token files and `lm_dataset`; prints one JSON line."""
     os.environ["ELITA_CACHE_DIR"] = cache
-    from elita_tf.data import CorpusSettings, lm_dataset, load_corpus, make_tokenizer
+    from elita_tf.data import CorpusSettings, lm_dataset, load_corpus
     from elita_tf.data.token_files import FileWindows, write_token_file
+    from elita_tf.models import ElitaTokenizer
 
     with open(proto_path, "rb") as f:
-        tokenizer = make_tokenizer(f.read())
+        tokenizer = ElitaTokenizer(proto=f.read())
     start = time.perf_counter()
     corpus = CorpusSettings(glob, document_separator="blank-line", holdout_fraction=0.01)
     splits, info = load_corpus(corpus, document_starts=True)

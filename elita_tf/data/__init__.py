@@ -19,7 +19,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "stream_steps_per_epoch": "pipeline",
         "token_stream": "pipeline",
         "token_windows": "pipeline",
-        "make_tokenizer": "tokenizer",
         "train_sentencepiece": "tokenizer",
         "CONFIG_NAMES": "sources",
         "Wikitext": "wikitext",

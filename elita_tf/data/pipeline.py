@@ -20,12 +20,21 @@ import tensorflow as tf
 from elita_tf.checks import check_sequence_length
 
 
+def line_ids(tokenizer, lines):
+    """Ragged int32 ids `[n, None]` of a batch of `n` lines, each followed by the end-of-line id, as the model
+    reads text (WikiText's `<eos>` ends every line). `tokenizer` is an `ElitaTokenizer`; call it in a `tf.data`
+    map or a `tf.function` (eagerly, keras-hub's tokenizer gives Python lists)."""
+    pieces = tokenizer.tokenize(lines)
+    ends = tf.fill([tf.shape(lines)[0], 1], tf.constant(tokenizer.end_token_id, pieces.dtype))
+    return tf.concat([pieces, tf.RaggedTensor.from_tensor(ends)], axis=1)
+
+
 def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
     """All windows of `sequence_length + 1` consecutive tokens of a split, in order.
 
     Args:
         lines: `tf.data.Dataset` of `tf.string` lines.
-        tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
+        tokenizer: the run's `ElitaTokenizer`.
         sequence_length: int `T >= 2`, the model's input length.
         vocabulary_size: optional int, the model's: every id must be below it
             (a tokenizer with more pieces than the model would feed it ids it
@@ -39,7 +48,7 @@ def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines
             id outside `[0, vocabulary_size)`.
     """
     check_sequence_length("sequence_length", sequence_length)
-    ids = lines.batch(lines_per_batch).map(lambda text: tokenizer.tokenize(text).flat_values).unbatch()
+    ids = lines.batch(lines_per_batch).map(lambda text: line_ids(tokenizer, text).flat_values).unbatch()
     windows = ids.batch(sequence_length + 1, drop_remainder=True).batch(4096)
     chunks = list(windows.as_numpy_iterator())
     if not chunks:
@@ -154,7 +163,7 @@ def tokenized_lines(lines, tokenizer, lines_per_batch=1024):
     """
 
     def tokenize(text, starts):
-        pieces = tokenizer.tokenize(text)
+        pieces = line_ids(tokenizer, text)
         lengths = pieces.row_lengths()
         first = tf.sequence_mask(tf.minimum(lengths, 1), tf.reduce_max(lengths))
         return pieces.flat_values, tf.RaggedTensor.from_tensor(first & starts[:, None], lengths=lengths).flat_values
@@ -168,7 +177,7 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
     Args:
         lines: `tf.data.Dataset` of `(line, starts_document)` pairs
             (`load_corpus(..., document_starts=True)`).
-        tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
+        tokenizer: the run's `ElitaTokenizer`.
         vocabulary_size: optional int: every id must be below it.
 
     Returns:

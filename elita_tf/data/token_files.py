@@ -170,21 +170,19 @@ def fingerprint(*parts):
     return hashlib.sha256(json.dumps([FORMAT, *parts]).encode()).hexdigest()[:32]
 
 
-def cached_token_file(lines, proto, text_sha256, split, vocabulary_size=None, progress=None):
+def cached_token_file(lines, tokenizer, text_sha256, split, vocabulary_size=None, progress=None):
     """A split tokenized once into the cache, and read from there by training and evaluation alike: a `TokenFile`.
 
     Args:
         lines: `tf.data.Dataset` of `(line, starts_document)` pairs (`load_corpus(..., document_starts=True)`).
-        proto: bytes, the SentencePiece model (`make_tokenizer`'s).
+        tokenizer: the run's `ElitaTokenizer`; its SentencePiece model is part of the fingerprint.
         text_sha256: str, the SHA-256 of the text and of what split it (`load_corpus`'s `info["sha256"]`).
         split: str, the split's name.
         vocabulary_size, progress: as `write_token_file`'s.
     """
-    from elita_tf.data.tokenizer import make_tokenizer  # TensorFlow: a reader of existing files needs none
-
-    proto_sha256 = hashlib.sha256(proto).hexdigest()
+    proto_sha256 = hashlib.sha256(tokenizer.proto).hexdigest()
     directory = os.path.join(cache_root(), fingerprint(text_sha256, proto_sha256, split))
-    return write_token_file(lines, make_tokenizer(proto), directory, vocabulary_size, progress=progress)
+    return write_token_file(lines, tokenizer, directory, vocabulary_size, progress=progress)
 
 
 def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_per_batch=1024, progress=None):
@@ -193,7 +191,7 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
     Args:
         lines: `tf.data.Dataset` of `(line, starts_document)` pairs
             (`load_corpus(..., document_starts=True)`).
-        tokenizer: a `tensorflow_text` tokenizer (`make_tokenizer`).
+        tokenizer: the run's `ElitaTokenizer`.
         directory: where the files go; an existing one is reused when it passes its checks,
             else written again (with a line on stderr naming it).
         vocabulary_size: optional int: every id must be below it.

@@ -1,4 +1,4 @@
-"""SentencePiece: trained on the train split, applied inside the tf.data graph by tensorflow-text."""
+"""SentencePiece, trained on the train split; `elita_tf.models.ElitaTokenizer` applies it (in the tf.data graph)."""
 
 import collections
 import io
@@ -7,7 +7,6 @@ import re
 import numpy as np
 import sentencepiece
 import tensorflow as tf
-import tensorflow_text
 
 # SentencePiece's trainer skips a sentence longer than this many UTF-8 bytes (its own default,
 # `max_sentence_length`); longer lines are cut into pieces for it (`cut_long_line`).
@@ -134,7 +133,7 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
 
     Returns:
         The serialized model proto (`bytes`): save it with the run, pass it to
-        `make_tokenizer`.
+        `ElitaTokenizer(proto=...)`.
 
     Raises:
         ValueError: the corpus is empty, too small for `vocabulary_size` (with the
@@ -220,12 +219,3 @@ def sample_text(lines, max_bytes, seed=0):
         f"The tokenizer's sample of at most {max_bytes} bytes holds no line of the corpus: its first line alone "
         f"has {stopped} bytes. Raise tokenizer_sample_bytes (--tokenizer-sample-bytes). Received: max_bytes={max_bytes}"
     )
-
-
-def make_tokenizer(model_proto, add_eos=True):
-    """A `tensorflow_text.SentencepieceTokenizer` (int32 ids), usable inside `tf.data.Dataset.map`.
-
-    With `add_eos` every line ends with the end-of-sentence id, as WikiText's
-    `<eos>` per line.
-    """
-    return tensorflow_text.SentencepieceTokenizer(model=model_proto, out_type=tf.int32, add_eos=add_eos)

@@ -21,7 +21,6 @@ import keras
 import keras_hub
 import tensorflow as tf
 
-from elita_tf.data.tokenizer import make_tokenizer
 from elita_tf.export.settings import DEFAULT_MAX_NEW_TOKENS, check_max_new_tokens
 from elita_tf.models import ElitaCausalLM
 
@@ -88,8 +87,8 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
             "(ElitaCausalLM.from_preset gives one). Received: preprocessor=None"
         )
     preprocessor = causal_lm.preprocessor
-    tokenizer = make_tokenizer(preprocessor.tokenizer.proto, add_eos=False)
-    start = preprocessor.tokenizer.start_token_id  # the end-of-line piece: a prompt starts a new line of text
+    tokenizer = preprocessor.tokenizer  # the preset's own, in the graph
+    start = tokenizer.start_token_id  # the end-of-line piece: a prompt starts a new line of text
     backbone = causal_lm.backbone
     greedy = ElitaCausalLM(backbone)  # the same weights, with keras-hub's greedy sampler
     greedy.sampler = keras_hub.samplers.GreedySampler()
@@ -124,7 +123,11 @@ def export_saved_model(causal_lm, path, max_new_tokens=DEFAULT_MAX_NEW_TOKENS):
 
     archive = keras.export.ExportArchive()
     archive.track(backbone)
-    archive.track(tokenizer)
+    # keras-hub's tokenizer is a layer that is never built: tracked through a module holding it, its
+    # SentencePiece model goes into the SavedModel.
+    holder = tf.Module()
+    holder.tokenizer = tokenizer
+    archive.track(holder)
     archive.add_endpoint("serving_default", serve, [tf.TensorSpec([None, None], tf.int32, name="token_ids")])
     archive.add_endpoint(
         "generate",

@@ -312,8 +312,8 @@ def _cut(settings, manifest, causal_lm, length, pack_documents):
         split, splits = "all", {"all": splits["train"]}
     else:
         splits, data = load_corpus(corpus, document_starts=True)
-    proto, vocabulary_size = causal_lm.preprocessor.tokenizer.proto, causal_lm.backbone.vocabulary_size
-    tokens = cached_token_file(splits[split], proto, data["sha256"], split, vocabulary_size)
+    tokenizer, vocabulary_size = causal_lm.preprocessor.tokenizer, causal_lm.backbone.vocabulary_size
+    tokens = cached_token_file(splits[split], tokenizer, data["sha256"], split, vocabulary_size)
     if settings.carry_state:
         return _Cut(split, data, stream=tokens.stream()[0])
     if own_text:

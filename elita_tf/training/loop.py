@@ -57,14 +57,12 @@ from elita_tf.training.run_directory import (
     RESULTS_FILE,
     STEPS_FILE,
     TENSORBOARD_DIR,
-    TOKENIZER_FILE,
     RunDirectory,
     RunDirectoryError,
     check_sources_outside,
     check_writable,
     preset_of,
     read_results,
-    save_run_preset,
     write_atomically,
 )
 from elita_tf.training.settings import fields_marked
@@ -121,7 +119,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             f"batch_size={settings.batch_size}"
         )
     splits, data = corpus
-    config, run_splits = prepare_run(settings, run_dir, splits, data)
+    config, run_splits, preprocessor = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
         train_tokens = len(run_splits["train"].tokens)
         per_epoch = stream_steps_per_epoch(train_tokens, settings.batch_size, settings.sequence_length)
@@ -170,8 +168,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
         arguments["corpus"] = settings.corpus.record()
         request = json.dumps([requested_manifest(settings, config, data), arguments], sort_keys=True).encode()
-        with open(run_dir.file(TOKENIZER_FILE), "rb") as f:
-            tokenizer = f.read()
+        tokenizer = preprocessor.tokenizer.proto
         fingerprint = lambda blob: int(sha256(blob)[:15], 16)  # noqa: E731  (fits in an int64)
         check_workers_agree(
             strategy, {"arguments": fingerprint(request), "tokenizer": fingerprint(tokenizer), "start step": start}
@@ -195,7 +192,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         if chief:
             print(f"{settings.output_dir} has finished its {total} steps already: nothing to train or evaluate.")
             if not os.path.exists(run_dir.file(PRESET_DIR)):
-                _save_preset(model, settings, run_dir)
+                _save_preset(model, preprocessor, settings, run_dir)
             _print_results(settings, run_dir)
         return finished
     if start == total and chief:
@@ -279,7 +276,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(run_dir.file(RESULTS_FILE), json.dumps(results, indent=2))
     if chief:
-        _save_preset(model, settings, run_dir)
+        _save_preset(model, preprocessor, settings, run_dir)
         _print_results(settings, run_dir)
     return results
 
@@ -293,9 +290,11 @@ def _evaluated_as(results, total, settings):
     return same and results.get("steps") == total
 
 
-def _save_preset(model, settings, run_dir):
-    """The trained model as the run's keras-hub preset."""
-    save_run_preset(ElitaCausalLM(model.backbone.merge_lora()) if settings.merge_lora else model, run_dir.path)
+def _save_preset(model, preprocessor, settings, run_dir):
+    """The trained model, with the run's preprocessor (its tokenizer wrote the token files), as its keras-hub
+    preset. The model trains without it: keras-hub's `fit` would tokenize again what the token files hold."""
+    backbone = model.backbone.merge_lora() if settings.merge_lora else model.backbone
+    ElitaCausalLM(backbone, preprocessor).save_to_preset(run_dir.file(PRESET_DIR))
 
 
 def _print_results(settings, run_dir):

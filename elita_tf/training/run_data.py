@@ -14,6 +14,7 @@ import keras
 from elita_tf.data import lm_dataset, load_corpus, sample_text, stream_steps_per_epoch, train_sentencepiece
 from elita_tf.data.token_files import FileWindows, TokenFile, cached_token_file
 from elita_tf.data.text_files import TextCorpus, data_kind
+from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
 from elita_tf.training.model_settings import model_config, preset_tokenizer
 from elita_tf.training.run_directory import TOKENIZER_FILE, RunDirectoryError, read_manifest, write_atomically
@@ -52,7 +53,8 @@ def prepare_run(settings, run_dir, splits, data):
 
     A new run trains the tokenizer, cuts every split, and only then writes
     the tokenizer and `run.json`; a resumed one reuses its tokenizer after
-    checking its hash. Returns `(config, {split: RunSplit})`.
+    checking its hash. Returns `(config, {split: RunSplit}, preprocessor)`: the preprocessor holds
+    the run's one `ElitaTokenizer`, which wrote the token files.
     """
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
@@ -80,13 +82,17 @@ def prepare_run(settings, run_dir, splits, data):
                 f"{tokenizer_path} is missing or is not the tokenizer this run was trained with "
                 f"(sha256 {stored['tokenizer_sha256'][:12]}...). Restore it, or use --force-new."
             )
+    # The run's one tokenizer: it writes the token files and goes into the final preset.
+    preprocessor = ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=settings.sequence_length)
     run_splits = {}
     bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
     for split in pairs:
         # Each split tokenized once into files, reused by any later run or evaluation on the same text and tokenizer.
         try:
             progress = bar.add if bar else None
-            tokens = cached_token_file(pairs[split], proto, data["sha256"], split, settings.vocabulary_size, progress)
+            tokens = cached_token_file(
+                pairs[split], preprocessor.tokenizer, data["sha256"], split, settings.vocabulary_size, progress
+            )
             cut = FileWindows(tokens, settings.sequence_length + 1)
             if not len(cut):
                 raise ValueError(f"The corpus is shorter than one window of {settings.sequence_length + 1} tokens.")
@@ -106,4 +112,4 @@ def prepare_run(settings, run_dir, splits, data):
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": sha256(proto)})
-    return config, run_splits
+    return config, run_splits, preprocessor

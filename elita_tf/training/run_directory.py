@@ -335,13 +335,6 @@ def _run_preprocessor(run_path):
     return ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
 
 
-def save_run_preset(model, run_path):
-    """Writes `model`'s backbone with the run's tokenizer as a keras-hub preset in `run_path/preset/`."""
-    from elita_tf.models import ElitaCausalLM
-
-    ElitaCausalLM(model.backbone, _run_preprocessor(run_path)).save_to_preset(os.path.join(run_path, PRESET_DIR))
-
-
 def load_run_model(run_path):
     """The `ElitaCausalLM` of a run's newest intact checkpoint, with the run's tokenizer and preprocessor.
 

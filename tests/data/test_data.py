@@ -9,12 +9,12 @@ import tensorflow as tf
 from elita_tf.data import (
     lm_dataset,
     load_wikitext,
-    make_tokenizer,
     split_files,
     token_windows,
     train_sentencepiece,
 )
 from elita_tf.data.corpus_settings import CorpusSettings
+from elita_tf.data.pipeline import line_ids
 from elita_tf.data.tokenizer import MAX_SENTENCE_BYTES, MIN_BYTE_FALLBACK_VOCABULARY, cut_long_line
 from elita_tf.models import ElitaTokenizer
 from tests.conftest import WORDS, rare_character_lines, write_tiny_wikitext
@@ -33,7 +33,7 @@ def proto(splits):
 
 @pytest.fixture(scope="module")
 def tokenizer(proto):
-    return make_tokenizer(proto)
+    return ElitaTokenizer(proto=proto)
 
 
 def test_builder_reads_local_files_in_order(splits, tiny_wikitext):
@@ -57,10 +57,10 @@ def test_missing_or_empty_data_is_a_clear_error(tmp_path):
 
 def test_tokenizer_round_trip_in_graph(tokenizer):
     text = tf.constant(["the cat sees the bridge .", "a dog likes an apple ."])
-    ids = tf.function(tokenizer.tokenize)(text)
-    assert ids.dtype == tf.int32
+    ids = tf.function(lambda lines: line_ids(tokenizer, lines))(text)
+    assert ids.dtype == tf.int32 and [row[-1] for row in ids.to_list()] == [tokenizer.end_token_id] * 2
     assert np.all(ids.flat_values.numpy() < 60)
-    assert [s.decode() for s in tokenizer.detokenize(ids).numpy()] == [s.decode() for s in text.numpy()]
+    assert [s.decode() for s in tf.function(tokenizer.detokenize)(ids).numpy()] == [s.decode() for s in text.numpy()]
 
 
 def test_a_corpus_whose_characters_fit_has_no_byte_pieces(proto):
@@ -76,9 +76,9 @@ def test_a_small_vocabulary_spells_rare_characters_in_bytes():
     assert pieces.get_piece_size() == 300 and sum(pieces.is_byte(i) for i in range(300)) == 256
     text = lines[:20] + ["ж 𝄞 ☃ ∮ 丂 new characters ."]  # and characters the corpus never had
     # In the tf.data graph: byte pieces, never <unk>, and the text back whole.
-    tokenizer = make_tokenizer(proto)
-    ids = tf.data.Dataset.from_tensor_slices(text).map(tokenizer.tokenize)
-    ids = tf.ragged.stack(list(ids)).to_list()
+    tokenizer = ElitaTokenizer(proto=proto)
+    ids = tf.data.Dataset.from_tensor_slices(text).batch(len(text)).map(lambda lines: line_ids(tokenizer, lines))
+    ids = next(iter(ids)).to_list()
     assert ids == [row + [pieces.eos_id()] for row in pieces.encode(text)]
     flat = [i for row in ids for i in row]
     assert pieces.unk_id() not in flat and any(pieces.is_byte(i) for i in flat)
@@ -107,15 +107,12 @@ def test_vocabulary_too_large_and_empty_corpus():
         train_sentencepiece(["", "  "], vocabulary_size=10)
 
 
-def test_windows_and_batches(splits, tokenizer):
+def test_windows_and_batches(splits, tokenizer, proto):
     windows = token_windows(splits["train"], tokenizer, sequence_length=16)
     assert windows.shape[1] == 17 and windows.dtype == np.int32
-    ids = np.concatenate(
-        [
-            tokenizer.tokenize(tf.constant([line])).flat_values.numpy()
-            for line in splits["train"].take(3).as_numpy_iterator()
-        ]
-    )
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    lines = [line.decode() for line in splits["train"].take(3).as_numpy_iterator()]
+    ids = np.concatenate([pieces.encode(line) + [pieces.eos_id()] for line in lines])
     np.testing.assert_array_equal(windows[0], ids[:17])  # concatenated in order, eos per line
     x, y = next(iter(lm_dataset(windows, batch_size=4, seed=0)))
     assert x["token_ids"].shape == (4, 16) and y.shape == (4, 16)
@@ -160,8 +157,8 @@ def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
 def test_lines_longer_than_sentencepiece_reads_are_cut_for_its_sample_only():
     rng = np.random.default_rng(0)
     lines = [" ".join(rng.choice(WORDS + ["café"], 1000)) for _ in range(20)]  # ~6,000 bytes each, one a document
-    tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
-    assert tokenizer.detokenize(tokenizer.tokenize(lines[0])).numpy().decode() == lines[0]  # the text stays whole
+    tokenizer = ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=60))
+    assert tokenizer.detokenize(tokenizer.tokenize(lines[0])) == lines[0]  # the text stays whole
     assert min(len(line.encode()) for line in lines) > MAX_SENTENCE_BYTES
     # Pieces end at whitespace where there is some, and never inside a UTF-8 character where there is none.
     pieces = cut_long_line(lines[0])

@@ -7,7 +7,6 @@ import tensorflow as tf
 from elita_tf.data import (
     lm_dataset,
     load_corpus,
-    make_tokenizer,
     packed_windows,
     token_stream,
     token_windows,
@@ -15,6 +14,7 @@ from elita_tf.data import (
 )
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.token_files import FileWindows, TokenFile, fingerprint, write_token_file
+from elita_tf.models import ElitaTokenizer
 from tests.conftest import write_documents
 
 
@@ -25,7 +25,7 @@ def corpus(tmp_path_factory):
         CorpusSettings(write_documents(folder, 40, seed=0), holdout_fraction=0.1), document_starts=True
     )
     lines = [line.decode() for line, _ in splits["train"].as_numpy_iterator()]
-    return splits, make_tokenizer(train_sentencepiece(lines, vocabulary_size=50))
+    return splits, ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=50))
 
 
 def _batches(dataset):

@@ -11,7 +11,7 @@ import sentencepiece
 import tensorflow as tf
 
 from elita_tf.cli.export import main as export_main
-from elita_tf.data import make_tokenizer, train_sentencepiece
+from elita_tf.data import train_sentencepiece
 from elita_tf.export import export_saved_model, load_saved_model
 from elita_tf.models import ElitaBackbone, ElitaCausalLM, ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training import save_checkpoint
@@ -33,7 +33,7 @@ def _causal_lm(name, proto, dtype=None):
 def _prompt_ids(proto, prompts):
     """Each prompt's ids as `ElitaCausalLM.generate` reads them: after the start token."""
     start = ElitaTokenizer(proto=proto).start_token_id
-    return [[start] + row for row in make_tokenizer(proto, add_eos=False).tokenize(tf.constant(prompts)).to_list()]
+    return [[start] + row for row in sentencepiece.SentencePieceProcessor(model_proto=proto).encode(prompts)]
 
 
 def _greedy_ids(causal_lm, proto, prompts, new_tokens):
@@ -59,7 +59,7 @@ def exported(request, proto, tmp_path_factory):
     path = str(tmp_path_factory.mktemp("saved") / request.param)
     export_saved_model(causal_lm, path)
     tokens = _greedy_ids(causal_lm, proto, PROMPTS, 6)
-    text = [t.decode() for t in make_tokenizer(proto, add_eos=False).detokenize(tokens).numpy()]
+    text = sentencepiece.SentencePieceProcessor(model_proto=proto).decode(np.asarray(tokens).tolist())
     return path, causal_lm.backbone, text
 
 
@@ -88,12 +88,12 @@ def test_generate_gives_the_greedy_text_of_elita_causal_lm_generate(proto, tmp_p
     export_saved_model(causal_lm, str(tmp_path / "saved"))
     generate = tf.saved_model.load(str(tmp_path / "saved")).signatures["generate"]
     causal_lm.compile(sampler="greedy")
-    tokenizer = make_tokenizer(proto, add_eos=False)
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
     for prompt, ids in zip(PROMPTS, _prompt_ids(proto, PROMPTS)):
         # keras-hub's `max_length` counts the start token and the prompt.
         want = causal_lm.generate(prompt, max_length=len(ids) + 6, stop_token_ids=None)
         new = generate(prompts=tf.constant([prompt]), max_new_tokens=tf.constant(6))["token_ids"][0]
-        assert tokenizer.detokenize(tf.concat([ids[1:], new], 0)).numpy().decode() == want
+        assert pieces.decode(ids[1:] + new.numpy().tolist()) == want
 
 
 def test_signatures_refuse_or_define_every_edge_case(exported):
@@ -172,7 +172,7 @@ def test_a_byte_fallback_tokenizer_serves_rare_characters(tmp_path):
     causal_lm = _causal_lm("elita", proto)
     path = export_saved_model(causal_lm, str(tmp_path / "saved"))
     # The graph's tokenizer spells them in the same byte pieces: the same prompt ids, so the same greedy tokens.
-    assert make_tokenizer(proto, add_eos=False).tokenize(tf.constant(prompts)).to_list() == ids
+    assert sentencepiece.SentencePieceProcessor(model_proto=proto).encode(prompts) == ids
     out = load_saved_model(path).signatures["generate"](prompts=tf.constant(prompts), max_new_tokens=tf.constant(5))
     np.testing.assert_array_equal(out["token_ids"], _greedy_ids(causal_lm, proto, prompts, 5))
 

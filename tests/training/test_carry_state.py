@@ -9,12 +9,12 @@ import pytest
 from elita_tf.cli.train import parse_args
 from elita_tf.data import (
     load_corpus,
-    make_tokenizer,
     stream_dataset,
     token_stream,
     train_sentencepiece,
 )
 from elita_tf.data.corpus_settings import CorpusSettings
+from elita_tf.models import ElitaTokenizer
 from elita_tf.training import latest_checkpoint, train
 from elita_tf.training.run_directory import RunDirectoryError
 from tests.training.test_cli import Interrupt, _args
@@ -28,11 +28,11 @@ def test_the_stream_marks_article_starts_and_segments_continue_each_other(tiny_w
         CorpusSettings("wikitext-2-v1", data_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds")), document_starts=True
     )
     lines = (line.decode() for line, _ in splits["train"].as_numpy_iterator())
-    tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
+    tokenizer = ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=60))
     ids, document_starts = token_stream(splits["train"], tokenizer, vocabulary_size=60)
     # The tiny corpus has a ` = Heading k = ` article title every 20 lines: 20 in its 400 lines.
     assert document_starts.sum() == 20
-    heading = tokenizer.tokenize("= Heading 3 =").numpy()[:-1]  # without the end-of-line id
+    heading = np.asarray(tokenizer.tokenize("= Heading 3 ="))  # the line's pieces, before its end-of-line id
     starts = np.flatnonzero(document_starts)
     np.testing.assert_array_equal(ids[starts[3] : starts[3] + len(heading)], heading)
     batches = [

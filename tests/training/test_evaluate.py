@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
-from elita_tf.data import load_corpus, make_tokenizer, token_stream
+from elita_tf.data import load_corpus, token_stream
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.models import ElitaCausalLM
 from elita_tf.training import EvaluateSettings, evaluate, preset_of, train
@@ -61,7 +61,7 @@ def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_r
     # The same stream in one parallel pass: segments of 16 with carried states give the same losses.
     causal_lm = ElitaCausalLM.from_preset(preset_of(run))
     splits, _ = load_corpus(CorpusSettings(**data), document_starts=True)
-    stream, _ = token_stream(splits["test"], make_tokenizer(causal_lm.preprocessor.tokenizer.proto))
+    stream, _ = token_stream(splits["test"], causal_lm.preprocessor.tokenizer)
     ids = tf.constant(stream[None, :-1])
     logits = causal_lm({"token_ids": ids, "padding_mask": tf.ones_like(ids)})
     per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(stream[None, 1:], logits)[0].numpy()

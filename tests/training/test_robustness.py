@@ -17,11 +17,10 @@ import pytest
 from elita_tf.cli.train import main, parse_args
 from elita_tf.data import (
     load_wikitext,
-    make_tokenizer,
     token_windows,
     train_sentencepiece,
 )
-from elita_tf.models import ElitaCausalLM
+from elita_tf.models import ElitaCausalLM, ElitaTokenizer
 from elita_tf.training import (
     CorruptCheckpointError,
     RunDirectory,
@@ -217,7 +216,7 @@ def test_vocabulary_messages_say_which_way_to_go():
 def test_the_pipeline_refuses_ids_the_model_has_no_row_for(tiny_wikitext, tmp_path):
     splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
     lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
-    tokenizer = make_tokenizer(train_sentencepiece(lines, vocabulary_size=60))
+    tokenizer = ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=60))
     assert token_windows(splits["train"], tokenizer, 16, vocabulary_size=60).max() < 60
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 40\)"):
         token_windows(splits["train"], tokenizer, 16, vocabulary_size=40)
