@@ -1,4 +1,4 @@
-"""The PyTorch peer in the GPU script's run: a GPT of exactly the `transformer` recipe's shape, and the attention
+"""The PyTorch peer in the GPU script's run: a GPT of exactly the `transformer` architecture's shape, and the attention
 ops alone, timed as `training_step.py` and `layers.py` time ours.
 
 `steps`: the GPT's training step at each T, eager and `torch.compile`d: causal attention by
@@ -43,7 +43,7 @@ from measure import rss_mib, run_measurements, time_left  # noqa: E402  (after t
 
 from elita_tf.models import MODEL_SIZES  # noqa: E402
 
-# The `transformer` recipe's epsilons (elita_tf/models/elita_backbone.py): its blocks' LayerNorms, the final one.
+# The `transformer` architecture's epsilons (elita_tf/models/elita_backbone.py): its blocks' LayerNorms, the final one.
 BLOCK_NORM_EPSILON = 1e-5
 FINAL_NORM_EPSILON = 1e-3
 NEEDS_CUDA = "needs CUDA and Triton"

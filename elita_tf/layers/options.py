@@ -1,4 +1,4 @@
-"""The layers' named options, without TensorFlow: the command lines and recipes check them before any layer loads."""
+"""The layers' named options, without TensorFlow: command lines and architectures check them before a layer loads."""
 
 # Attention2's positions: the sinusoids run on past `position_scale` ("fixed"), hold the last trained
 # position ("clamped"), or move with the sequence length ("length", the original's; it cannot decode).

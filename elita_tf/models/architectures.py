@@ -1,12 +1,13 @@
-"""The architectures: named recipes of `ElitaBackbone` arguments, and the check every backbone's arguments pass.
+"""The architectures: named `ElitaBackbone` configs (its arguments), and the check every backbone's arguments pass.
 
-An architecture is a dict of `ElitaBackbone` arguments. Every recipe keeps width, depth and heads
-at the backbone's defaults (or the caller's), so comparisons between them are like for like:
+An architecture is a name; its config is a dict of `ElitaBackbone` arguments. Every architecture keeps
+width, depth and heads at the backbone's defaults (or the caller's), so comparisons between them are like
+for like:
 
     ElitaBackbone.from_architecture("elita", vocabulary_size=5000)
     elita-train --architecture transformer ...
 
-The `*-reference` recipes wrap the blocks as their original authors did (`docs/differences.md`).
+The `*-reference` architectures wrap the blocks as their original authors did (`docs/differences.md`).
 """
 
 import functools
@@ -182,7 +183,7 @@ def upgrade_config(config):
 
 
 def architecture(name):
-    """The recipe `name` (a key of `ARCHITECTURES`) as a dict of backbone arguments.
+    """The config of architecture `name` (a key of `ARCHITECTURES`): a dict of backbone arguments.
 
     Raises:
         ValueError: for an unknown name, listing the known ones.

@@ -1,4 +1,4 @@
-"""The recipe factory: an architecture's config to the layers of the decoder, by their stable names.
+"""The layer factory: a backbone config to the layers of the decoder, by their stable names.
 
 `make_layers(config, dtype)` gives `token_embedding`, `position_embedding`, `embedding_norm`,
 `embedding_dropout`, `block_{i}`, `final_norm` and `logits` as the config asks: each block a
@@ -129,7 +129,7 @@ def _make_ffn(config, index, shared_ffn, dtype):
 
 
 # Each block type's norm, epsilon and residual form.
-_BLOCK_RECIPES = {
+_BLOCK_PARTS = {
     "elita": ("unscaled_layer_norm", 1e-3, "pre_norm"),  # ELiTA's LayerNorm has no scale or centre
     "linear": ("layer_norm", 1e-3, "pre_norm"),
     "additive": ("layer_norm", 1e-3, "pre_norm"),
@@ -140,7 +140,7 @@ _BLOCK_RECIPES = {
 
 
 def _make_block(config, index, shared_ffn, dtype):
-    norm, epsilon, residual = _BLOCK_RECIPES[config["blocks"][index]]
+    norm, epsilon, residual = _BLOCK_PARTS[config["blocks"][index]]
     if norm is not None and config["norm"] is not None:
         norm = config["norm"]
     return DecoderBlock(

@@ -2,7 +2,7 @@
 
     token ids [B, T] -> token embedding (+ learned positions) -> blocks -> final norm -> logits [B, T, V]
 
-Every block is a `DecoderBlock(mixer, ffn, norm, residual)`; the block type picks the recipe:
+Every block is a `DecoderBlock(mixer, ffn, norm, residual)`; the block type picks its parts:
 
     elita        x += Attention2(LN(x));         x += FFN(LN(x))    (LN without scale/centre, as the reference)
     linear       x += LinearAttention(LN(x));    x += FFN(LN(x))
@@ -108,7 +108,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
     language-model head, so `ElitaBackbone.from_preset(path)` gives the whole
     trained network. The arguments are the architecture: `get_config()`
     returns them, and a training run's manifest records them as they are.
-    `ElitaBackbone.from_architecture(name, ...)` starts from a named recipe
+    `ElitaBackbone.from_architecture(name, ...)` starts from a named architecture
     (`elita_tf.models.ARCHITECTURES`); `docs/math.md` writes out every block.
 
     Args:
@@ -383,7 +383,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
 
     @classmethod
     def from_architecture(cls, name, vocabulary_size, **overrides):
-        """A randomly initialised backbone of a named recipe (`elita_tf.models.ARCHITECTURES`), with overrides.
+        """A randomly initialised backbone of a named architecture (`elita_tf.models.ARCHITECTURES`), with overrides.
 
         Example:
         >>> ElitaBackbone.from_architecture("transformer", vocabulary_size=100, num_layers=2).num_layers
@@ -406,7 +406,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
 
 
 def architecture_config(name, **overrides):
-    """The architecture of recipe `name` with overrides, as `ElitaBackbone(**config)` takes it, checked.
+    """The config of architecture `name` with overrides, as `ElitaBackbone(**config)` takes it, checked.
 
     These are the `get_config()` fields of the backbone it builds (without
     Keras' `name`, `trainable` and `dtype`): what a run's manifest records.

@@ -1,6 +1,6 @@
-"""The model a run trains: from its recipe and size, from the model it fine-tunes, or as the run it resumes.
+"""The model a run trains: from its architecture and size, from the model it fine-tunes, or as the run it resumes.
 
-`TrainSettings` names a model by its recipe (`architecture`), `size` and overrides; its model
+`TrainSettings` names a model by its `architecture`, `size` and overrides; its model
 fields left None take the size's values or the backbone's defaults. `complete_settings` fills
 them in, from a preset when the run fine-tunes one (`init_from`), so that everything after it sees
 one concrete model.
@@ -15,12 +15,12 @@ from elita_tf.models.presets import check_preset, read_preset_config
 from elita_tf.training.run_directory import RunDirectory, preset_of
 from elita_tf.training.settings import TrainSettings, model_fields
 
-# Fields a fine-tuned run takes from its model: the recipe, and every model field.
+# Fields a fine-tuned run takes from its model: the architecture, and every model field.
 FINE_TUNED_FIELDS = ("architecture", "size", *model_fields())
 
 
 def model_config(settings):
-    """The run's architecture: `ElitaBackbone` arguments of its recipe at its size, with its overrides."""
+    """The run's backbone config: the `ElitaBackbone` arguments of its architecture at its size, with its overrides."""
     overrides = dict(MODEL_SIZES[settings.size])
     for field, argument in model_fields().items():
         if getattr(settings, field) is not None:
@@ -29,9 +29,9 @@ def model_config(settings):
 
 
 def preset_architecture(preset):
-    """`(recipe name, architecture)` of the model in a run directory or keras-hub preset.
+    """`(architecture, config)` of the model in a run directory or keras-hub preset.
 
-    The architecture is complete (`architecture_config`'s fields), whatever the preset's age.
+    The config is complete (`architecture_config`'s fields), whatever the preset's age.
 
     Raises:
         ValueError: when the preset is not an ELiTA model's, or its model is none of
@@ -50,7 +50,7 @@ def preset_architecture(preset):
 
 
 def init_from_settings(settings, given=None):
-    """`settings` with the recipe and model fields of the model `settings.init_from` names.
+    """`settings` with the architecture and model fields of the model `settings.init_from` names.
 
     Args:
         settings: a `TrainSettings`.
@@ -122,7 +122,7 @@ def complete_settings(settings):
 def resolve_position_mode(settings, run_path):
     """`settings` with `position_mode` decided, when it was left to the run (None).
 
-    Resuming keeps the stored run's mode. A recipe that sets its own keeps it
+    Resuming keeps the stored run's mode. An architecture that sets its own keeps it
     (`elita-reference`: `"length"`). Otherwise a new run trained in windows
     never sees a position past `sequence_length`, so it holds later ones at
     the last trained position (`clamped`): the reference's sinusoids, run on,
