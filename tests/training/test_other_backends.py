@@ -1,5 +1,6 @@
-"""`elita-train` and `elita-evaluate` on JAX or PyTorch: a complete run directory, whose preset exports to LiteRT
-under TensorFlow and scores there what the run's own backend scores: its test loss, in windows and as one stream."""
+"""`elita-train`, `elita-evaluate` and `elita-compare` on JAX or PyTorch: a complete run directory, whose preset
+exports to LiteRT under TensorFlow and scores there what the run's own backend scores: its test loss, in windows
+and as one stream; and a comparison's runs, each trained on that backend."""
 
 import json
 import os
@@ -43,3 +44,18 @@ def test_a_run_here_is_complete_and_scores_its_test_loss_under_tensorflow_and_li
     scored = run_on_backend("tensorflow", _ON_TENSORFLOW, run, tmp_path / "model.tflite")
     losses = json.loads(scored.strip().splitlines()[-1])  # TensorFlow's, the LiteRT file's, TensorFlow's stream
     assert losses == pytest.approx([results["test_loss"]] * 2 + [stream["loss"]], rel=1e-5)
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="elita-compare's own tests run on TensorFlow")
+def test_compare_trains_every_architecture_on_this_backend_and_tables_them(tmp_path):
+    from elita_tf.cli.compare import main as compare_main
+
+    out = tmp_path / "compare"
+    data = write_documents(tmp_path / "texts", 40)
+    arguments = ["--output-dir", str(out), *TINY_RUN, "--max-steps", "2", "--data", data, "--holdout-fraction", "0.15"]
+    assert compare_main([*arguments, "--architectures", "elita", "transformer", "--seeds", "0"]) == 0
+    table = (out / "results.md").read_text()
+    assert "| elita | 0 |" in table and "| transformer | 0 |" in table
+    for name in ("elita", "transformer"):  # each run trained here, in its own process
+        results = json.loads((out / name / "seed-0" / "results.json").read_text())
+        assert results["software"]["keras_backend"] == BACKEND and results["steps"] == 2
