@@ -20,8 +20,8 @@ _seed = functools.partial(check_integer, least=0, most=SEED_MAX)
 _verbosity = functools.partial(check_integer, least=0, most=2)
 _SIZE = "the `size`'s"
 # The architectures are checked, not given to argparse as choices: its usage line would list them all.
-_ARCHITECTURES = sorted(ARCHITECTURES)
-_architecture = functools.partial(check_choice, choices=_ARCHITECTURES)
+_ARCHITECTURE_NAMES = sorted(ARCHITECTURES)
+_architecture = functools.partial(check_choice, choices=_ARCHITECTURE_NAMES)
 
 
 @with_attributes
@@ -49,7 +49,7 @@ class TrainSettings:
         local=True,
     )
     architecture: str = setting(
-        "elita", f"The architecture: one of {_ARCHITECTURES} (`elita_tf.models.ARCHITECTURES`).", check=_architecture
+        "elita", f"The architecture: one of {_ARCHITECTURE_NAMES} (`elita_tf.models.ARCHITECTURES`).", check=_architecture
     )
     corpus: CorpusSettings = setting(
         CorpusSettings, "The text and how it is split (`CorpusSettings`; its fields are flags of their own).",
