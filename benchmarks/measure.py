@@ -1,5 +1,6 @@
 """Runs one measurement in its own process, so that its peak memory is its own."""
 
+import collections
 import json
 import os
 import subprocess
@@ -44,6 +45,12 @@ def run_measurements(cmd, timeout, env=None):
     if proc.returncode or not lines:
         return [], (proc.stderr.strip().splitlines() or ["failed"])[-1][:80]
     return [json.loads(line) for line in lines], None
+
+
+def most_common(names):
+    """The most common of the non-empty `names`, or ""."""
+    counts = collections.Counter(name for name in names if name)
+    return counts.most_common(1)[0][0] if counts else ""
 
 
 def time_left(deadline, timeout, least=60):
@@ -128,6 +135,41 @@ def use_gpu_peak(result):
     if peak is not None:
         result.update(peak_mib=peak / 2**20, peak_memory="gpu")
     return result
+
+
+class _TensorMemory:
+    """The backend allocator's peak, reset after the first (compiling) step: the steps' own tensors."""
+
+    def __init__(self, reset, peak):
+        self.reset, self._peak = reset, peak
+
+    def peak_mib(self):
+        return self._peak() / 2**20
+
+
+def tensor_memory():
+    """The allocator's peak with a reset, where the backend keeps one: TensorFlow's (on a CPU too, unless XLA's
+    own CPU runtime holds the tensors) and PyTorch's on a GPU; None elsewhere (JAX cannot reset its peak)."""
+    backend = _backend()
+    if backend == "torch":
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return _TensorMemory(torch.cuda.reset_peak_memory_stats, torch.cuda.max_memory_allocated)
+    if backend != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    try:
+        tf.config.experimental.get_memory_info(device)
+    except ValueError:
+        return None
+    return _TensorMemory(
+        lambda: tf.config.experimental.reset_memory_stats(device),
+        lambda: tf.config.experimental.get_memory_info(device)["peak"],
+    )
 
 
 def wait_for(outputs):

@@ -26,18 +26,23 @@ time, against the GPU's dense bfloat16 peak.
 
     python benchmarks/profile_step.py --jit-compile --size 25m --sequence-length 8192 --batch-size 2 \
         --dtype-policy mixed_bfloat16 --top 20 --out raw.jsonl        # the GPU script's profile
+
+On JAX (`KERAS_BACKEND=jax`, `--jit-compile` only) the same table comes from JAX's own profiler and XLA's HLO
+dump (`jax_profile.py`), without TensorFlow.
 """
 
 import argparse
 import collections
 import glob
 import json
+import os
 import re
 import statistics
 import tempfile
 import time
 
-from measure import environment, training_model
+import jax_profile
+from measure import environment, most_common, training_model
 
 from elita_tf.models import MODEL_SIZES
 
@@ -239,17 +244,12 @@ def xla_instructions(space):
                         # XLA's own instructions (a copy, a layout change) take their operands' op, or their users'.
                         op_name = (
                             names[instruction.id]
-                            or _most_common(names.get(i, "") for i in instruction.operand_ids)
-                            or _most_common(names[i] for i in users[instruction.id])
+                            or most_common(names.get(i, "") for i in instruction.operand_ids)
+                            or most_common(names[i] for i in users[instruction.id])
                         )
                         product = _product_shape(instruction, by_id, computations)
                         instructions[module.name, instruction.name] = (op_name, instruction.opcode, product)
     return instructions
-
-
-def _most_common(names):
-    counts = collections.Counter(name for name in names if name)
-    return counts.most_common(1)[0][0] if counts else ""
 
 
 def _own_op_name(instruction, computations):
@@ -259,7 +259,7 @@ def _own_op_name(instruction, computations):
         return instruction.metadata.op_name
     fused, fused_by_id = computations[instruction.called_computation_ids[0]]
     root = fused_by_id.get(fused.root_id)
-    return (root.metadata.op_name if root else "") or _most_common(i.metadata.op_name for i in fused.instructions)
+    return (root.metadata.op_name if root else "") or most_common(i.metadata.op_name for i in fused.instructions)
 
 
 def read_xla_times(logdir, device):
@@ -287,10 +287,13 @@ def read_xla_times(logdir, device):
     return times, want, space
 
 
-def xla_profile(logdir, device, widths, length):
-    """Per XLA op: `[(part, direction, op name, opcode, picoseconds)]`, from the trace in `logdir`."""
-    times, plane, space = read_xla_times(logdir, device)
-    instructions = xla_instructions(space)
+def xla_profile(times, instructions, widths, length):
+    """Per XLA op: `[(part, direction, op name, opcode, picoseconds)]`.
+
+    `times` and `instructions` are `read_xla_times`' and `xla_instructions`' (or `jax_profile`'s). A JAX op
+    name wraps its layers in its transformations (`transpose(jvp(block_0))/mixer/...` is backward): they are
+    read without the wrappers.
+    """
     by_name = {name: value for (_, name), value in instructions.items()}
     # A kernel without XLA's annotation is still named after its fusion ("loop_add_fusion.3": "loop_add_fusion_3").
     by_kernel = {re.sub(r"[.-]", "_", name): value for name, value in by_name.items()}
@@ -301,16 +304,17 @@ def xla_profile(logdir, device, widths, length):
         )
         if opcode in _CONTAINERS or name.startswith("end: "):
             continue
+        scopes = re.sub(r"\b(?:jvp|transpose|jit|pjit|remat|checkpoint|vmap)\(|\)", "", op_name)
         part = "rest"
         for candidate, pattern in XLA_PARTS:
-            if re.search(pattern, op_name):
+            if re.search(pattern, scopes):
                 part = candidate
                 break
         if part == "token mixer":
-            part = "projections" if _is_projection(op_name, product, widths, length) else "token mixer kernel"
-        direction = "backward" if "gradient" in op_name else "forward"
+            part = "projections" if _is_projection(scopes, product, widths, length) else "token mixer kernel"
+        direction = "backward" if "gradient" in op_name or "transpose(" in op_name else "forward"
         rows.append((part, direction, op_name or name, opcode or "kernel", ps))
-    return rows, plane
+    return rows
 
 
 def main():
@@ -337,9 +341,15 @@ def main():
         if getattr(args, name) is None:
             setattr(args, name, value)
 
+    import keras
     import numpy as np
-    import tensorflow as tf
 
+    backend = keras.backend.backend()
+    if backend != "tensorflow" and (args.memory or not args.jit_compile):
+        parser.error(f"on {backend}, profile the compiled step (--jit-compile) without --memory (TensorFlow's)")
+    dump_dir = tempfile.mkdtemp(prefix="elita-hlo-") if backend == "jax" else None
+    if dump_dir:  # before the step compiles: its HLO, for the op names
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {jax_profile.dump_flags(dump_dir)}"
     model = training_model(
         args.architecture,
         args.output_head,
@@ -354,9 +364,10 @@ def main():
     )
     rng = np.random.default_rng(0)
     shape = (args.batch_size, args.sequence_length)
-    token_ids = tf.constant(rng.integers(0, args.vocabulary_size, size=shape), tf.int32)
-    x = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}  # elita-train's batches
-    y = tf.constant(rng.integers(0, args.vocabulary_size, size=shape), tf.int32)
+    token_ids = rng.integers(0, args.vocabulary_size, size=shape).astype("int32")
+    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}  # elita-train's batches
+    x = keras.tree.map_structure(keras.ops.convert_to_tensor, x)
+    y = keras.ops.convert_to_tensor(rng.integers(0, args.vocabulary_size, size=shape).astype("int32"))
     start = time.perf_counter()
     for _ in range(args.warmup):
         model.train_on_batch(x, y)
@@ -368,14 +379,24 @@ def main():
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     logdir = tempfile.mkdtemp(prefix="elita-profile-")
-    # Host tracer level 3 records the allocator's events (`--memory`).
-    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3 if args.memory else 2)
-    tf.profiler.experimental.start(logdir, options)
+    if backend == "jax":
+        import jax
+
+        jax.profiler.start_trace(logdir)
+    else:
+        import tensorflow as tf
+
+        # Host tracer level 3 records the allocator's events (`--memory`).
+        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3 if args.memory else 2)
+        tf.profiler.experimental.start(logdir, options)
     start = time.perf_counter()
     for _ in range(args.steps):
         loss = float(model.train_on_batch(x, y))
     wall = (time.perf_counter() - start) / args.steps
-    tf.profiler.experimental.stop()
+    if backend == "jax":
+        jax.profiler.stop_trace()
+    else:
+        tf.profiler.experimental.stop()
     ms = lambda ps: ps / 1e9 / args.steps  # noqa: E731  (per step)
 
     result = {
@@ -399,9 +420,15 @@ def main():
         f"{args.dtype_policy}{', XLA' if args.jit_compile else ''}, on {result['device']}"
     )
     if args.jit_compile:
-        on = "gpu" if tf.config.list_logical_devices("GPU") else "cpu"
+        on = "cpu" if result["device"] == "CPU" else "gpu"
+        if backend == "jax":
+            times, plane = jax_profile.read_times(logdir, on)
+            instructions = jax_profile.hlo_instructions(dump_dir)
+        else:
+            times, plane, space = read_xla_times(logdir, on)
+            instructions = xla_instructions(space)
         widths = {args.hidden_dim, args.num_heads * args.head_dim}
-        rows, plane = xla_profile(logdir, on, widths, args.sequence_length)
+        rows = xla_profile(times, instructions, widths, args.sequence_length)
         _print_xla(args, result, rows, plane, ms)
     else:
         _print_executor(args, result, read_op_times(logdir), wall, ms)
@@ -494,7 +521,7 @@ def _print_xla(args, result, rows, plane, ms):
     for part, _, name, opcode, ps in rows:
         by_op[part, opcode, _any_block(re.sub(r"_\d+(?=/|$)", "", name))] += ps
     top = by_op.most_common(args.top)
-    print("| ms a step | share | part | XLA op | TensorFlow op |")
+    print("| ms a step | share | part | XLA op | op (its layers) |")
     print("|---|---|---|---|---|")
     for (part, opcode, name), ps in top:
         print(f"| {ms(ps):.3f} | {100 * ps / total:.1f}% | {part} | {opcode} | {name} |")

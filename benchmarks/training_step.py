@@ -28,6 +28,7 @@ from measure import (
     environment,
     rss_mib,
     run_measurement,
+    tensor_memory,
     time_left,
     training_model,
     use_gpu_peak,
@@ -37,8 +38,8 @@ from elita_tf.models import MODEL_SIZES
 
 
 def run_one(args):
+    import keras
     import numpy as np
-    import tensorflow as tf
 
     base = rss_mib()
     batch = max(1, args.tokens // args.sequence_length)
@@ -54,23 +55,21 @@ def run_one(args):
         head_dim=args.head_dim,
         max_sequence_length=args.sequence_length,
     )
+    # NumPy's draws put on the device by Keras' backend: no TensorFlow on JAX or PyTorch.
     rng = np.random.default_rng(0)
-    token_ids = tf.constant(rng.integers(0, args.vocabulary_size, size=(batch, args.sequence_length)), tf.int32)
-    x = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}  # elita-train's batches
-    y = tf.constant(rng.integers(0, args.vocabulary_size, size=(batch, args.sequence_length)), tf.int32)
-    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
-    try:  # a CPU whose allocator keeps no statistics (XLA's own CPU runtime) has no tensor peak
-        tf.config.experimental.get_memory_info(device)
-        tracks_memory = True
-    except ValueError:
-        tracks_memory = False
+    shape = (batch, args.sequence_length)
+    token_ids = rng.integers(0, args.vocabulary_size, size=shape).astype("int32")
+    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}  # elita-train's batches
+    x = keras.tree.map_structure(keras.ops.convert_to_tensor, x)
+    y = keras.ops.convert_to_tensor(rng.integers(0, args.vocabulary_size, size=shape).astype("int32"))
+    memory = tensor_memory()
     times = []
     for step in range(args.repeats + 1):
         start = time.perf_counter()
         loss = float(model.train_on_batch(x, y))
         times.append(time.perf_counter() - start)
-        if step == 0 and tracks_memory:  # from here on, the allocator's peak is the steps' own tensors
-            tf.config.experimental.reset_memory_stats(device)
+        if step == 0 and memory:  # from here on, the allocator's peak is the steps' own tensors
+            memory.reset()
     result = {
         "architecture": args.architecture,
         "output_head": args.output_head,
@@ -87,7 +86,7 @@ def run_one(args):
         **environment(),
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
         # The most memory the steps' tensors held at once, without the process's libraries, graphs and caches.
-        "tensor_peak_mib": tf.config.experimental.get_memory_info(device)["peak"] / 2**20 if tracks_memory else None,
+        "tensor_peak_mib": memory.peak_mib() if memory else None,
     }
     print(json.dumps(use_gpu_peak(result)))
 

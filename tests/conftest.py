@@ -45,6 +45,9 @@ ON_JAX = (
     "tests/ops/test_utils.py",
     "tests/layers/test_mixer_contract.py::test_prefill_chunks_and_steps_from_the_named_cache_equal_the_parallel_form",
     "tests/layers/test_mixer_contract.py::test_config_and_keras_file_round_trip",
+    # The GPU script's quick mode with its JAX side (the TensorFlow stages have no JAX), and that side alone.
+    "tests/test_gpu_script.py::test_the_gpu_script_runs_every_measurement_in_quick_mode",
+    "tests/test_gpu_script.py::test_the_jax_step_and_its_profile_run_without_tensorflow",
 )
 
 

@@ -1,7 +1,8 @@
 """`benchmarks/gpu/run.sh --quick`: the one prepared GPU command runs end to end on a CPU, so it cannot break unseen.
 
-Its PyTorch side runs where `TORCH_PYTHON` (default `python3`) imports torch; elsewhere (CI) the script must say
-that it skipped it, and still pass.
+Its PyTorch side runs where `TORCH_PYTHON` (default `python3`) imports torch, its JAX side where this Python imports
+jax; elsewhere (CI's TensorFlow stages) the script must say that it skipped them, and still pass. CI's JAX stage,
+which has all three, runs it whole.
 """
 
 import json
@@ -10,13 +11,21 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARTS = {"token mixer kernel", "projections", "feed-forward", "norms", "output head and loss", "optimizer", "rest"}
 
 
+def _imports(python, modules):
+    return subprocess.run([python, "-c", f"import {modules}"], capture_output=True).returncode == 0
+
+
 def test_the_gpu_script_runs_every_measurement_in_quick_mode(tmp_path):
-    env = {**os.environ, "PYTHON": sys.executable, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # The TensorFlow and JAX sides on this Python (each sets its own Keras backend, whatever the caller's).
+    env = {**os.environ, "PYTHON": sys.executable, "JAX_PYTHON": sys.executable, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("XLA_FLAGS", None)
+    has_jax = _imports(sys.executable, "jax")
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu" / "run.sh"), "--quick", str(tmp_path)],
         env=env,
@@ -32,30 +41,33 @@ def test_the_gpu_script_runs_every_measurement_in_quick_mode(tmp_path):
     assert len(checks) == 10 and all(r["ok"] for r in checks), checks
     assert "checks on /CPU:0: 10 of 10 passed" in summary
     steps = {
-        (r["architecture"], r["dtype_policy"], "CONDITIONAL,WHILE" in r["xla_flags"])
+        (r["architecture"], r["backend"], r["dtype_policy"], "CONDITIONAL,WHILE" in r["xla_flags"])
         for r in rows
         if "architecture" in r
     }
-    assert steps == {
-        (name, policy, command_buffers)
-        for name in ("elita", "transformer")
-        for policy, command_buffers in (("mixed_bfloat16", False), ("float32", True))
-    }, steps
+    settings = [("tensorflow", "mixed_bfloat16", False), ("tensorflow", "float32", True)]
+    settings += [("jax", "mixed_bfloat16", False)] * has_jax
+    assert steps == {(name, *setting) for name in ("elita", "transformer") for setting in settings}, steps
     assert all(r["jit_compile"] and r["step_s"] > 0 for r in rows if "architecture" in r)
 
     layers = [r for r in rows if "subject" in r and r.get("framework") != "pytorch"]
     assert {r["subject"] for r in layers} == {"kernel-factored", "kernel-direct", "attention2"}
     assert all(r["dtype_policy"] == "mixed_bfloat16" and r["fwd_bwd_finite"] for r in layers), layers
 
-    (profile,) = [r for r in rows if "profile" in r]
-    assert profile["jit_compile"] and profile["plane"] == "/host:CPU" and set(profile["parts"]) == PARTS, profile
-    assert profile["op_ms"] > 0 and profile["top"] and profile["mfu"] is None
+    profiles = {r["backend"]: r for r in rows if "profile" in r}
+    assert set(profiles) == ({"tensorflow", "jax"} if has_jax else {"tensorflow"}), profiles
+    for profile in profiles.values():
+        assert profile["jit_compile"] and profile["plane"] == "/host:CPU" and set(profile["parts"]) == PARTS, profile
+        assert profile["op_ms"] > 0 and profile["top"] and profile["mfu"] is None
     assert "Where ELiTA's step goes" in summary
 
-    torch_python = env.get("TORCH_PYTHON", "python3")
-    has_torch = subprocess.run([torch_python, "-c", "import torch"], capture_output=True).returncode == 0
-    # Two Keras rows at the seed size, and the PyTorch GPT's where torch imports.
-    assert summary.count("| seed | 32 | 2 |") == 2 + has_torch, summary
+    has_torch = _imports(env.get("TORCH_PYTHON", "python3"), "torch")
+    # The Keras steps' rows at the seed size (two TensorFlow, one JAX), and the row against the PyTorch GPT.
+    assert summary.count("| seed | 32 | 2 |") == 2 + has_jax + (has_torch or has_jax), summary
+    if has_jax:
+        assert "seed, T=32, B=2: ELiTA on JAX / PyTorch GPT step: compiled not measured; JAX / TensorFlow" in summary
+    else:
+        assert "JAX side: skipped (jax or keras-hub does not import" in summary
     if has_torch:
         gpt = {r["torch_gpt"]: r for r in rows if "torch_gpt" in r}
         assert "CUDA" in gpt["compiled"]["skipped"] and gpt["eager"]["step_s"] > 0, gpt
@@ -81,3 +93,56 @@ def test_the_pytorch_side_runs_without_tensorflow():
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# Imports of TensorFlow fail, as on a lent GPU machine without its archive.
+NO_TENSORFLOW = """
+import sys
+
+class NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_text"):
+            raise ImportError(f"no {name} here")
+
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+
+def test_the_jax_step_and_its_profile_run_without_tensorflow(tmp_path):
+    """The JAX side's step and profile, with TensorFlow unimportable: the batches, the model, the trace and the
+    HLO names all come without it, and every part of the step gets its share of the time."""
+    pytest.importorskip("jax")
+    (tmp_path / "sitecustomize.py").write_text(NO_TENSORFLOW)
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("XLA_FLAGS", None)
+    toy = ["--num-layers", "1", "--hidden-dim", "32", "--num-heads", "2", "--head-dim", "16"]
+    toy += ["--vocabulary-size", "500", "--jit-compile", "--dtype-policy", "mixed_bfloat16"]
+    out = tmp_path / "raw.jsonl"
+    commands = [
+        ["training_step.py", "--architectures", "elita", "--sequence-lengths", "32", "--tokens", "64"]
+        + ["--repeats", "1"],
+        ["profile_step.py", "--sequence-length", "32", "--batch-size", "2", "--warmup", "1", "--steps", "2"],
+    ]
+    for count, command in enumerate(commands, 1):
+        proc = subprocess.run(
+            [sys.executable, *command, *toy, "--out", str(out)],
+            cwd=ROOT / "benchmarks",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        # training_step.py measures in a child process and reports a failed one in its table.
+        assert proc.returncode == 0 and len(rows) == count, proc.stdout[-3000:] + proc.stderr[-3000:]
+    step, profile = rows
+    assert step["backend"] == profile["backend"] == "jax" and "tensorflow" not in step
+    assert step["step_s"] > 0 and step["jit_compile"] and step["dtype_policy"] == "mixed_bfloat16"
+    # Read back from JAX's trace and XLA's HLO dump: each part of ELiTA's step has time, forward and backward.
+    parts = profile["parts"]
+    for part in PARTS - {"rest"}:
+        assert parts[part]["forward_ms"] > 0, (part, parts)
+    for part in ("token mixer kernel", "projections", "feed-forward", "norms"):
+        assert parts[part]["backward_ms"] > 0, (part, parts)
+    total = sum(t["forward_ms"] + t["backward_ms"] for t in parts.values())
+    assert parts["rest"]["forward_ms"] + parts["rest"]["backward_ms"] < 0.2 * total, parts

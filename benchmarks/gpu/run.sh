@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Every GPU figure the docs quote, as one prepared command, most important first: the correctness check; ELiTA's
-# XLA training step (25M, mixed_bfloat16) against a PyTorch GPT of the Transformer's shape (SDPA causal, bfloat16
-# autocast, fused AdamW, torch.compile'd) at T = 8192 and 2048; the attention ops alone at T = 8192 (Attention2
-# and its kernel against SDPA and fla's chunk_linear_attn); the profile of ELiTA's step on the GPU's timeline;
-# T = 32768 steps and T = 65536 ops; the GPT eager; then ELiTA against the Keras Transformer at 25M and the seed
-# size, in float32, and with XLA's command buffers also taking conditionals and loops.
+# XLA training step (25M, mixed_bfloat16) on TensorFlow and on JAX against a PyTorch GPT of the Transformer's shape
+# (SDPA causal, bfloat16 autocast, fused AdamW, torch.compile'd) at T = 8192 and 2048; the profile of the JAX step
+# on the GPU's timeline; the attention ops alone at T = 8192 (Attention2 and its kernel against SDPA and fla's
+# chunk_linear_attn); the TensorFlow step's profile; T = 32768 steps and T = 65536 ops; the GPT eager; then ELiTA
+# against the Keras Transformer at 25M (both backends) and the seed size, in float32, and with XLA's command
+# buffers also taking conditionals and loops.
 #
 #   bash benchmarks/gpu/run.sh [--quick] [OUTPUT_DIR]      (from anywhere; OUTPUT_DIR: benchmarks/gpu/results)
 #
-# PYTHON runs the TensorFlow side, TORCH_PYTHON (a Python with PyTorch and without TensorFlow) the PyTorch side;
-# both default to python3. fla's wheels, if benchmarks/gpu/wheels holds them (fetch_wheels.sh), are installed
-# into a scratch folder that only the PyTorch processes see.
+# PYTHON runs the TensorFlow side, JAX_PYTHON the same training step and profile on JAX (KERAS_BACKEND=jax,
+# without TensorFlow), TORCH_PYTHON (a Python with PyTorch and without TensorFlow) the PyTorch side; all default to
+# python3. Wheels in benchmarks/gpu/wheels (fetch_wheels.sh) are installed into scratch folders that only their
+# side sees: fla's for PyTorch, Keras' and keras-hub's (wheels/jax) for JAX. A side whose Python lacks its
+# framework is reported skipped, so a machine without TensorFlow still measures JAX against PyTorch.
 #
 # It writes OUTPUT_DIR/raw.jsonl (one JSON line per measurement, appended as each ends), OUTPUT_DIR/log.txt (each
 # benchmark's own table) and OUTPUT_DIR/summary.md (benchmarks/gpu/summary.py: the ratios and the goals). Every
@@ -54,6 +57,30 @@ else
   echo "{\"skipped\": \"pytorch\", \"reason\": \"$reason\"}" >> "$raw"
 fi
 
+# The JAX side: its own Python, without TensorFlow's folders, Keras and keras-hub from the carried wheels.
+jax_python="${JAX_PYTHON:-python3}"
+jax_env=(env -u PYTHONPATH KERAS_BACKEND=jax)
+if [ -n "${ELITA_LD_LIBRARY_PATH+set}" ]; then jax_env+=(LD_LIBRARY_PATH="$ELITA_LD_LIBRARY_PATH"); fi
+jax_path="$root"
+if compgen -G "$root/benchmarks/gpu/wheels/jax/*.whl" >/dev/null; then
+  jax_site="${TMPDIR:-/tmp}/elita-jax-site"
+  if "$jax_python" -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$jax_site" \
+    "$root"/benchmarks/gpu/wheels/jax/*.whl >>"$log" 2>&1; then
+    jax_path="$jax_site:$root"
+  fi
+fi
+jax_env+=(PYTHONPATH="$jax_path")
+skip_side() {  # skip_side NAME REASON
+  echo "$1: skipped, $2" | tee -a "$log"
+  echo "{\"skipped\": \"$1\", \"reason\": \"$2\"}" >> "$raw"
+}
+if "${jax_env[@]}" "$jax_python" -c "import jax, keras_hub" 2>/dev/null; then jax=1; else
+  jax=0; skip_side jax "jax or keras-hub does not import in $jax_python"
+fi
+if "$python" -c "import tensorflow" 2>/dev/null; then tf=1; else
+  tf=0; skip_side tensorflow "tensorflow does not import in $python"
+fi
+
 if [ $quick = 1 ]; then
   check=(--quick)
   size_flags=(--num-layers 1 --hidden-dim 32 --num-heads 2 --head-dim 16 --vocabulary-size 500)
@@ -70,10 +97,19 @@ else
   profile=(--size 25m --sequence-length 8192 --batch-size 2 --warmup 2 --steps 5)
 fi
 
-check() { "$python" gpu/check.py "${check[@]}" --out "$raw"; }
-steps() {  # steps SIZE DTYPE_POLICY "ARCHITECTURES" "LENGTHS" [XLA_FLAGS]
-  XLA_FLAGS="$(echo ${XLA_FLAGS:-} ${5:-})" "$python" training_step.py --size "$1" "${size_flags[@]}" --jit-compile \
-    --dtype-policy "$2" --architectures $3 --sequence-lengths $4 "${step[@]}" --deadline "$deadline" --out "$raw"
+side() {  # side tf|jax: sets $runner to that side's command, or fails where that side was skipped
+  if [ "$1" = jax ]; then
+    [ $jax = 1 ] && runner=("${jax_env[@]}" "$jax_python")
+  else
+    [ $tf = 1 ] && runner=(env KERAS_BACKEND=tensorflow "$python")
+  fi
+}
+check() { side tf || return 0; "${runner[@]}" gpu/check.py "${check[@]}" --out "$raw"; }
+steps() {  # steps tf|jax SIZE DTYPE_POLICY "ARCHITECTURES" "LENGTHS" [XLA_FLAGS]: the compiled training step
+  side "$1" || return 0
+  XLA_FLAGS="$(echo ${XLA_FLAGS:-} ${6:-})" "${runner[@]}" training_step.py --size "$2" "${size_flags[@]}" \
+    --jit-compile --dtype-policy "$3" --architectures $4 --sequence-lengths $5 "${step[@]}" --deadline "$deadline" \
+    --out "$raw"
 }
 gpt() {  # gpt SIZE "LENGTHS" "MODES": the PyTorch GPT, torch.compile'd and/or eager
   [ $torch = 1 ] || return 0
@@ -81,7 +117,8 @@ gpt() {  # gpt SIZE "LENGTHS" "MODES": the PyTorch GPT, torch.compile'd and/or e
     --sequence-lengths $2 "${step[@]}" --timeout 240 --deadline "$deadline" --out "$raw"
 }
 layers() {  # layers T TOKENS: Attention2 and its kernel, XLA, mixed_bfloat16
-  "$python" layers.py --xla --dtype-policy mixed_bfloat16 --subjects kernel-factored kernel-direct attention2 \
+  side tf || return 0
+  "${runner[@]}" layers.py --xla --dtype-policy mixed_bfloat16 --subjects kernel-factored kernel-direct attention2 \
     --sequence-lengths "$1" --tokens "$2" "${layer[@]}" --deadline "$deadline" --out "$raw"
 }
 attention_ops() {  # attention_ops T TOKENS: SDPA causal and fla, bfloat16
@@ -89,47 +126,55 @@ attention_ops() {  # attention_ops T TOKENS: SDPA causal and fla, bfloat16
   "${torch_env[@]}" "$torch_python" gpu/torch_gpt.py ops --subjects sdpa fla \
     --sequence-lengths "$1" --tokens "$2" "${ops[@]}" --deadline "$deadline" --out "$raw"
 }
-profile() {  # where ELiTA's XLA step goes on the GPU's timeline (the host's without a GPU)
+profile() {  # profile tf|jax: where ELiTA's XLA step goes on the GPU's timeline (the host's without a GPU)
+  side "$1" || return 0
   local left=$(( deadline - $(date +%s) ))
-  if [ $left -lt 90 ]; then echo "profile: skipped, past the deadline"; return; fi
-  timeout $(( left < 240 ? left : 240 )) "$python" profile_step.py --jit-compile --dtype-policy mixed_bfloat16 \
-    "${profile[@]}" --top 20 --out "$raw" || echo "profile: failed or timed out (exit status $?)"
+  if [ $left -lt 90 ]; then echo "profile $1: skipped, past the deadline"; return; fi
+  timeout $(( left < 240 ? left : 240 )) "${runner[@]}" profile_step.py --jit-compile \
+    --dtype-policy mixed_bfloat16 "${profile[@]}" --top 20 --out "$raw" || echo "profile $1: failed (exit status $?)"
 }
 
 if [ $quick = 1 ]; then  # every function once, in two lanes: the script's every path, in about two minutes
   {
     check
-    steps seed mixed_bfloat16 "elita transformer" 32
+    steps tf seed mixed_bfloat16 "elita transformer" 32
+    steps jax seed mixed_bfloat16 "elita transformer" 32
     layers 64 128
   } >"$log.1" 2>&1 &
   {
     gpt seed 32 "compiled eager"
     attention_ops 64 128
-    profile
-    steps seed float32 "elita transformer" 32 "$command_buffers"
+    profile tf
+    profile jax
+    steps tf seed float32 "elita transformer" 32 "$command_buffers"
   } >"$log.2" 2>&1 &
   wait
   cat "$log.1" "$log.2" >>"$log" && rm "$log".*
-  grep -q "all .* checks passed" "$log" || { cat "$log"; exit 1; }
+  [ $tf = 0 ] || grep -q "all .* checks passed" "$log" || { cat "$log"; exit 1; }
 else  # one at a time, the goals' figures first
   run() { "$@" 2>>"$log" | tee -a "$log" || echo "$1: exit status $?" | tee -a "$log"; }
   run check
-  run steps 25m mixed_bfloat16 elita 8192
+  run steps tf 25m mixed_bfloat16 elita 8192
+  run steps jax 25m mixed_bfloat16 elita 8192
   run gpt 25m 8192 compiled
-  run steps 25m mixed_bfloat16 elita 2048
+  run steps tf 25m mixed_bfloat16 elita 2048
+  run steps jax 25m mixed_bfloat16 elita 2048
   run gpt 25m 2048 compiled
+  run profile jax
   run layers 8192 16384
   run attention_ops 8192 16384
-  run profile
-  run steps 25m mixed_bfloat16 elita 32768
+  run profile tf
+  run steps tf 25m mixed_bfloat16 elita 32768
+  run steps jax 25m mixed_bfloat16 elita 32768
   run gpt 25m 32768 compiled
   run layers 65536 65536
   run attention_ops 65536 65536
   run gpt 25m "8192 2048 32768" eager
-  run steps 25m mixed_bfloat16 transformer "8192 2048"
-  run steps seed mixed_bfloat16 "elita transformer" "8192 2048"
-  run steps 25m float32 "elita transformer" "8192 2048"
-  run steps 25m mixed_bfloat16 "elita transformer" "8192 2048" "$command_buffers"
+  run steps tf 25m mixed_bfloat16 transformer "8192 2048"
+  run steps jax 25m mixed_bfloat16 transformer "8192 2048"
+  run steps tf seed mixed_bfloat16 "elita transformer" "8192 2048"
+  run steps tf 25m float32 "elita transformer" "8192 2048"
+  run steps tf 25m mixed_bfloat16 "elita transformer" "8192 2048" "$command_buffers"
 fi
 
 echo

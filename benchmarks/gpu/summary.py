@@ -1,7 +1,7 @@
-"""The summary of `run.sh`'s raw JSON lines: the checks; ELiTA's training step against the PyTorch GPT's
-(FlashAttention, `torch.compile`) and the attention ops against SDPA, measured in the same run, with their ratios
-and the goals of issue #48; the profile of ELiTA's step; and ELiTA's step against the Keras Transformer's in
-each setting.
+"""The summary of `run.sh`'s raw JSON lines: the checks; ELiTA's training step (TensorFlow and JAX) against the
+PyTorch GPT's (FlashAttention, `torch.compile`) and the attention ops against SDPA, measured in the same run, with
+their ratios and the goals of issue #48; the profiles of ELiTA's step; and ELiTA's step against the Keras
+Transformer's on the same backend, in each setting.
 
     python benchmarks/gpu/summary.py benchmarks/gpu/results/raw.jsonl
 """
@@ -42,12 +42,14 @@ def _tokens(r):
     return f"{r['B'] * r['T'] / r['step_s']:,.0f}" if r else "-"
 
 
-def _elita_steps(rows):
-    """ELiTA's XLA mixed_bfloat16 steps without the extra command buffers, by (size, T, B): the goals' setting."""
+def _elita_steps(rows, backend="tensorflow"):
+    """ELiTA's XLA mixed_bfloat16 steps on `backend` without the extra command buffers, by (size, T, B): the goals'
+    setting."""
     return {
         (r.get("size", "seed"), r["T"], r["B"]): r
         for r in rows
         if r.get("architecture") == "elita"
+        and r.get("backend", "tensorflow") == backend
         and r["dtype_policy"] == "mixed_bfloat16"
         and r["jit_compile"]
         and "CONDITIONAL" not in r.get("xla_flags", "")
@@ -55,38 +57,49 @@ def _elita_steps(rows):
 
 
 def peer_steps(rows):
-    """ELiTA's step against the PyTorch GPT's, compiled and eager; returns `{(size, T): ratio to compiled}`."""
-    elita = _elita_steps(rows)
+    """ELiTA's step (TensorFlow and JAX) against the PyTorch GPT's, compiled and eager; returns
+    `{(size, T): TensorFlow's ratio to compiled}`."""
+    elita, on_jax = _elita_steps(rows), _elita_steps(rows, "jax")
     peer = defaultdict(dict)
     for r in rows:
         if "torch_gpt" in r:
             peer[r["size"], r["T"], r["B"]][r["torch_gpt"]] = r
-    if not peer:
+    keys = list(peer) + [key for key in on_jax if key not in peer]
+    if not keys:
         return {}
-    print("\n### ELiTA (TensorFlow, XLA, mixed_bfloat16) against the PyTorch GPT (SDPA, bfloat16 autocast)\n")
+    print("\n### ELiTA (XLA, mixed_bfloat16; TensorFlow, JAX) against the PyTorch GPT (SDPA, bfloat16 autocast)\n")
     print(
-        "| size | T | B | ELiTA step ms | GPT compiled ms | GPT eager ms | ELiTA / compiled | ELiTA / eager | "
-        "ELiTA tokens/s | GPT compiled tokens/s | ELiTA peak MiB | GPT peak MiB | params ELiTA / GPT |"
+        "| size | T | B | ELiTA TF step ms | ELiTA JAX step ms | GPT compiled ms | GPT eager ms | TF / compiled | "
+        "JAX / compiled | JAX / TF | TF / eager | ELiTA TF tokens/s | GPT compiled tokens/s | ELiTA TF peak MiB | "
+        "ELiTA JAX peak MiB | GPT peak MiB | params ELiTA / GPT |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios, lines = {}, []
-    for (size, length, batch), modes in peer.items():
-        e = elita.get((size, length, batch))
+    for size, length, batch in keys:
+        modes = peer.get((size, length, batch), {})
+        e, j = elita.get((size, length, batch)), on_jax.get((size, length, batch))
         c, g = modes.get("compiled"), modes.get("eager")
         c_ok, g_ok = (r if r and "skipped" not in r else None for r in (c, g))
         gpt = c_ok or g_ok
         if e and c_ok:
             ratios[size, length] = e["step_s"] / c_ok["step_s"]
         print(
-            f"| {size} | {length} | {batch} | {_ms(e)} | {_cell(c)} | {_cell(g)} | {_ratio(e, c_ok)} | "
-            f"{_ratio(e, g_ok)} | {_tokens(e)} | {_tokens(c_ok)} | {_format(e, 'peak_mib', ',.0f')} | "
-            f"{_format(gpt, 'peak_mib', ',.0f')} | {_format(e, 'params', ',')} / {_format(gpt, 'params', ',')} |"
+            f"| {size} | {length} | {batch} | {_ms(e)} | {_ms(j)} | {_cell(c)} | {_cell(g)} | {_ratio(e, c_ok)} | "
+            f"{_ratio(j, c_ok)} | {_ratio(j, e)} | {_ratio(e, g_ok)} | {_tokens(e)} | {_tokens(c_ok)} | "
+            f"{_format(e, 'peak_mib', ',.0f')} | {_format(j, 'peak_mib', ',.0f')} | "
+            f"{_format(gpt, 'peak_mib', ',.0f')} | "
+            f"{_format(e or j, 'params', ',')} / {_format(gpt, 'params', ',')} |"
         )
         compiled = _ratio(e, c_ok) if c_ok else f"skipped ({c['skipped']})" if c else "not measured"
         lines.append(
             f"{size}, T={length}, B={batch}: ELiTA / PyTorch GPT step: compiled {compiled}, "
             f"eager {_ratio(e, g_ok) if g_ok else 'not measured'}"
         )
+        if j:
+            lines.append(
+                f"{size}, T={length}, B={batch}: ELiTA on JAX / PyTorch GPT step: compiled "
+                f"{_ratio(j, c_ok) if c_ok else 'not measured'}; JAX / TensorFlow {_ratio(j, e) if e else 'not measured'}"
+            )
         keras = [r for r in rows if r.get("architecture") == "transformer" and (r["size"], r["T"]) == (size, length)]
         if gpt and keras:
             same = "the same as" if keras[0]["params"] == gpt["params"] else "NOT the same as"
@@ -148,7 +161,7 @@ def profiles(rows):
             continue
         print(
             f"\n### Where ELiTA's step goes: {r['profile']}, {r['size']}, T={r['T']}, B={r['B']}, {r['dtype_policy']}"
-            f"{', XLA' if r['jit_compile'] else ''}, op time on {r['plane']}\n"
+            f"{', XLA' if r['jit_compile'] else ''}, {r.get('backend', 'tensorflow')}, op time on {r['plane']}\n"
         )
         print(
             f"Step {r['step_s'] * 1e3:.1f} ms (untraced), op time {r['op_ms']:.1f} ms a step; "
@@ -171,17 +184,18 @@ def keras_steps(rows):
     for r in rows:
         if "architecture" in r:
             command_buffer = "CONDITIONAL" in r.get("xla_flags", "")
-            key = (r.get("size", "seed"), r["T"], r["dtype_policy"], r["jit_compile"], command_buffer)
+            backend = r.get("backend", "tensorflow")
+            key = (r.get("size", "seed"), r["T"], backend, r["dtype_policy"], r["jit_compile"], command_buffer)
             steps[key][r["architecture"]] = r
     if not steps:
         return
-    print("\n### ELiTA against the Keras Transformer (both TensorFlow) in each setting\n")
+    print("\n### ELiTA against the Keras Transformer on the same backend, in each setting\n")
     print(
-        "| size | T | B | dtype policy | XLA | + conditional/while command buffers | ELiTA step ms | "
+        "| size | T | B | backend | dtype policy | XLA | + conditional/while command buffers | ELiTA step ms | "
         "Transformer step ms | time ratio | ELiTA tokens/s | ELiTA peak MiB | Transformer peak MiB | memory ratio |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (size, length, policy, xla, command_buffer), pair in steps.items():
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (size, length, backend, policy, xla, command_buffer), pair in steps.items():
         e, t = pair.get("elita"), pair.get("transformer")
         cell = lambda r, k, f: format(r[k] * (1e3 if k == "step_s" else 1), f) if r else "-"  # noqa: E731
         ratio = f"{e['step_s'] / t['step_s']:.2f}x" if e and t else "-"
@@ -189,7 +203,7 @@ def keras_steps(rows):
         any_row = e or t
         tokens = f"{any_row['B'] * length / e['step_s']:,.0f}" if e else "-"
         print(
-            f"| {size} | {length} | {any_row['B']} | {policy} | {'yes' if xla else 'no'} | "
+            f"| {size} | {length} | {any_row['B']} | {backend} | {policy} | {'yes' if xla else 'no'} | "
             f"{'yes' if command_buffer else 'no'} | {cell(e, 'step_s', '.1f')} | {cell(t, 'step_s', '.1f')} | "
             f"{ratio} | {tokens} | {cell(e, 'peak_mib', ',.0f')} | {cell(t, 'peak_mib', ',.0f')} | {memory} |"
         )
@@ -200,7 +214,7 @@ def goals(step_ratios, attention_ratios):
     for what, length, bound in GOALS:
         if what == "step":
             ratio = step_ratios.get(("25m", length))
-            text = f"25M, T={length}: ELiTA's step <= {bound}x the compiled PyTorch GPT's"
+            text = f"25M, T={length}: ELiTA's TensorFlow step <= {bound}x the compiled PyTorch GPT's"
         else:
             ratio = attention_ratios.get(length)
             text = f"T={length}: Attention2 forward+backward <= {bound}x SDPA causal's"
@@ -219,9 +233,10 @@ def main(path):
             f"checks on {checks[0]['device']}: {len(checks) - len(failed)} of {len(checks)} passed, "
             f"worst relative error {worst:.1e}" + (f"; FAILED: {failed}" if failed else "")
         )
+    sides = {"pytorch": "PyTorch peer", "jax": "JAX side", "tensorflow": "TensorFlow side"}
     for r in rows:
-        if r.get("skipped") == "pytorch":
-            print(f"PyTorch peer: skipped ({r['reason']})")
+        if r.get("skipped") in sides:
+            print(f"{sides[r['skipped']]}: skipped ({r['reason']})")
     step_ratios = peer_steps(rows)
     attention_ratios = layers(rows)
     profiles(rows)
