@@ -96,9 +96,10 @@ def peer_steps(rows):
             f"eager {_ratio(e, g_ok) if g_ok else 'not measured'}"
         )
         if j:
+            versus_gpt, versus_tf = _ratio(j, c_ok) if c_ok else "not measured", _ratio(j, e) if e else "not measured"
             lines.append(
-                f"{size}, T={length}, B={batch}: ELiTA on JAX / PyTorch GPT step: compiled "
-                f"{_ratio(j, c_ok) if c_ok else 'not measured'}; JAX / TensorFlow {_ratio(j, e) if e else 'not measured'}"
+                f"{size}, T={length}, B={batch}: ELiTA on JAX / PyTorch GPT step: compiled {versus_gpt}; "
+                f"JAX / TensorFlow {versus_tf}"
             )
         keras = [r for r in rows if r.get("architecture") == "transformer" and (r["size"], r["T"]) == (size, length)]
         if gpt and keras:

@@ -22,8 +22,10 @@ from elita_tf.checks import check_sequence_length
 
 def line_ids(tokenizer, lines):
     """Ragged int32 ids `[n, None]` of a batch of `n` lines, each followed by the end-of-line id, as the model
-    reads text (WikiText's `<eos>` ends every line). `tokenizer` is an `ElitaTokenizer`; call it in a `tf.data`
-    map or a `tf.function` (eagerly, keras-hub's tokenizer gives Python lists)."""
+    reads text (WikiText's `<eos>` ends every line). `tokenizer` is an `ElitaTokenizer`. Runs in a `tf.data`
+    map, a `tf.function` or eagerly."""
+    if tf.executing_eagerly():  # keras-hub's tokenizer gives ragged tensors in a graph, Python lists eagerly
+        return tf.function(line_ids)(tokenizer, lines)
     pieces = tokenizer.tokenize(lines)
     ends = tf.fill([tf.shape(lines)[0], 1], tf.constant(tokenizer.end_token_id, pieces.dtype))
     return tf.concat([pieces, tf.RaggedTensor.from_tensor(ends)], axis=1)

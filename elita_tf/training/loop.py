@@ -119,12 +119,12 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             f"batch_size={settings.batch_size}"
         )
     splits, data = corpus
-    config, run_splits, preprocessor = prepare_run(settings, run_dir, splits, data)
+    prepared = prepare_run(settings, run_dir, splits, data)
     if settings.carry_state:
-        train_tokens = len(run_splits["train"].tokens)
+        train_tokens = len(prepared.splits["train"].tokens)
         per_epoch = stream_steps_per_epoch(train_tokens, settings.batch_size, settings.sequence_length)
     else:
-        per_epoch = steps_per_epoch(run_splits["train"].examples, settings.batch_size)
+        per_epoch = steps_per_epoch(prepared.splits["train"].examples, settings.batch_size)
     total = (
         settings.epochs * per_epoch
         if settings.max_steps is None
@@ -134,7 +134,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     with strategy.scope():
         model, checkpoint = load_latest_checkpoint(checkpoints)
         if model is None:
-            model = ElitaCausalLM(ElitaBackbone(**config, dtype=settings.dtype_policy))
+            model = ElitaCausalLM(ElitaBackbone(**prepared.config, dtype=settings.dtype_policy))
             if settings.init_from is not None:
                 start_from = ElitaBackbone.from_preset(preset_of(settings.init_from))
                 if start_from.lora_rank is not None:  # an adapted model starts from its merged weights
@@ -167,8 +167,8 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         local = fields_marked("local")
         arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
         arguments["corpus"] = settings.corpus.record()
-        request = json.dumps([requested_manifest(settings, config, data), arguments], sort_keys=True).encode()
-        tokenizer = preprocessor.tokenizer.proto
+        request = json.dumps([requested_manifest(settings, prepared.config, data), arguments], sort_keys=True).encode()
+        tokenizer = prepared.preprocessor.tokenizer.proto
         fingerprint = lambda blob: int(sha256(blob)[:15], 16)  # noqa: E731  (fits in an int64)
         check_workers_agree(
             strategy, {"arguments": fingerprint(request), "tokenizer": fingerprint(tokenizer), "start step": start}
@@ -178,7 +178,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
 
     def evaluation(split):
         """`(dataset, batches)` of a held-out split: the count told to Keras, which warns when a stream ends."""
-        held_out = run_splits[split]
+        held_out = prepared.splits[split]
         batches = min(steps_per_epoch(held_out.examples, settings.batch_size), settings.eval_batches or math.inf)
 
         def shard(index, count):
@@ -192,7 +192,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         if chief:
             print(f"{settings.output_dir} has finished its {total} steps already: nothing to train or evaluate.")
             if not os.path.exists(run_dir.file(PRESET_DIR)):
-                _save_preset(model, preprocessor, settings, run_dir)
+                _save_preset(model, prepared.preprocessor, settings, run_dir)
             _print_results(settings, run_dir)
         return finished
     if start == total and chief:
@@ -213,7 +213,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     # results need not evaluate the split again (seconds of a short run).
     last_validation = None
     step = start
-    train_stream = run_splits["train"].tokens.stream() if settings.carry_state else None
+    train_stream = prepared.splits["train"].tokens.stream() if settings.carry_state else None
     while step < total:
         epoch = step // per_epoch
         # A resumed epoch first runs its remaining steps, then epochs are whole again.
@@ -225,7 +225,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             )
         else:
             stream = functools.partial(
-                run_splits["train"].dataset, settings.batch_size, seed=settings.seed, epochs=None, start_step=step
+                prepared.splits["train"].dataset, settings.batch_size, seed=settings.seed, epochs=None, start_step=step
             )
         history = model.fit(
             distributed_dataset(
@@ -252,7 +252,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         "params_without_embeddings": model.backbone.count_params_without_embeddings(),
         "replicas": replicas,
         "data": data,
-        "config": {"model": config, "settings": dataclasses.asdict(settings)},
+        "config": {"model": prepared.config, "settings": dataclasses.asdict(settings)},
         "software": software_versions(),
     }
     for split in ["validation", "test"]:
@@ -276,7 +276,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(run_dir.file(RESULTS_FILE), json.dumps(results, indent=2))
     if chief:
-        _save_preset(model, preprocessor, settings, run_dir)
+        _save_preset(model, prepared.preprocessor, settings, run_dir)
         _print_results(settings, run_dir)
     return results
 

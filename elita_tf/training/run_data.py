@@ -43,6 +43,22 @@ class RunSplit:
         return lm_dataset(self.examples, batch_size, document_starts=True if self.packed else None, **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """What `prepare_run` checked and made ready to train.
+
+    Attributes:
+        config: the `ElitaBackbone` arguments.
+        splits: `{split: RunSplit}`.
+        preprocessor: the `ElitaCausalLMPreprocessor` of the run's one `ElitaTokenizer`, which wrote the token
+            files and goes into the final preset.
+    """
+
+    config: dict
+    splits: dict
+    preprocessor: ElitaCausalLMPreprocessor
+
+
 def load_settings_corpus(settings):
     """`load_corpus` of the text `settings` names, as `(line, starts_document)` pairs: `(splits, data)`."""
     return load_corpus(settings.corpus, seed=settings.seed, document_starts=True)
@@ -53,8 +69,7 @@ def prepare_run(settings, run_dir, splits, data):
 
     A new run trains the tokenizer, cuts every split, and only then writes
     the tokenizer and `run.json`; a resumed one reuses its tokenizer after
-    checking its hash. Returns `(config, {split: RunSplit}, preprocessor)`: the preprocessor holds
-    the run's one `ElitaTokenizer`, which wrote the token files.
+    checking its hash. Returns a `PreparedRun`.
     """
     config = model_config(settings)
     manifest = requested_manifest(settings, config, data)
@@ -112,4 +127,4 @@ def prepare_run(settings, run_dir, splits, data):
     if stored is None:
         write_atomically(tokenizer_path, proto)
         run_dir.write_manifest({**manifest, "tokenizer_sha256": sha256(proto)})
-    return config, run_splits, preprocessor
+    return PreparedRun(config, run_splits, preprocessor)

@@ -49,7 +49,9 @@ class TrainSettings:
         local=True,
     )
     architecture: str = setting(
-        "elita", f"The architecture: one of {_ARCHITECTURE_NAMES} (`elita_tf.models.ARCHITECTURES`).", check=_architecture
+        "elita",
+        f"The architecture: one of {_ARCHITECTURE_NAMES} (`elita_tf.models.ARCHITECTURES`).",
+        check=_architecture,
     )
     corpus: CorpusSettings = setting(
         CorpusSettings, "The text and how it is split (`CorpusSettings`; its fields are flags of their own).",

@@ -59,6 +59,7 @@ def test_tokenizer_round_trip_in_graph(tokenizer):
     text = tf.constant(["the cat sees the bridge .", "a dog likes an apple ."])
     ids = tf.function(lambda lines: line_ids(tokenizer, lines))(text)
     assert ids.dtype == tf.int32 and [row[-1] for row in ids.to_list()] == [tokenizer.end_token_id] * 2
+    assert line_ids(tokenizer, text).to_list() == ids.to_list()  # eagerly too
     assert np.all(ids.flat_values.numpy() < 60)
     assert [s.decode() for s in tf.function(tokenizer.detokenize)(ids).numpy()] == [s.decode() for s in text.numpy()]
 
