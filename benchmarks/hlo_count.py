@@ -6,7 +6,7 @@ here, their count is the proxy for the launches a GPU would make. The count is o
 computation of `reduce_sum(y ** 2)`'s value and its gradients with respect to the input and every
 weight, by kind: fusions, dots (matrix products) and the rest. With `--steps`, also the whole
 training step (`train_step`: the model, its loss and Adam's update) of ELiTA and the Transformer
-at the seed size, 4 windows of 256 tokens.
+at the seed size, 4 sequences of 256 tokens.
 
     python benchmarks/hlo_count.py                                 # B = 2, T = 2048, width 256, 4 heads of 64
     python benchmarks/hlo_count.py --sequence-length 8192 --width 512 --heads 8

@@ -67,7 +67,7 @@ def measure_pipeline(glob, proto_path, cache, batches):
     """One process: the corpus through the token files and `lm_dataset`; prints one JSON line."""
     os.environ["ELITA_CACHE_DIR"] = cache
     from elita_tf.data import CorpusSettings, lm_dataset, load_corpus
-    from elita_tf.data.token_files import FileWindows, write_token_file
+    from elita_tf.data.token_files import FileSequences, write_token_file
     from elita_tf.models import ElitaTokenizer
 
     with open(proto_path, "rb") as f:
@@ -78,7 +78,7 @@ def measure_pipeline(glob, proto_path, cache, batches):
     checked = time.perf_counter()
     tokens = write_token_file(splits["train"], tokenizer, os.path.join(cache, "train"), vocabulary_size=5000)
     tokenized = time.perf_counter()
-    stream = lm_dataset(FileWindows(tokens, SEQUENCE_LENGTH + 1), BATCH_SIZE, seed=0, epochs=None)
+    stream = lm_dataset(FileSequences(tokens, SEQUENCE_LENGTH + 1), BATCH_SIZE, seed=0, epochs=None)
     iterator = iter(stream)
     next(iterator)  # the first batch: the epoch's order and the pipeline's threads
     read = time.perf_counter()
@@ -88,7 +88,7 @@ def measure_pipeline(glob, proto_path, cache, batches):
     result = {
         "corpus_bytes": sum(os.path.getsize(path) for path in glob_module.glob(glob)),
         "train_tokens": len(tokens),
-        "windows": len(FileWindows(tokens, SEQUENCE_LENGTH + 1)),
+        "sequences": len(FileSequences(tokens, SEQUENCE_LENGTH + 1)),
         "check_s": checked - start,
         "tokenize_s": tokenized - checked,
         "tokenize_tokens_per_s": len(tokens) / (tokenized - checked),

@@ -118,7 +118,7 @@ def test_every_readme_block_runs(tmp_path, monkeypatch, capsys):
                 continue
             words = shlex.split(command)
             assert words[0] in SHRINK, f"README runs a command this test does not know: {command}"
-            extra = SHRINK[words[0]] + (["--window-length=32"] if "--window-length" in words else [])
+            extra = SHRINK[words[0]] + (["--sequence-length=32"] if "--sequence-length" in words else [])
             try:
                 status = importlib.import_module(COMMANDS[words[0]]).main(words[1:] + extra)
             except SystemExit as stop:  # a flag refused

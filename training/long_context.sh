@@ -3,7 +3,7 @@
 # step, as the seed configuration), ELiTA trained at T = 256 with --carry-state, and the Transformer
 # (TRANSFORMER_SEQ_LEN, default 256, at the same tokens a step: 2048 is the longest that fits in 24 GB, about
 # 13 GB at its peak and 4-5.5 s a step on a 2-core CPU); then each scored on the test split by position, in
-# windows of up to 16K tokens (and ELiTA at 256 in its own windows too), ELiTA's fixed-position runs also
+# sequences of up to 16K tokens (and ELiTA at 256 in its own sequences too), ELiTA's fixed-position runs also
 # with clamped positions (the same weights), and ELiTA's runs over the whole split as one stream. Finished
 # steps are skipped.
 # Offline: export ELITA_WIKITEXT_DIR=path/to/wikitext-2 first.
@@ -31,15 +31,15 @@ train "$out/transformer-$transformer_len" --architecture transformer --sequence-
   --batch-size $((32768 / transformer_len))
 
 for run in elita-256 elita-256-carry elita-4096 elita-16384; do
-  score "$out/$run" test-windows.json --window-length 16384 --batch-size 2
-  score "$out/$run" test-stream.json --window-length 16384 --carry-state
+  score "$out/$run" test-sequences.json --sequence-length 16384 --batch-size 2
+  score "$out/$run" test-stream.json --sequence-length 16384 --carry-state
 done
 for run in elita-256 elita-4096; do
-  score "$out/$run" test-windows-clamped.json --window-length 16384 --batch-size 2 --position-mode clamped
+  score "$out/$run" test-sequences-clamped.json --sequence-length 16384 --batch-size 2 --position-mode clamped
 done
-score "$out/elita-256" test-stream-clamped.json --window-length 16384 --carry-state --position-mode clamped
-score "$out/elita-256" test-windows-256.json
-# Learned positions stop at the training length: the Transformer is scored in its own windows.
-score "$out/transformer-$transformer_len" test-windows.json
+score "$out/elita-256" test-stream-clamped.json --sequence-length 16384 --carry-state --position-mode clamped
+score "$out/elita-256" test-sequences-256.json
+# Learned positions stop at the training length: the Transformer is scored in its own sequences.
+score "$out/transformer-$transformer_len" test-sequences.json
 
 python training/plot_long_context.py "$out" --output docs/long_context.png

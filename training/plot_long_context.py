@@ -2,7 +2,7 @@
 
     python training/plot_long_context.py runs/long_context --output docs/long_context.png
 
-Left: the test loss in log-spaced position buckets, each run scored in windows of up to 16K tokens
+Left: the test loss in log-spaced position buckets, each run scored in sequences of up to 16K tokens
 (its training length dotted). Right: ELiTA's position terms `P1` (added to the keys' logits) and
 `P2` (added to the queries' gate logit) of every layer and head, from position 0 to 16K, for each
 ELiTA run: flat lines past the training length would mean the terms stay in the range trained.
@@ -53,20 +53,20 @@ def main():
 
     runs = sorted(name for name in os.listdir(args.runs) if read_manifest(os.path.join(args.runs, name)))
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    print("| run | trained T | test loss by position (windows of up to 16K) | test split as one stream |")
+    print("| run | trained T | test loss by position (sequences of up to 16K) | test split as one stream |")
     print("|---|---|---|---|")
     for color, name in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs):
         run_dir = os.path.join(args.runs, name)
         sequence_length = read_manifest(run_dir)["training"]["sequence_length"]
         left.axvline(sequence_length, color=color, linestyle=":", linewidth=1)
         for file, stream_file, label, style in (
-            ("test-windows.json", "test-stream.json", name, "o-"),
-            ("test-windows-clamped.json", "test-stream-clamped.json", f"{name}, clamped positions", "s--"),
+            ("test-sequences.json", "test-stream.json", name, "o-"),
+            ("test-sequences-clamped.json", "test-stream-clamped.json", f"{name}, clamped positions", "s--"),
         ):
-            windows = _load(os.path.join(run_dir, file))
-            if windows is None:
+            sequences = _load(os.path.join(run_dir, file))
+            if sequences is None:
                 continue
-            buckets = windows["loss_by_position"]
+            buckets = sequences["loss_by_position"]
             middles = [np.sqrt(max(b["start"], 1) * b["end"]) for b in buckets]
             left.plot(middles, [b["loss"] for b in buckets], style, color=color, label=label)
             cells = ", ".join(f"{b['start']}-{b['end']}: {b['loss']:.3f}" for b in buckets)
@@ -86,7 +86,7 @@ def main():
             spread = p1.reshape(-1, POSITIONS)
             right.plot(np.arange(1, POSITIONS + 1), spread.T, color=color, linewidth=0.6, alpha=0.5)
             right.axvline(sequence_length, color=color, linestyle=":", linewidth=1)
-    left.set(xscale="log", xlabel="position in the window", ylabel="test loss", title="Loss by position")
+    left.set(xscale="log", xlabel="position in the sequence", ylabel="test loss", title="Loss by position")
     left.legend()
     right.set(xscale="log", xlabel="position", ylabel="P1 (every layer and head)", title="ELiTA's key position terms")
     figure.tight_layout()

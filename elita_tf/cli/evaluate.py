@@ -2,9 +2,9 @@
 
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --quantize int8
     elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --litert elita.tflite
-    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --window-length 4096 --output elita-4k.json
-    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --window-length 4096 --carry-state
-    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --window-length 4096 --position-mode clamped
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --sequence-length 4096 --output elita-4k.json
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --sequence-length 4096 --carry-state
+    elita-evaluate --run-dir runs/compare/elita/seed-0 --split test --sequence-length 4096 --position-mode clamped
 
 Every flag is a field of `EvaluateSettings` (or, for other text, of its `CorpusSettings`); the
 library function is `elita_tf.training.evaluate`. Prints one JSON object on stdout

@@ -1,17 +1,17 @@
 """The language-modelling `tf.data` pipeline.
 
-    lines --SentencePiece (in graph)--> ids --concatenate--> windows of T + 1
+    lines --SentencePiece (in graph)--> ids --concatenate--> sequences of T + 1
           --({"token_ids", "padding_mask"}, targets)--> shuffled with a seed per epoch --> batches --> prefetch
 
-Tokenising and cutting run once through `tf.data` (`token_windows`); the
-windows are small (WikiText-2 at T = 256 is ~13K of them), so they are held
+Tokenising and cutting run once through `tf.data` (`token_sequences`); the
+sequences are small (WikiText-2 at T = 256 is ~13K of them), so they are held
 in memory, and batch `k` of the training stream is a pure function of
 `(seed, k)`: the same seed gives the same batches, and a resumed run starts
 exactly at its step (`lm_dataset(..., start_step=k)`).
 
 With packed documents (`elita-train --pack-documents`) the split is first one
 stream of ids and document starts (`token_stream`), cut the same way
-(`packed_windows`); the batches then carry `document_starts` and weights.
+(`packed_sequences`); the batches then carry `document_starts` and weights.
 """
 
 import numpy as np
@@ -31,8 +31,8 @@ def line_ids(tokenizer, lines):
     return tf.concat([pieces, tf.RaggedTensor.from_tensor(ends)], axis=1)
 
 
-def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
-    """All windows of `sequence_length + 1` consecutive tokens of a split, in order.
+def token_sequences(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
+    """All sequences of `sequence_length + 1` consecutive tokens of a split, in order.
 
     Args:
         lines: `tf.data.Dataset` of `tf.string` lines.
@@ -43,52 +43,52 @@ def token_windows(lines, tokenizer, sequence_length, vocabulary_size=None, lines
             has no row for).
 
     Returns:
-        int32 numpy array `[N, T + 1]` (the last partial window is dropped).
+        int32 numpy array `[N, T + 1]` (the last partial sequence is dropped).
 
     Raises:
-        ValueError: for `sequence_length < 2`, a corpus shorter than one window, or an
+        ValueError: for `sequence_length < 2`, a corpus shorter than one sequence, or an
             id outside `[0, vocabulary_size)`.
     """
     check_sequence_length("sequence_length", sequence_length)
     ids = lines.batch(lines_per_batch).map(lambda text: line_ids(tokenizer, text).flat_values).unbatch()
-    windows = ids.batch(sequence_length + 1, drop_remainder=True).batch(4096)
-    chunks = list(windows.as_numpy_iterator())
+    sequences = ids.batch(sequence_length + 1, drop_remainder=True).batch(4096)
+    chunks = list(sequences.as_numpy_iterator())
     if not chunks:
-        raise ValueError(f"The corpus is shorter than one window of {sequence_length + 1} tokens.")
-    windows = np.concatenate(chunks).astype(np.int32)
-    if vocabulary_size is not None and (windows.min() < 0 or windows.max() >= vocabulary_size):
+        raise ValueError(f"The corpus is shorter than one sequence of {sequence_length + 1} tokens.")
+    sequences = np.concatenate(chunks).astype(np.int32)
+    if vocabulary_size is not None and (sequences.min() < 0 or sequences.max() >= vocabulary_size):
         raise ValueError(
-            f"The tokenizer produced ids in [{windows.min()}, {windows.max()}], outside the model's vocabulary "
+            f"The tokenizer produced ids in [{sequences.min()}, {sequences.max()}], outside the model's vocabulary "
             f"[0, {vocabulary_size}): its vocabulary is larger than the model's. "
             f"Received: vocabulary_size={vocabulary_size}"
         )
-    return windows
+    return sequences
 
 
-def steps_per_epoch(windows, batch_size):
-    steps = len(windows) // batch_size
+def steps_per_epoch(sequences, batch_size):
+    steps = len(sequences) // batch_size
     if steps == 0:
         raise ValueError(
-            f"{len(windows)} windows make no full batch of {batch_size}: lower the batch size or sequence length."
+            f"{len(sequences)} sequences make no full batch of {batch_size}: lower the batch size or sequence length."
         )
     return steps
 
 
 def lm_dataset(
-    windows, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1, document_starts=None
+    sequences, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1, document_starts=None
 ):
     """Batches of `({"token_ids": [B, T], "padding_mask": [B, T]}, targets [B, T])`, targets shifted by one.
 
-    Epoch `e` visits the windows in the order `stateless_shuffle(seed, e)`
+    Epoch `e` visits the sequences in the order `stateless_shuffle(seed, e)`
     (or in order with `shuffle=False`); the last partial batch is dropped.
     With `num_shards > 1` this is one worker's part of that same stream:
     rows `[shard * B / n, (shard + 1) * B / n)` of every global batch, so the
     shards of a step together are the single-process batch of that step.
 
     Args:
-        windows: int array `[N, T + 1]` from `token_windows`, or a split on
-            disk (`token_files.FileWindows`), read a batch at a time: the
-            same windows give the same batches either way.
+        sequences: int array `[N, T + 1]` from `token_sequences`, or a split on
+            disk (`token_files.FileSequences`), read a batch at a time: the
+            same sequences give the same batches either way.
         batch_size: int.
         seed: int. Same seed, same batches.
         shuffle: bool.
@@ -97,9 +97,9 @@ def lm_dataset(
         shard: int in `[0, num_shards)`. Which part of each batch to produce.
         num_shards: int. Parts each global batch is cut into; must divide
             `batch_size`.
-        document_starts: optional bool `[N, T + 1]` from `packed_windows`
-            (or True with windows on disk, which hold their own): packed
-            documents. The inputs then carry `document_starts` (the window's starts,
+        document_starts: optional bool `[N, T + 1]` from `packed_sequences`
+            (or True with sequences on disk, which hold their own): packed
+            documents. The inputs then carry `document_starts` (the sequence's starts,
             and its first position), and a third element weighs each target:
             0 where the target starts a document, else 1.
 
@@ -112,10 +112,10 @@ def lm_dataset(
             f"Received: batch_size={batch_size}, shard={shard}, num_shards={num_shards}"
         )
     rows_per_shard = batch_size // num_shards
-    count = len(windows)
-    per_epoch = steps_per_epoch(windows, batch_size)
-    if isinstance(windows, np.ndarray):
-        table = tf.constant(windows)
+    count = len(sequences)
+    per_epoch = steps_per_epoch(sequences, batch_size)
+    if isinstance(sequences, np.ndarray):
+        table = tf.constant(sequences)
         starts = None if document_starts is None else tf.constant(document_starts, tf.bool)
 
         def rows(indices):
@@ -124,10 +124,10 @@ def lm_dataset(
     else:  # read from disk, a batch at a time
 
         def rows(indices):
-            ids, window_starts = tf.numpy_function(windows.rows, [indices], (tf.int32, tf.bool), stateful=False)
-            ids.set_shape([None, windows.length])
-            window_starts.set_shape([None, windows.length])
-            return ids, window_starts if document_starts else None
+            ids, sequence_starts = tf.numpy_function(sequences.rows, [indices], (tf.int32, tf.bool), stateful=False)
+            ids.set_shape([None, sequences.length])
+            sequence_starts.set_shape([None, sequences.length])
+            return ids, sequence_starts if document_starts else None
 
     def batch(order, position):
         first = position * batch_size + shard * rows_per_shard
@@ -136,7 +136,7 @@ def lm_dataset(
         inputs = {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids)}
         if row_starts is None:
             return inputs, ids[:, 1:]
-        # A window's first position starts what it holds, whatever came before it.
+        # A sequence's first position starts what it holds, whatever came before it.
         inputs["document_starts"] = tf.concat([tf.ones_like(row_starts[:, :1]), row_starts[:, 1:-1]], axis=1)
         return inputs, ids[:, 1:], tf.cast(tf.logical_not(row_starts[:, 1:]), tf.float32)
 
@@ -200,10 +200,10 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
     return ids, document_starts
 
 
-def packed_windows(ids, document_starts, sequence_length):
-    """Windows of `sequence_length + 1` consecutive tokens of a stream, and where documents start in them.
+def packed_sequences(ids, document_starts, sequence_length):
+    """Sequences of `sequence_length + 1` consecutive tokens of a stream, and where documents start in them.
 
-    Documents lie back to back across windows (packed); `lm_dataset` turns
+    Documents lie back to back across sequences (packed); `lm_dataset` turns
     the starts into the model's `document_starts` and into weights that leave out
     the first token of each document, which nothing in its document predicts.
 
@@ -212,12 +212,12 @@ def packed_windows(ids, document_starts, sequence_length):
         sequence_length: int `T >= 2`.
 
     Returns:
-        `(windows, starts)`: int32 and bool `[N // (T + 1), T + 1]`.
+        `(sequences, starts)`: int32 and bool `[N // (T + 1), T + 1]`.
     """
     check_sequence_length("sequence_length", sequence_length)
     count = len(ids) // (sequence_length + 1)
     if count == 0:
-        raise ValueError(f"The corpus is shorter than one window of {sequence_length + 1} tokens.")
+        raise ValueError(f"The corpus is shorter than one sequence of {sequence_length + 1} tokens.")
     cut = count * (sequence_length + 1)
     return ids[:cut].reshape(count, -1), document_starts[:cut].reshape(count, -1)
 

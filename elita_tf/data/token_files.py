@@ -1,12 +1,12 @@
-"""A split tokenized once into flat files on disk, and read back a window at a time.
+"""A split tokenized once into flat files on disk, and read back a sequence at a time.
 
     (line, starts_document) --SentencePiece, in tf.data--> DIR/ids.bin              int32, every token in order
                                                           DIR/document_starts.bin  uint8, 1 at a document's first token
-    window i of length W = tokens [i W, (i + 1) W): one positioned read of each file
+    sequence i of length W = tokens [i W, (i + 1) W): one positioned read of each file
 
-Training reads windows in a seeded order without holding the split: memory
-stays flat however large the corpus is, and any window (so any batch, so a
-resumed step) is one read away. The windows are those `token_windows` cuts
+Training reads sequences in a seeded order without holding the split: memory
+stays flat however large the corpus is, and any sequence (so any batch, so a
+resumed step) is one read away. The sequences are those `token_sequences` cuts
 from the same stream, so a split read from its files trains exactly as it
 did in memory. Files are written once per (text, tokenizer) fingerprint under
 a cache directory (`$ELITA_CACHE_DIR`, else `~/.cache/elita-tf`) and reused by
@@ -67,7 +67,7 @@ class TokenFile:
 
     Example:
     >>> tokens = TokenFile("~/.cache/elita-tf/tokens/3f2a.../train")  # doctest: +SKIP
-    >>> ids, starts = tokens.windows([0, 7], 257)                     # doctest: +SKIP
+    >>> ids, starts = tokens.sequences([0, 7], 257)                     # doctest: +SKIP
     """
 
     def __init__(self, directory):
@@ -134,23 +134,23 @@ class TokenFile:
         """All the split's tokens in order, as a carried state reads them: `(ids int32 [N], starts bool [N])`."""
         return self.read(0, len(self))
 
-    def windows(self, indices, length):
-        """Windows `indices` of `length` tokens: `(ids int32 [n, length], starts bool [n, length])`."""
+    def sequences(self, indices, length):
+        """Sequences `indices` of `length` tokens: `(ids int32 [n, length], starts bool [n, length])`."""
         ids = np.empty((len(indices), length), np.int32)
         starts = np.empty((len(indices), length), bool)
         for row, index in enumerate(indices):
             ids[row], starts[row] = self.read(int(index) * length, length)
         return ids, starts
 
-    def window_count(self, length):
-        """Whole windows of `length` tokens (the last partial one is dropped)."""
+    def sequence_count(self, length):
+        """Whole sequences of `length` tokens (the last partial one is dropped)."""
         return len(self) // length
 
 
-class FileWindows:
-    """The windows of `length` tokens of a `TokenFile`, as `lm_dataset` reads them: `len()` and `rows(indices)`.
+class FileSequences:
+    """The sequences of `length` tokens of a `TokenFile`, as `lm_dataset` reads them: `len()` and `rows(indices)`.
 
-    Window `i` is tokens `[i * length, (i + 1) * length)`, as `token_windows`
+    Sequence `i` is tokens `[i * length, (i + 1) * length)`, as `token_sequences`
     cuts a split held in memory.
     """
 
@@ -158,11 +158,11 @@ class FileWindows:
         self.tokens, self.length = tokens, length
 
     def __len__(self):
-        return self.tokens.window_count(self.length)
+        return self.tokens.sequence_count(self.length)
 
     def rows(self, indices):
-        """`(ids int32 [n, length], starts bool [n, length])` of windows `indices`."""
-        return self.tokens.windows(indices, self.length)
+        """`(ids int32 [n, length], starts bool [n, length])` of sequences `indices`."""
+        return self.tokens.sequences(indices, self.length)
 
 
 def fingerprint(*parts):

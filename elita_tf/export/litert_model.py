@@ -2,7 +2,7 @@
 
     model = LiteRTModel("elita.tflite")          # pip install "elita-tf[litert]"
     model.generate([5, 9, 14], max_new_tokens=20)  # greedy token ids
-    model.loss(windows)                           # mean next-token cross-entropy, tokens scored
+    model.loss(sequences)                           # mean next-token cross-entropy, tokens scored
 
 It runs the file as a phone would: `prefill` on the prompt, then one `decode` call a token, each
 fed the state the call before returned.
@@ -105,14 +105,14 @@ class LiteRTModel:
                 state = self.decode(token_ids=np.asarray([tokens[-1:]], np.int32), **state)
         return tokens
 
-    def loss(self, windows, progress=None, scored=None):
-        """Mean next-token cross-entropy over windows `[N, T + 1]`, each from an empty state.
+    def loss(self, sequences, progress=None, scored=None):
+        """Mean next-token cross-entropy over sequences `[N, T + 1]`, each from an empty state.
 
         The first token is prefilled and every later one decoded, so each
-        position is scored exactly as the Keras model scores the window in
-        parallel. `scored [N, T]`, if given, is False on a window's padded end,
+        position is scored exactly as the Keras model scores the sequence in
+        parallel. `scored [N, T]`, if given, is False on a sequence's padded end,
         which is neither read nor scored. `progress`, if given, is called after
-        each window.
+        each sequence.
 
         Returns:
             `(mean loss, tokens scored)`.
@@ -121,17 +121,17 @@ class LiteRTModel:
             ValueError: for an id outside the vocabulary.
         """
         total, count = 0.0, 0
-        windows = self._check_ids(windows, "windows")
-        for row, window in enumerate(windows):
-            end = len(window) if scored is None else 1 + int(np.sum(scored[row]))
-            state = self.prefill(token_ids=window[None, :1])
+        sequences = self._check_ids(sequences, "sequences")
+        for row, sequence in enumerate(sequences):
+            end = len(sequence) if scored is None else 1 + int(np.sum(scored[row]))
+            state = self.prefill(token_ids=sequence[None, :1])
             for position in range(1, end):
                 logits = self._defined(state.pop("logits")[0], position).astype(np.float64)
                 top = logits.max()
-                total += top + np.log(np.exp(logits - top).sum()) - logits[window[position]]
+                total += top + np.log(np.exp(logits - top).sum()) - logits[sequence[position]]
                 count += 1
                 if position < end - 1:
-                    state = self.decode(token_ids=window[None, position : position + 1], **state)
+                    state = self.decode(token_ids=sequence[None, position : position + 1], **state)
             if progress is not None:
                 progress()
         return total / count, count

@@ -137,7 +137,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
             (the default; past `L` the sinusoids run on), `"clamped"` (every
             position past `L - 1` reads as `L - 1`) or `"length"` (the
             original's `u_i = i / (T - 1)`, which moves with the sequence
-            length: it trains and evaluates in windows, but cannot decode).
+            length: it trains and evaluates in sequences, but cannot decode).
         logit_clip: float or None. Clip ELiTA's logits to `±logit_clip`, as
             the original did at 20. Defaults to None (exact).
         blocks: str, or one str per layer: `"elita"`, `"transformer"`,

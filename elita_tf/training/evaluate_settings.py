@@ -24,7 +24,7 @@ class EvaluateSettings:
     `TrainSettings` and `CorpusSettings` take theirs (`setting_like`).
 
     Example:
-    >>> EvaluateSettings("runs/elita", window_length=4096, carry_state=True).split
+    >>> EvaluateSettings("runs/elita", sequence_length=4096, carry_state=True).split
     'test'
     >>> EvaluateSettings("runs/elita", litert="elita.tflite", quantize="int8")
     Traceback (most recent call last):
@@ -41,21 +41,22 @@ class EvaluateSettings:
     data_dir: str = setting_like(CorpusSettings, "data_dir")
     tfds_dir: str = setting_like(CorpusSettings, "tfds_dir")
     batch_size: int = setting(
-        None, "Windows a batch.", check=check_integer,
-        default_help="the run's batch size, scaled to keep its tokens a batch with another `window_length`",
+        None, "Sequences a batch.", check=check_integer,
+        default_help="the run's batch size, scaled to keep its tokens a batch with another `sequence_length`",
     )
     eval_batches: int = setting(
-        None, "A cap on batches of windows, or on segments with `carry_state`.", check=check_integer,
+        None, "A cap on batches of sequences, or on segments with `carry_state`.", check=check_integer,
         default_help="every one",
     )
     quantize: str = setting(None, "Evaluate the model after Keras' `quantize(MODE)`.", choices=QUANTIZATIONS)
     litert: str = setting(
-        None, "Score the run's windows through this LiteRT file of the run (elita-export --format litert), one "
+        None, "Score the run's sequences through this LiteRT file of the run (elita-export --format litert), one "
         "token at a time, in ai-edge-litert's interpreter.",
     )
-    window_length: int = setting(
-        None, "Tokens a window `N` is cut into. Models with learned positions take at most their "
-        "max_sequence_length; ELiTA's sinusoidal positions continue past it.",
+    sequence_length: int = setting(
+        None, "`N`: the split is cut into sequences of N tokens (a segment of N with `carry_state`). Models "
+        "with learned positions take at most their max_sequence_length; ELiTA's sinusoidal positions continue "
+        "past it.",
         check=check_sequence_length, default_help="the run's `sequence_length`",
     )
     carry_state: bool = setting(
@@ -77,13 +78,14 @@ class EvaluateSettings:
                 "A LiteRT file carries its own quantization: pass `litert` or `quantize`. "
                 f"Received: quantize={self.quantize!r}"
             )
-        if self.litert is not None and (self.window_length is not None or self.carry_state):
+        if self.litert is not None and (self.sequence_length is not None or self.carry_state):
             raise ValueError(
-                "A LiteRT file is scored in the run's own windows: leave `window_length` and `carry_state` unset. "
-                f"Received: window_length={self.window_length!r}, carry_state={self.carry_state!r}"
+                "A LiteRT file is scored in the run's own sequences: leave `sequence_length` and `carry_state` "
+                "unset. "
+                f"Received: sequence_length={self.sequence_length!r}, carry_state={self.carry_state!r}"
             )
         if self.pack_documents and (self.litert is not None or self.carry_state):
             raise ValueError(
-                "Packed documents are scored in windows by the model itself: leave `litert` and `carry_state` "
+                "Packed documents are scored in sequences by the model itself: leave `litert` and `carry_state` "
                 f"unset. Received: pack_documents=True, litert={self.litert!r}, carry_state={self.carry_state!r}"
             )

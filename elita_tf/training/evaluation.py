@@ -3,14 +3,14 @@
     from elita_tf.training import EvaluateSettings, evaluate
     evaluate(EvaluateSettings("runs/compare/elita/seed-0", quantize="int8"))
     evaluate(EvaluateSettings("runs/compare/elita/seed-0", litert="elita.tflite"))  # the exported file
-    evaluate(EvaluateSettings("runs/compare/elita/seed-0", window_length=4096))     # longer windows
-    evaluate(EvaluateSettings("runs/compare/elita/seed-0", window_length=4096, carry_state=True))  # one stream
+    evaluate(EvaluateSettings("runs/compare/elita/seed-0", sequence_length=4096))     # longer sequences
+    evaluate(EvaluateSettings("runs/compare/elita/seed-0", sequence_length=4096, carry_state=True))  # one stream
     evaluate(EvaluateSettings("runs/mine", corpus=CorpusSettings("new-texts/*.txt")))  # all of other text
 
-By default the split is cut into the training run's windows (its `sequence_length`, its
+By default the split is cut into the training run's sequences (its `sequence_length`, its
 tokenizer, every line ending with the end-of-line id), so the float result equals the run's own
-`results.json` figure. What is cut is scored by one of three scorers: `score_windows` (the model,
-window by window), `score_stream` (the model, segment after segment of one stream, carrying its
+`results.json` figure. What is cut is scored by one of three scorers: `score_sequences` (the model,
+sequence by sequence), `score_stream` (the model, segment after segment of one stream, carrying its
 decoding state) and `score_litert` (a LiteRT file in its interpreter). The first two run the
 backbone's own loss (`token_losses`, as training does) as a Keras model, which `predict_on_batch`
 compiles on every backend. Either way the result has the loss by position, in log-spaced buckets:
@@ -27,7 +27,7 @@ import numpy as np
 from keras import ops
 
 from elita_tf.data.corpus import corpus_of_record, load_corpus
-from elita_tf.data.token_files import FileWindows, cached_token_file
+from elita_tf.data.token_files import FileSequences, cached_token_file
 from elita_tf.data.text_files import data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
@@ -58,18 +58,18 @@ def _by_position(loss_sums, token_counts):
     ]
 
 
-def covering_windows(ids, document_starts, length):
-    """Windows of `length + 1` tokens of a stream that score every token after the first exactly once.
+def covering_sequences(ids, document_starts, length):
+    """Sequences of `length + 1` tokens of a stream that score every token after the first exactly once.
 
-    Window `i` holds tokens `[i T, i T + T + 1)`: consecutive windows share one token, the
-    last target of one being the first input of the next, and the last window is padded.
+    Sequence `i` holds tokens `[i T, i T + T + 1)`: consecutive sequences share one token, the
+    last target of one being the first input of the next, and the last sequence is padded.
 
     Args:
         ids, document_starts: int32 and bool `[N]` (`TokenFile.read`).
         length: int `T`.
 
     Returns:
-        `(windows int32 [W, T + 1], starts bool [W, T + 1], scored bool [W, T])`, `scored` False
+        `(sequences int32 [W, T + 1], starts bool [W, T + 1], scored bool [W, T])`, `scored` False
         at the padding.
     """
     count = max(1, math.ceil((len(ids) - 1) / length))
@@ -106,24 +106,24 @@ class CarriedTokenLosses(TokenLosses):
         return self.backbone.token_losses(hidden, inputs["targets"]), cache
 
 
-def score_windows(backbone, windows, batch_size, progress, document_starts=None, scored=None):
-    """Per-position sums of the next-token losses over `windows [N, T + 1]`, and token counts `[T]`.
+def score_sequences(backbone, sequences, batch_size, progress, document_starts=None, scored=None):
+    """Per-position sums of the next-token losses over `sequences [N, T + 1]`, and token counts `[T]`.
 
     With `document_starts [N, T + 1]` (packed documents) no document sees
     another, and a document's first token is not scored. `scored [N, T]`, if
     given, leaves out the targets where it is False (padding).
     """
     model = TokenLosses(backbone)
-    weights = np.ones((len(windows), windows.shape[1] - 1), bool) if scored is None else scored.copy()
+    weights = np.ones((len(sequences), sequences.shape[1] - 1), bool) if scored is None else scored.copy()
     if document_starts is not None:
         weights &= ~document_starts[:, 1:]
-    length = windows.shape[1] - 1
+    length = sequences.shape[1] - 1
     sums, counts = np.zeros(length), np.zeros(length)
-    for start in range(0, len(windows), batch_size):
+    for start in range(0, len(sequences), batch_size):
         rows = slice(start, start + batch_size)
-        inputs = {"token_ids": windows[rows, :-1], "targets": windows[rows, 1:], "weights": weights[rows]}
+        inputs = {"token_ids": sequences[rows, :-1], "targets": sequences[rows, 1:], "weights": weights[rows]}
         if document_starts is not None:
-            # A window's first position starts what it holds, whatever came before it.
+            # A sequence's first position starts what it holds, whatever came before it.
             starts = document_starts[rows, :-1].copy()
             starts[:, 0] = True
             inputs["document_starts"] = starts
@@ -151,9 +151,9 @@ def score_stream(backbone, stream, segment_length, progress):
     return np.concatenate(scored)
 
 
-def score_litert(path, windows, progress, scored=None):
-    """`(mean loss, tokens)` of windows `[N, T + 1]` through the LiteRT file `path`, one token at a time."""
-    return LiteRTModel(path).loss(windows, progress=progress, scored=scored)
+def score_litert(path, sequences, progress, scored=None):
+    """`(mean loss, tokens)` of sequences `[N, T + 1]` through the LiteRT file `path`, one token at a time."""
+    return LiteRTModel(path).loss(sequences, progress=progress, scored=scored)
 
 
 def evaluate(settings):
@@ -163,11 +163,12 @@ def evaluate(settings):
         settings: `EvaluateSettings`: the run, the split or other text, and how to cut and score it.
 
     Returns:
-        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "window_length", "carry_state",
-        "pack_documents", "position_mode", "quantize", "litert", "windows", "sequence_length", "data": {...},
+        `{"split", "loss", "perplexity", "tokens", "loss_by_position", "sequence_length", "carry_state",
+        "pack_documents", "position_mode", "quantize", "litert", "sequences", "trained_sequence_length",
+        "data": {...},
         "trained_on": {...}}`.
         `loss_by_position` is a list of `{"start", "end", "loss", "tokens"}`
-        over log-spaced buckets of positions (within a window, or in the
+        over log-spaced buckets of positions (within a sequence, or in the
         stream; None through LiteRT); `data` is the split's source and
         SHA-256; `trained_on` the run's, to compare.
 
@@ -180,20 +181,20 @@ def evaluate(settings):
     if manifest is None:
         raise FileNotFoundError(
             f"{os.path.join(settings.run_dir, MANIFEST_FILE)} is missing: `run_dir` must be an elita-train run "
-            f"directory (it records the windows to cut). Received: run_dir={settings.run_dir!r}"
+            f"directory (it records the sequences to cut). Received: run_dir={settings.run_dir!r}"
         )
-    sequence_length = manifest["training"]["sequence_length"]
-    length = settings.window_length or sequence_length
+    trained_length = manifest["training"]["sequence_length"]
+    length = settings.sequence_length or trained_length
     pack_documents = settings.pack_documents
     if pack_documents is None:
         trained_packed = manifest["training"].get("pack_documents", False)
         pack_documents = trained_packed and settings.litert is None and not settings.carry_state
-    batch_size = settings.batch_size or max(1, manifest["training"]["batch_size"] * sequence_length // length)
+    batch_size = settings.batch_size or max(1, manifest["training"]["batch_size"] * trained_length // length)
     causal_lm = ElitaCausalLM.from_preset(preset_of(settings.run_dir))
     backbone = _backbone_to_score(causal_lm, settings, length)
     cut = _cut(settings, manifest, causal_lm, length, pack_documents)
-    windows, starts, scored_targets = cut.windows, cut.document_starts, cut.scored
-    whole = scored_targets is not None  # other text, every window scored
+    sequences, starts, scored_targets = cut.sequences, cut.document_starts, cut.scored
+    whole = scored_targets is not None  # other text, every sequence scored
 
     by_position = None
     if settings.carry_state:
@@ -204,22 +205,22 @@ def evaluate(settings):
         sums = score_stream(backbone, stream, length, progress)
         counts, scored = np.ones_like(sums), 1
     else:
-        # Whole batches, as in training (text scored whole: every window), capped by eval_batches.
-        batches = math.ceil(len(windows) / batch_size) if whole else len(windows) // batch_size
+        # Whole batches, as in training (text scored whole: every sequence), capped by eval_batches.
+        batches = math.ceil(len(sequences) / batch_size) if whole else len(sequences) // batch_size
         capped = min(batches, settings.eval_batches) if settings.eval_batches else batches
-        scored = min(len(windows), batch_size * capped)
+        scored = min(len(sequences), batch_size * capped)
         if scored == 0:
             raise ValueError(
-                f"The {cut.split} split makes {len(windows)} windows of {length + 1} tokens, no full batch of "
+                f"The {cut.split} split makes {len(sequences)} sequences of {length + 1} tokens, no full batch of "
                 f"{batch_size}: lower `batch_size`. Received: batch_size={batch_size}"
             )
         progress = _progress(scored, settings.verbose)
         starts = None if starts is None else starts[:scored]
         scored_targets = None if scored_targets is None else scored_targets[:scored]
         if settings.litert is None:
-            sums, counts = score_windows(backbone, windows[:scored], batch_size, progress, starts, scored_targets)
+            sums, counts = score_sequences(backbone, sequences[:scored], batch_size, progress, starts, scored_targets)
         else:
-            loss, tokens = score_litert(settings.litert, windows[:scored], lambda: progress(1), scored_targets)
+            loss, tokens = score_litert(settings.litert, sequences[:scored], lambda: progress(1), scored_targets)
     if settings.litert is None:
         loss, tokens = float(sums.sum() / counts.sum()), int(counts.sum())
         by_position = _by_position(sums, counts)
@@ -229,14 +230,14 @@ def evaluate(settings):
         "perplexity": math.exp(loss),
         "tokens": tokens,
         "loss_by_position": by_position,
-        "window_length": length,
+        "sequence_length": length,
         "carry_state": settings.carry_state,
         "pack_documents": pack_documents,
         "position_mode": backbone.position_mode,
         "quantize": settings.quantize,
         "litert": settings.litert,
-        "windows": scored,
-        "sequence_length": sequence_length,
+        "sequences": scored,
+        "trained_sequence_length": trained_length,
         "data": cut.data,
         "trained_on": manifest["data"],
     }
@@ -264,12 +265,12 @@ def _backbone_to_score(causal_lm, settings, length):
         raise ValueError(
             f"`carry_state` needs a model whose every block carries a constant-size state; this one "
             f"({', '.join(sorted(set(backbone.blocks)))}, position_embedding={backbone.position_embedding}) holds "
-            f"at most max_sequence_length={backbone.decode_limit} positions. Evaluate it in windows instead."
+            f"at most max_sequence_length={backbone.decode_limit} positions. Evaluate it in sequences instead."
         )
     if backbone.position_embedding and length > backbone.max_sequence_length:
         raise ValueError(
             f"This model has learned positions for at most max_sequence_length={backbone.max_sequence_length} "
-            f"tokens. Received: window_length={length}"
+            f"tokens. Received: sequence_length={length}"
         )
     if settings.quantize:
         backbone.quantize(settings.quantize)
@@ -278,22 +279,22 @@ def _backbone_to_score(causal_lm, settings, length):
 
 @dataclasses.dataclass(frozen=True)
 class _Cut:
-    """What evaluation scores of a split: `stream [L]` (a carried state's), or `windows [N, length + 1]` with
+    """What evaluation scores of a split: `stream [L]` (a carried state's), or `sequences [N, length + 1]` with
     their `document_starts` (packed documents) and `scored` targets `[N, length]` (other text, each token once),
     either None where unused; `data`, the source and SHA-256 of what was read."""
 
     split: str
     data: dict
     stream: np.ndarray = None
-    windows: np.ndarray = None
+    sequences: np.ndarray = None
     document_starts: np.ndarray = None
     scored: np.ndarray = None
 
 
 def _cut(settings, manifest, causal_lm, length, pack_documents):
     """The `_Cut` of what `settings` scores, from the split's token files, the ones training reads
-    (`cached_token_file`): the run's windows as it cut them (`FileWindows`), with `carry_state` the split
-    as one stream, and other text whole (`covering_windows`), every token after the first scored once."""
+    (`cached_token_file`): the run's sequences as it cut them (`FileSequences`), with `carry_state` the split
+    as one stream, and other text whole (`covering_sequences`), every token after the first scored once."""
     corpus, split = settings.corpus, settings.split
     own_text = corpus is not None and data_kind(corpus.data) in ("text", "jsonl")
     if corpus is None:  # the run's own data, split as it was for training
@@ -317,10 +318,10 @@ def _cut(settings, manifest, causal_lm, length, pack_documents):
     if settings.carry_state:
         return _Cut(split, data, stream=tokens.stream()[0])
     if own_text:
-        windows, starts, scored = covering_windows(*tokens.stream(), length)
+        sequences, starts, scored = covering_sequences(*tokens.stream(), length)
     else:
-        examples = FileWindows(tokens, length + 1)
+        examples = FileSequences(tokens, length + 1)
         if not len(examples):
-            raise ValueError(f"The {split} split is shorter than one window of {length + 1} tokens.")
-        (windows, starts), scored = examples.rows(range(len(examples))), None
-    return _Cut(split, data, windows=windows, document_starts=starts if pack_documents else None, scored=scored)
+            raise ValueError(f"The {split} split is shorter than one sequence of {length + 1} tokens.")
+        (sequences, starts), scored = examples.rows(range(len(examples))), None
+    return _Cut(split, data, sequences=sequences, document_starts=starts if pack_documents else None, scored=scored)

@@ -123,7 +123,7 @@ def resolve_position_mode(settings, run_path):
     """`settings` with `position_mode` decided, when it was left to the run (None).
 
     Resuming keeps the stored run's mode. An architecture that sets its own keeps it
-    (`elita-reference`: `"length"`). Otherwise a new run trained in windows
+    (`elita-reference`: `"length"`). Otherwise a new run trained in sequences
     never sees a position past `sequence_length`, so it holds later ones at
     the last trained position (`clamped`): the reference's sinusoids, run on,
     leave what they were trained on past about 16x the training length

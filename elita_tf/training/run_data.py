@@ -1,6 +1,6 @@
 """A run's data: its corpus read, its tokenizer trained or reused, every split tokenized into files and cut.
 
-Everything is checked before the run directory is written: a split too short for one window or
+Everything is checked before the run directory is written: a split too short for one sequence or
 one batch stops the run before `run.json` exists, so following the error's advice is not refused
 as another run.
 """
@@ -12,7 +12,7 @@ import os
 import keras
 
 from elita_tf.data import lm_dataset, load_corpus, sample_text, stream_steps_per_epoch, train_sentencepiece
-from elita_tf.data.token_files import FileWindows, TokenFile, cached_token_file
+from elita_tf.data.token_files import FileSequences, TokenFile, cached_token_file
 from elita_tf.data.text_files import TextCorpus, data_kind
 from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
@@ -30,12 +30,12 @@ class RunSplit:
 
     Attributes:
         tokens: the `TokenFile` of the split, in order.
-        examples: `FileWindows` of `sequence_length + 1` tokens.
+        examples: `FileSequences` of `sequence_length + 1` tokens.
         packed: whether an example holds documents back to back that never see each other.
     """
 
     tokens: TokenFile
-    examples: FileWindows
+    examples: FileSequences
     packed: bool
 
     def dataset(self, batch_size, **kwargs):
@@ -65,7 +65,7 @@ def load_settings_corpus(settings):
 
 
 def prepare_run(settings, run_dir, splits, data):
-    """Checks the directory against the request, then the tokenizer and the windows of the three splits.
+    """Checks the directory against the request, then the tokenizer and the sequences of the three splits.
 
     A new run trains the tokenizer, cuts every split, and only then writes
     the tokenizer and `run.json`; a resumed one reuses its tokenizer after
@@ -108,14 +108,14 @@ def prepare_run(settings, run_dir, splits, data):
             tokens = cached_token_file(
                 pairs[split], preprocessor.tokenizer, data["sha256"], split, settings.vocabulary_size, progress
             )
-            cut = FileWindows(tokens, settings.sequence_length + 1)
+            cut = FileSequences(tokens, settings.sequence_length + 1)
             if not len(cut):
-                raise ValueError(f"The corpus is shorter than one window of {settings.sequence_length + 1} tokens.")
+                raise ValueError(f"The corpus is shorter than one sequence of {settings.sequence_length + 1} tokens.")
             if split == "train" and settings.carry_state:  # read as one stream
                 stream_steps_per_epoch(len(tokens), settings.batch_size, settings.sequence_length)
             elif len(cut) < settings.batch_size:  # checked before the run writes anything
                 raise ValueError(
-                    f"{len(cut)} windows of {settings.sequence_length + 1} tokens make no full batch of "
+                    f"{len(cut)} sequences of {settings.sequence_length + 1} tokens make no full batch of "
                     f"{settings.batch_size}: lower --batch-size or --sequence-length, or give it more text."
                 )
         except ValueError as error:

@@ -182,7 +182,7 @@ class TrainSettings:
         ):
             raise ValueError(
                 "`pack_documents` restarts positions at each document, and position_mode='length' moves them with "
-                f"the window's length. Received: architecture={self.architecture!r}, position_mode='length'"
+                f"the sequence's length. Received: architecture={self.architecture!r}, position_mode='length'"
             )
         if self.pack_documents and self.carry_state:
             fail("pack_documents", True, "False with carry_state: carried streams restart at every document already")

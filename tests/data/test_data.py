@@ -10,7 +10,7 @@ from elita_tf.data import (
     lm_dataset,
     load_wikitext,
     split_files,
-    token_windows,
+    token_sequences,
     train_sentencepiece,
 )
 from elita_tf.data.corpus_settings import CorpusSettings
@@ -109,41 +109,41 @@ def test_vocabulary_too_large_and_empty_corpus():
 
 
 def test_windows_and_batches(splits, tokenizer, proto):
-    windows = token_windows(splits["train"], tokenizer, sequence_length=16)
-    assert windows.shape[1] == 17 and windows.dtype == np.int32
+    sequences = token_sequences(splits["train"], tokenizer, sequence_length=16)
+    assert sequences.shape[1] == 17 and sequences.dtype == np.int32
     pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
     lines = [line.decode() for line in splits["train"].take(3).as_numpy_iterator()]
     ids = np.concatenate([pieces.encode(line) + [pieces.eos_id()] for line in lines])
-    np.testing.assert_array_equal(windows[0], ids[:17])  # concatenated in order, eos per line
-    x, y = next(iter(lm_dataset(windows, batch_size=4, seed=0)))
+    np.testing.assert_array_equal(sequences[0], ids[:17])  # concatenated in order, eos per line
+    x, y = next(iter(lm_dataset(sequences, batch_size=4, seed=0)))
     assert x["token_ids"].shape == (4, 16) and y.shape == (4, 16)
     np.testing.assert_array_equal(x["padding_mask"], np.ones((4, 16)))
     np.testing.assert_array_equal(x["token_ids"][:, 1:], y[:, :-1])
     with pytest.raises(ValueError, match="sequence_length=1"):
-        token_windows(splits["train"], tokenizer, sequence_length=1)
+        token_sequences(splits["train"], tokenizer, sequence_length=1)
 
 
 def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
-    windows = token_windows(splits["train"], tokenizer, sequence_length=16)
-    stream = lambda **kw: [x["token_ids"].numpy() for x, _ in lm_dataset(windows, 4, epochs=3, **kw)]  # noqa: E731
+    sequences = token_sequences(splits["train"], tokenizer, sequence_length=16)
+    stream = lambda **kw: [x["token_ids"].numpy() for x, _ in lm_dataset(sequences, 4, epochs=3, **kw)]  # noqa: E731
     a, b, other = stream(seed=1), stream(seed=1), stream(seed=2)
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
     assert not all(np.array_equal(p, q) for p, q in zip(a, other))
     resumed = stream(seed=1, start_step=7)
     assert len(resumed) == len(a) - 7 and all(np.array_equal(p, q) for p, q in zip(a[7:], resumed))
-    per_epoch = len(windows) // 4
+    per_epoch = len(sequences) // 4
     first, second = a[:per_epoch], a[per_epoch : 2 * per_epoch]
     assert not all(np.array_equal(p, q) for p, q in zip(first, second))  # reshuffled each epoch
-    available = collections.Counter(bytes(row) for row in windows[:, :-1])
-    for epoch in (first, second):  # each window at most once an epoch
+    available = collections.Counter(bytes(row) for row in sequences[:, :-1])
+    for epoch in (first, second):  # each sequence at most once an epoch
         used = collections.Counter(bytes(row) for row in np.concatenate(epoch))
         assert sum(used.values()) == per_epoch * 4 and not used - available
 
 
 def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
-    windows = token_windows(splits["train"], tokenizer, sequence_length=16)
+    sequences = token_sequences(splits["train"], tokenizer, sequence_length=16)
     stream = lambda **kw: [  # noqa: E731
-        x["token_ids"].numpy() for x, _ in lm_dataset(windows, 6, seed=3, epochs=2, start_step=2, **kw)
+        x["token_ids"].numpy() for x, _ in lm_dataset(sequences, 6, seed=3, epochs=2, start_step=2, **kw)
     ]
     whole = stream()
     shards = [stream(shard=i, num_shards=3) for i in range(3)]
@@ -152,7 +152,7 @@ def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
         assert all(part[step].shape == (2, 16) for part in shards)
         np.testing.assert_array_equal(np.concatenate([part[step] for part in shards]), batch)
     with pytest.raises(ValueError, match="batch_size=6, shard=0, num_shards=4"):
-        lm_dataset(windows, 6, num_shards=4)
+        lm_dataset(sequences, 6, num_shards=4)
 
 
 def test_lines_longer_than_sentencepiece_reads_are_cut_for_its_sample_only():

@@ -1,4 +1,4 @@
-"""Splits tokenized once into files on disk: the same windows and batches as in memory, reused, never loaded whole."""
+"""Splits tokenized once into files on disk: the same sequences and batches as in memory, reused, never loaded whole."""
 
 import numpy as np
 import pytest
@@ -7,13 +7,13 @@ import tensorflow as tf
 from elita_tf.data import (
     lm_dataset,
     load_corpus,
-    packed_windows,
+    packed_sequences,
     token_stream,
-    token_windows,
+    token_sequences,
     train_sentencepiece,
 )
 from elita_tf.data.corpus_settings import CorpusSettings
-from elita_tf.data.token_files import FileWindows, TokenFile, fingerprint, write_token_file
+from elita_tf.data.token_files import FileSequences, TokenFile, fingerprint, write_token_file
 from elita_tf.models import ElitaTokenizer
 from tests.conftest import write_documents
 
@@ -46,8 +46,8 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
     np.testing.assert_array_equal(tokens.read(100, 17)[0], ids[100:117])
 
     lines = splits["train"].map(lambda line, _: line)
-    in_memory = token_windows(lines, tokenizer, 15)
-    on_disk = FileWindows(tokens, 16)
+    in_memory = token_sequences(lines, tokenizer, 15)
+    on_disk = FileSequences(tokens, 16)
     assert len(on_disk) == len(in_memory)
     np.testing.assert_array_equal(on_disk.rows([3, 0, len(in_memory) - 1])[0], in_memory[[3, 0, -1]])
     # Batches, a resumed stream and a worker's shard: the same either way.
@@ -58,9 +58,9 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
         for a, b in zip(memory, disk):
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)
-    # Packed documents: the files' starts, as `packed_windows` cuts them in memory.
-    windows, window_starts = packed_windows(ids, starts, 15)
-    memory = list(lm_dataset(windows, 8, seed=5, document_starts=window_starts).as_numpy_iterator())
+    # Packed documents: the files' starts, as `packed_sequences` cuts them in memory.
+    sequences, sequence_starts = packed_sequences(ids, starts, 15)
+    memory = list(lm_dataset(sequences, 8, seed=5, document_starts=sequence_starts).as_numpy_iterator())
     disk = list(lm_dataset(on_disk, 8, seed=5, document_starts=True).as_numpy_iterator())
     for (x1, y1, w1), (x2, y2, w2) in zip(memory, disk):
         np.testing.assert_array_equal(x1["document_starts"], x2["document_starts"])

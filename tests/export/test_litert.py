@@ -94,7 +94,7 @@ def test_float_file_decodes_the_keras_greedy_tokens_and_its_loss(trained, tiny_w
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds", "eval_batches": 2}
     scored = evaluate(EvaluateSettings(str(run), litert=files[None], **data))
     assert scored["loss"] == pytest.approx(results["test_loss"], abs=1e-4)
-    assert scored["windows"] == 2 * 16
+    assert scored["sequences"] == 2 * 16
     # Other text is scored whole through the file too: the same tokens as the Keras model, the same loss.
     text = os.path.join(tiny_wikitext, "wiki.valid.tokens")
     keras_whole = evaluate(EvaluateSettings(str(run), corpus=CorpusSettings(text)))
@@ -102,7 +102,7 @@ def test_float_file_decodes_the_keras_greedy_tokens_and_its_loss(trained, tiny_w
     pieces = sentencepiece.SentencePieceProcessor(model_file=str(run / "sentencepiece.model"))
     lines = [line.strip() for line in open(text, encoding="utf-8") if line.strip()]
     assert litert_whole["tokens"] == sum(len(pieces.encode(line)) + 1 for line in lines) - 1  # every token but one
-    assert litert_whole["tokens"] == keras_whole["tokens"] and litert_whole["windows"] == keras_whole["windows"]
+    assert litert_whole["tokens"] == keras_whole["tokens"] and litert_whole["sequences"] == keras_whole["sequences"]
     assert litert_whole["loss"] == pytest.approx(keras_whole["loss"], abs=1e-4)
 
 
@@ -269,7 +269,7 @@ def test_ids_outside_the_vocabulary_are_named_before_the_interpreter_runs(tiny_f
         model.generate([1, 50, 2], 3)
     with pytest.raises(ValueError, match=r"Received: prompt\[0\]=-1$"):
         model.generate([-1, 2], 3)
-    with pytest.raises(ValueError, match=r"Received: windows\[1, 2\]=70$"):
+    with pytest.raises(ValueError, match=r"Received: sequences\[1, 2\]=70$"):
         model.loss([[1, 2, 3], [4, 5, 70]])
     assert np.isfinite(model.loss([[1, 2, 3], [4, 5, 49]])[0])
 

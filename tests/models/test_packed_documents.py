@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.data import lm_dataset, packed_windows
+from elita_tf.data import lm_dataset, packed_sequences
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
 
 SIZE = {"vocabulary_size": 30, "hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8}
-# Every recipe but the one whose positions move with the window's length; additive also windowed.
+# Every recipe but the one whose positions move with the sequence's length; additive also windowed.
 PACKABLE = {name: {} for name in sorted(ARCHITECTURES) if name != "elita-reference"}
 PACKABLE["additive-windowed"] = {"sliding_window_sizes": [8, None]}
 
@@ -61,18 +61,18 @@ def test_the_loss_leaves_out_each_documents_first_token():
     backbone = _backbone("transformer")
     ids = np.random.default_rng(2).integers(0, 30, size=82).astype("int32")
     starts = np.zeros(82, bool)
-    starts[[0, 5, 6, 30, 41, 50, 79]] = True  # 41 is the first token of the second window
-    windows, window_starts = packed_windows(ids, starts, 40)
-    (x, labels, weights) = next(iter(lm_dataset(windows, 2, shuffle=False, document_starts=window_starts)))
+    starts[[0, 5, 6, 30, 41, 50, 79]] = True  # 41 is the first token of the second sequence
+    sequences, sequence_starts = packed_sequences(ids, starts, 40)
+    (x, labels, weights) = next(iter(lm_dataset(sequences, 2, shuffle=False, document_starts=sequence_starts)))
     np.testing.assert_array_equal(x["document_starts"][:, 0], True)
-    np.testing.assert_array_equal(weights.numpy() == 0, window_starts[:, 1:])
+    np.testing.assert_array_equal(weights.numpy() == 0, sequence_starts[:, 1:])
 
     total, count = 0.0, 0
     for row in range(2):
-        window = windows[row]
-        bounds = sorted({0, *np.flatnonzero(window_starts[row])}) + [41]
+        sequence = sequences[row]
+        bounds = sorted({0, *np.flatnonzero(sequence_starts[row])}) + [41]
         for a, b in zip(bounds[:-1], bounds[1:]):
-            document = window[a:b][None]  # targets within the document only
+            document = sequence[a:b][None]  # targets within the document only
             if document.shape[1] < 2:
                 continue
             logits = backbone({"token_ids": document[:, :-1], "padding_mask": np.ones_like(document[:, :-1])})

@@ -13,7 +13,7 @@ from elita_tf.schedules import elita_adam
 def _optimized_hlo(architecture, batch=4, length=256):
     """The optimised HLO of `fit`'s step for the seed configuration, compiled as `elita-train` compiles it.
 
-    Four windows of 256 tokens: 1,024 tokens, two chunks of the output head's loss, so its loop stays a loop.
+    Four sequences of 256 tokens: 1,024 tokens, two chunks of the output head's loss, so its loop stays a loop.
     """
     keras.utils.set_random_seed(0)
     causal_lm = ElitaCausalLM(ElitaBackbone.from_architecture(architecture, vocabulary_size=5000))

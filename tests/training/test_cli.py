@@ -92,7 +92,7 @@ def test_train_end_to_end_and_exact_resumption(tiny_wikitext, tmp_path):
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     np.testing.assert_allclose(causal_lm(x), trained(x), rtol=1e-5, atol=1e-5)
     assert causal_lm.generate("the cat", max_length=12).startswith("the cat")
-    # elita-evaluate cuts the run's own windows: the float figure is the run's; int8 is close to it.
+    # elita-evaluate cuts the run's own sequences: the float figure is the run's; int8 is close to it.
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(whole) + "_tfds"}
     cached = sorted(os.listdir(cache_root()))
     evaluated = evaluate(EvaluateSettings(str(whole), eval_batches=2, **data))

@@ -111,7 +111,7 @@ def test_a_user_s_own_log_level_stays():
         ("evaluate", ["--run-dir", "run", "--batch-size", "many"]),
         ("evaluate", ["--run-dir", "run", "--batch-size", "0"]),
         ("evaluate", ["--run-dir", "run", "--batch-size", str(2**31)]),
-        ("evaluate", ["--run-dir", "run", "--window-length", str(2**31)]),
+        ("evaluate", ["--run-dir", "run", "--sequence-length", str(2**31)]),
         ("export", ["--run-dir", "run", "--output", "out", "--no-such-flag"]),
         ("export", ["--run-dir", "run"]),
         ("export", ["--run-dir", "run", "--output", "out", "--format", "onnx"]),

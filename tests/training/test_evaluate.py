@@ -1,4 +1,4 @@
-"""`elita-evaluate` beyond the training windows: longer windows, one carried stream, loss by position."""
+"""`elita-evaluate` beyond the training sequences: longer sequences, one carried stream, loss by position."""
 
 import json
 
@@ -30,24 +30,24 @@ def test_position_buckets_are_log_spaced_up_to_the_length():
     assert position_buckets(1024) == [(0, 16), (16, 64), (64, 256), (256, 1024)]
 
 
-def test_windows_of_another_length_report_the_loss_by_position(elita_run):
+def test_sequences_of_another_length_report_the_loss_by_position(elita_run):
     run, data = elita_run
-    own = evaluate(EvaluateSettings(run, eval_batches=1, **data))  # the run's windows (T = 16): one bucket
+    own = evaluate(EvaluateSettings(run, eval_batches=1, **data))  # the run's sequences (T = 16): one bucket
     assert [(b["start"], b["end"]) for b in own["loss_by_position"]] == [(0, 16)]
     assert own["loss_by_position"][0]["loss"] == pytest.approx(own["loss"], rel=1e-9)
-    assert own["tokens"] == own["windows"] * 16 and own["window_length"] == 16
-    longer = evaluate(EvaluateSettings(run, window_length=40, batch_size=4, **data))
+    assert own["tokens"] == own["sequences"] * 16 and own["sequence_length"] == 16
+    longer = evaluate(EvaluateSettings(run, sequence_length=40, batch_size=4, **data))
     buckets = longer["loss_by_position"]
     assert [(b["start"], b["end"]) for b in buckets] == [(0, 16), (16, 40)]
-    assert sum(b["tokens"] for b in buckets) == longer["tokens"] == longer["windows"] * 40
+    assert sum(b["tokens"] for b in buckets) == longer["tokens"] == longer["sequences"] * 40
     mean = sum(b["loss"] * b["tokens"] for b in buckets) / longer["tokens"]
     assert longer["loss"] == pytest.approx(mean, rel=1e-9) and np.isfinite(longer["loss"])
 
 
 def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_run):
     run, data = elita_run
-    fixed = evaluate(EvaluateSettings(run, window_length=40, batch_size=4, **data))
-    clamped = evaluate(EvaluateSettings(run, window_length=40, batch_size=4, position_mode="clamped", **data))
+    fixed = evaluate(EvaluateSettings(run, sequence_length=40, batch_size=4, **data))
+    clamped = evaluate(EvaluateSettings(run, sequence_length=40, batch_size=4, position_mode="clamped", **data))
     assert (fixed["position_mode"], clamped["position_mode"]) == ("fixed", "clamped")
     # Up to the training length (16) the two modes are one function; past it they differ.
     inside, past = (b["loss"] for b in fixed["loss_by_position"])
@@ -57,7 +57,7 @@ def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_
 
 def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_run):
     run, data = elita_run
-    result = evaluate(EvaluateSettings(run, window_length=16, carry_state=True, **data))
+    result = evaluate(EvaluateSettings(run, sequence_length=16, carry_state=True, **data))
     # The same stream in one parallel pass: segments of 16 with carried states give the same losses.
     causal_lm = ElitaCausalLM.from_preset(preset_of(run))
     splits, _ = load_corpus(CorpusSettings(**data), document_starts=True)
@@ -65,14 +65,14 @@ def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_r
     ids = tf.constant(stream[None, :-1])
     logits = causal_lm({"token_ids": ids, "padding_mask": tf.ones_like(ids)})
     per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(stream[None, 1:], logits)[0].numpy()
-    assert result["tokens"] == len(per_token) > 1000 and result["windows"] == 1
+    assert result["tokens"] == len(per_token) > 1000 and result["sequences"] == 1
     assert result["loss"] == pytest.approx(per_token.mean(), rel=1e-5)
     for bucket in result["loss_by_position"]:
         want = per_token[bucket["start"] : bucket["end"]].mean()
         assert bucket["loss"] == pytest.approx(want, rel=1e-4, abs=1e-5), bucket
     assert result["loss_by_position"][-1]["end"] == len(per_token)
-    # --eval-batches caps the segments of the stream as it caps the batches of windows.
-    capped = evaluate(EvaluateSettings(run, window_length=16, carry_state=True, eval_batches=3, **data))
+    # --eval-batches caps the segments of the stream as it caps the batches of sequences.
+    capped = evaluate(EvaluateSettings(run, sequence_length=16, carry_state=True, eval_batches=3, **data))
     assert capped["tokens"] == 3 * 16
     assert capped["loss"] == pytest.approx(per_token[:48].mean(), rel=1e-5)
 
@@ -81,12 +81,12 @@ def test_the_cli_writes_the_json_and_refuses_what_cannot_be_done(elita_run, tmp_
     run, data = elita_run
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in data.items()]
     output = tmp_path / "by_position.json"
-    assert evaluate_main(["--run-dir", run, "--window-length", "32", "--output", str(output), *flags]) == 0
+    assert evaluate_main(["--run-dir", run, "--sequence-length", "32", "--output", str(output), *flags]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert json.loads(output.read_text()) == printed and printed["window_length"] == 32
+    assert json.loads(output.read_text()) == printed and printed["sequence_length"] == 32
     for extra, message in [
-        (["--window-length", "1"], "window_length=1"),
-        (["--carry-state", "--litert", "x.tflite"], "LiteRT file is scored in the run's own windows"),
+        (["--sequence-length", "1"], "sequence_length=1"),
+        (["--carry-state", "--litert", "x.tflite"], "LiteRT file is scored in the run's own sequences"),
         # Checked before any work: the evaluation is not lost to a missing directory at the end.
         (["--output", str(tmp_path / "missing" / "out.json")], "is not a writable directory"),
     ]:
@@ -105,5 +105,5 @@ def test_carrying_state_needs_constant_size_states(tiny_wikitext, tmp_path):
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds"}
     with pytest.raises(ValueError, match="constant-size state.*max_sequence_length=16"):
         evaluate(EvaluateSettings(str(run), carry_state=True, **data))
-    with pytest.raises(ValueError, match="learned positions for at most max_sequence_length=16.*window_length=32"):
-        evaluate(EvaluateSettings(str(run), window_length=32, **data))
+    with pytest.raises(ValueError, match="learned positions for at most max_sequence_length=16.*sequence_length=32"):
+        evaluate(EvaluateSettings(str(run), sequence_length=32, **data))

@@ -1,5 +1,5 @@
 """`elita-train`, `elita-evaluate` and `elita-compare` on JAX or PyTorch: a complete run directory, whose preset
-exports to LiteRT under TensorFlow and scores there what the run's own backend scores: its test loss, in windows
+exports to LiteRT under TensorFlow and scores there what the run's own backend scores: its test loss, in sequences
 and as one stream; and a comparison's runs, each trained on that backend."""
 
 import json

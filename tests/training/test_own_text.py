@@ -49,8 +49,8 @@ def test_text_files_train_evaluate_and_generate_through_the_commands(tmp_path, c
     for path in sorted(glob.glob(other_glob)):
         (crlf / os.path.basename(path)).write_bytes(open(path, "rb").read().replace(b"\n", b"\r\n"))
     assert evaluate_main(["--run-dir", str(run), "--data", str(crlf / "*.txt")]) == 0
-    windows_crlf = json.loads(capsys.readouterr().out)
-    assert windows_crlf["tokens"] == other["tokens"] and windows_crlf["loss"] == pytest.approx(other["loss"], rel=1e-6)
+    sequences_crlf = json.loads(capsys.readouterr().out)
+    assert sequences_crlf["tokens"] == other["tokens"] and sequences_crlf["loss"] == pytest.approx(other["loss"], rel=1e-6)
     causal_lm = ElitaCausalLM.from_preset(preset_of(str(run)))
     assert isinstance(causal_lm.generate("the cat", max_length=12), str)
 
@@ -111,7 +111,7 @@ def test_json_lines_and_a_tfds_dataset_train(tmp_path, capsys):
     assert manifest["data"]["corpus"]["text_field"] == "body" and manifest["training"]["pack_documents"]
     results = json.loads((tmp_path / "jsonl" / "results.json").read_text())
     capsys.readouterr()
-    # elita-evaluate scores a packed run as it trained, and plain windows on request: another figure.
+    # elita-evaluate scores a packed run as it trained, and plain sequences on request: another figure.
     assert evaluate_main(["--run-dir", str(tmp_path / "jsonl"), "--split", "validation"]) == 0
     packed = json.loads(capsys.readouterr().out)
     assert packed["pack_documents"] and packed["loss"] == pytest.approx(results["validation_loss"], rel=1e-6)
@@ -133,7 +133,7 @@ def test_json_lines_and_a_tfds_dataset_train(tmp_path, capsys):
         (
             "short.txt",
             b"the cat sees\n",
-            r"The validation split \(.*short.txt\): The corpus is shorter than one window",
+            r"The validation split \(.*short.txt\): The corpus is shorter than one sequence",
         ),
     ],
 )
@@ -155,7 +155,7 @@ def test_bad_text_is_one_line_naming_it_and_nothing_is_written(tmp_path, capsys,
     "flags, message",
     [
         (["--carry-state"], "carried streams restart at every document already"),
-        (["--architecture", "elita-reference"], "position_mode='length' moves them with the window's length"),
+        (["--architecture", "elita-reference"], "position_mode='length' moves them with the sequence's length"),
     ],
 )
 def test_packing_refuses_what_cannot_restart_at_each_document(tmp_path, capsys, flags, message):

@@ -17,7 +17,7 @@ import pytest
 from elita_tf.cli.train import main, parse_args
 from elita_tf.data import (
     load_wikitext,
-    token_windows,
+    token_sequences,
     train_sentencepiece,
 )
 from elita_tf.models import ElitaCausalLM, ElitaTokenizer
@@ -217,9 +217,9 @@ def test_the_pipeline_refuses_ids_the_model_has_no_row_for(tiny_wikitext, tmp_pa
     splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
     lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
     tokenizer = ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=60))
-    assert token_windows(splits["train"], tokenizer, 16, vocabulary_size=60).max() < 60
+    assert token_sequences(splits["train"], tokenizer, 16, vocabulary_size=60).max() < 60
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 40\)"):
-        token_windows(splits["train"], tokenizer, 16, vocabulary_size=40)
+        token_sequences(splits["train"], tokenizer, 16, vocabulary_size=40)
 
 
 def test_every_architecture_takes_an_empty_sequence():
@@ -340,7 +340,7 @@ def test_a_new_run_clamps_its_positions_and_a_resumed_run_keeps_its_own(tiny_wik
     fixed = tmp_path / "fixed"
     _run(tiny_wikitext, fixed, "--max-steps", "2", "--position-mode", "fixed")
     assert _run(tiny_wikitext, fixed, "--max-steps", "4")["config"]["model"]["position_mode"] == "fixed"
-    # Carried-state training trains the positions past the window: a new run keeps them running on.
+    # Carried-state training trains the positions past the sequence: a new run keeps them running on.
     carried = parse_args(_args(tiny_wikitext, tmp_path / "carried", "--carry-state"))
     assert carried.position_mode is None
     assert resolve_position_mode(carried, carried.output_dir).position_mode == "fixed"
