@@ -36,6 +36,11 @@ command_buffers="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_C
 # (the command buffers) autotunes nothing twice. It changes no kernel XLA picks, only when it picks it.
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=${TMPDIR:-/tmp}/elita-xla-autotune"
 
+skip_side() {  # skip_side NAME REASON: a side whose framework does not import, in the log and the summary
+  echo "$1: skipped, $2" | tee -a "$log"
+  echo "{\"skipped\": \"$1\", \"reason\": \"$2\"}" >> "$raw"
+}
+
 # The PyTorch side: its own Python, without TensorFlow's folders on its paths (setup_tensorflow.sh keeps the
 # library path it found), fla from the carried wheels.
 torch_env=(env -u PYTHONPATH)
@@ -52,14 +57,13 @@ if "${torch_env[@]}" "$torch_python" -c "import torch" 2>/dev/null; then
   torch=1
 else
   torch=0
-  reason="torch does not import in $torch_python"
-  echo "PyTorch: skipped, $reason" | tee -a "$log"
-  echo "{\"skipped\": \"pytorch\", \"reason\": \"$reason\"}" >> "$raw"
+  skip_side pytorch "torch does not import in $torch_python"
 fi
 
-# The JAX side: its own Python, without TensorFlow's folders, Keras and keras-hub from the carried wheels.
+# The JAX side: its own Python, without TensorFlow's folders and XLA flags (a flag its XLA does not know stops
+# it), Keras and keras-hub from the carried wheels.
 jax_python="${JAX_PYTHON:-python3}"
-jax_env=(env -u PYTHONPATH KERAS_BACKEND=jax)
+jax_env=(env -u PYTHONPATH -u XLA_FLAGS KERAS_BACKEND=jax)
 if [ -n "${ELITA_LD_LIBRARY_PATH+set}" ]; then jax_env+=(LD_LIBRARY_PATH="$ELITA_LD_LIBRARY_PATH"); fi
 jax_path="$root"
 if compgen -G "$root/benchmarks/gpu/wheels/jax/*.whl" >/dev/null; then
@@ -70,10 +74,6 @@ if compgen -G "$root/benchmarks/gpu/wheels/jax/*.whl" >/dev/null; then
   fi
 fi
 jax_env+=(PYTHONPATH="$jax_path")
-skip_side() {  # skip_side NAME REASON
-  echo "$1: skipped, $2" | tee -a "$log"
-  echo "{\"skipped\": \"$1\", \"reason\": \"$2\"}" >> "$raw"
-}
 if "${jax_env[@]}" "$jax_python" -c "import jax, keras_hub" 2>/dev/null; then jax=1; else
   jax=0; skip_side jax "jax or keras-hub does not import in $jax_python"
 fi
