@@ -12,7 +12,7 @@ import glob
 import os
 import re
 
-from measure import most_common
+from measure import most_common, op_names
 
 # The HLO text of every compiled module whose name holds "train" (Keras' `jit_train_step`), after XLA's passes.
 DUMP_FLAGS = "--xla_dump_to={} --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train.*"
@@ -69,8 +69,8 @@ def _closing(text, start):
 
 def _parse(line, shapes):
     """One HLO text instruction: a dict of its name, shape, opcode, operands, op name, calls and product."""
-    name = _INSTRUCTION.match(line).group(1)
-    rest = line[_INSTRUCTION.match(line).end() :]
+    found = _INSTRUCTION.match(line)
+    name, rest = found.group(1), line[found.end() :]
     end = _closing(rest, 0) if rest.startswith("(") else rest.index(" ")
     shape, rest = rest[:end], rest[end:].lstrip()
     opcode = rest[: rest.index("(")]
@@ -142,29 +142,20 @@ def hlo_instructions(dump_dir):
     """
     found = {}
     for module, computations in read_modules(dump_dir).items():
-        for root, instructions in computations.values():
-            names = {}
+        for _, instructions in computations.values():
+            own = {}
             for instruction in instructions:
-                own = instruction["op_name"]
-                if not own and instruction["calls"] in computations:
+                name = instruction["op_name"]
+                if not name and instruction["calls"] in computations:  # a fusion: its root's, or its parts'
                     fused_root, fused = computations[instruction["calls"]]
                     by_name = {i["name"]: i for i in fused}
-                    own = by_name[fused_root]["op_name"] if fused_root in by_name else ""
-                    own = own or most_common(i["op_name"] for i in fused)
-                names[instruction["name"]] = own
-            users = collections.defaultdict(list)
+                    name = by_name[fused_root]["op_name"] if fused_root in by_name else ""
+                    name = name or most_common(i["op_name"] for i in fused)
+                own[instruction["name"]] = name
+            names = op_names(own, {i["name"]: i["operands"] for i in instructions})
             for instruction in instructions:
-                for operand in instruction["operands"]:
-                    users[operand].append(instruction["name"])
-            for instruction in instructions:
-                name = instruction["name"]
-                op_name = (
-                    names[name]
-                    or most_common(names.get(o, "") for o in instruction["operands"])
-                    or most_common(names[u] for u in users[name])
-                )
                 product = instruction["product"]
                 if product is None and instruction["calls"] in computations:  # a fusion that holds a product
                     product = next((i["product"] for i in computations[instruction["calls"]][1] if i["product"]), None)
-                found[module, name] = (op_name, instruction["opcode"], product)
+                found[module, instruction["name"]] = (names[instruction["name"]], instruction["opcode"], product)
     return found

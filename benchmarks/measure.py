@@ -53,6 +53,20 @@ def most_common(names):
     return counts.most_common(1)[0][0] if counts else ""
 
 
+def op_names(names, operands):
+    """Each HLO instruction's op name: its own (`names`: `{id: name or ""}`), else its operands' most common one
+    (`operands`: `{id: [operand ids]}`), else its users'. XLA's own instructions (a copy, a layout change) have
+    none."""
+    users = collections.defaultdict(list)
+    for instruction, inputs in operands.items():
+        for operand in inputs:
+            users[operand].append(instruction)
+    return {
+        i: names[i] or most_common(names.get(o, "") for o in operands[i]) or most_common(names[u] for u in users[i])
+        for i in names
+    }
+
+
 def time_left(deadline, timeout, least=60):
     """The seconds a measurement may take: `timeout`, cut so that it ends by `deadline` (a Unix time, or None).
 
@@ -170,6 +184,20 @@ def tensor_memory():
         lambda: tf.config.experimental.reset_memory_stats(device),
         lambda: tf.config.experimental.get_memory_info(device)["peak"],
     )
+
+
+def synthetic_batch(batch_size, sequence_length, vocabulary_size):
+    """`(x, y)` of random token ids as `elita-train` feeds them, on the device of Keras' backend: NumPy's draws
+    (seed 0), so no backend needs TensorFlow for them."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shape = (batch_size, sequence_length)
+    token_ids = rng.integers(0, vocabulary_size, size=shape).astype("int32")
+    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+    y = rng.integers(0, vocabulary_size, size=shape).astype("int32")
+    return keras.tree.map_structure(keras.ops.convert_to_tensor, x), keras.ops.convert_to_tensor(y)
 
 
 def wait_for(outputs):

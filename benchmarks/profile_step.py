@@ -42,7 +42,7 @@ import tempfile
 import time
 
 import jax_profile
-from measure import environment, most_common, training_model
+from measure import environment, most_common, op_names, synthetic_batch, training_model
 
 from elita_tf.models import MODEL_SIZES
 
@@ -235,20 +235,13 @@ def xla_instructions(space):
                 module = proto.hlo_module
                 computations = {c.id: (c, {i.id: i for i in c.instructions}) for c in module.computations}
                 for computation, by_id in computations.values():
-                    names = {i.id: _own_op_name(i, computations) for i in computation.instructions}
-                    users = collections.defaultdict(list)
-                    for instruction in computation.instructions:
-                        for operand in instruction.operand_ids:
-                            users[operand].append(instruction.id)
-                    for instruction in computation.instructions:
-                        # XLA's own instructions (a copy, a layout change) take their operands' op, or their users'.
-                        op_name = (
-                            names[instruction.id]
-                            or most_common(names.get(i, "") for i in instruction.operand_ids)
-                            or most_common(names[i] for i in users[instruction.id])
-                        )
-                        product = _product_shape(instruction, by_id, computations)
-                        instructions[module.name, instruction.name] = (op_name, instruction.opcode, product)
+                    names = op_names(
+                        {i.id: _own_op_name(i, computations) for i in computation.instructions},
+                        {i.id: list(i.operand_ids) for i in computation.instructions},
+                    )
+                    for i in computation.instructions:
+                        product = _product_shape(i, by_id, computations)
+                        instructions[module.name, i.name] = (names[i.id], i.opcode, product)
     return instructions
 
 
@@ -342,7 +335,6 @@ def main():
             setattr(args, name, value)
 
     import keras
-    import numpy as np
 
     backend = keras.backend.backend()
     if backend != "tensorflow" and (args.memory or not args.jit_compile):
@@ -362,12 +354,7 @@ def main():
         head_dim=args.head_dim,
         max_sequence_length=args.sequence_length,
     )
-    rng = np.random.default_rng(0)
-    shape = (args.batch_size, args.sequence_length)
-    token_ids = rng.integers(0, args.vocabulary_size, size=shape).astype("int32")
-    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}  # elita-train's batches
-    x = keras.tree.map_structure(keras.ops.convert_to_tensor, x)
-    y = keras.ops.convert_to_tensor(rng.integers(0, args.vocabulary_size, size=shape).astype("int32"))
+    x, y = synthetic_batch(args.batch_size, args.sequence_length, args.vocabulary_size)
     start = time.perf_counter()
     for _ in range(args.warmup):
         model.train_on_batch(x, y)

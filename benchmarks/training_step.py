@@ -28,6 +28,7 @@ from measure import (
     environment,
     rss_mib,
     run_measurement,
+    synthetic_batch,
     tensor_memory,
     time_left,
     training_model,
@@ -38,9 +39,6 @@ from elita_tf.models import MODEL_SIZES
 
 
 def run_one(args):
-    import keras
-    import numpy as np
-
     base = rss_mib()
     batch = max(1, args.tokens // args.sequence_length)
     model = training_model(
@@ -55,13 +53,7 @@ def run_one(args):
         head_dim=args.head_dim,
         max_sequence_length=args.sequence_length,
     )
-    # NumPy's draws put on the device by Keras' backend: no TensorFlow on JAX or PyTorch.
-    rng = np.random.default_rng(0)
-    shape = (batch, args.sequence_length)
-    token_ids = rng.integers(0, args.vocabulary_size, size=shape).astype("int32")
-    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}  # elita-train's batches
-    x = keras.tree.map_structure(keras.ops.convert_to_tensor, x)
-    y = keras.ops.convert_to_tensor(rng.integers(0, args.vocabulary_size, size=shape).astype("int32"))
+    x, y = synthetic_batch(batch, args.sequence_length, args.vocabulary_size)
     memory = tensor_memory()
     times = []
     for step in range(args.repeats + 1):

@@ -115,6 +115,8 @@ def test_the_jax_step_and_its_profile_run_without_tensorflow(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(NO_TENSORFLOW)
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("XLA_FLAGS", None)
+    blocked = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
+    assert blocked.returncode and "no tensorflow here" in blocked.stderr, blocked.stderr[-2000:]
     toy = ["--num-layers", "1", "--hidden-dim", "32", "--num-heads", "2", "--head-dim", "16"]
     toy += ["--vocabulary-size", "500", "--jit-compile", "--dtype-policy", "mixed_bfloat16"]
     out = tmp_path / "raw.jsonl"
