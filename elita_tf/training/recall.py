@@ -14,7 +14,10 @@ their value; a design's figure at a setting and width is the best over the learn
 
 Each trained cell is one json file, `OUTPUT_DIR/cells/ARCHITECTURE/T{T}-P{P}/w{W}-lr{LR}.json`,
 with every setting and seed: a finished cell is never trained again, so an interrupted grid
-resumes where it stopped. Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the
+resumes where it stopped. A cell in training keeps its last epoch beside it (`w{W}-lr{LR}.partial/`:
+a `.keras` checkpoint, model and optimizer, and the epochs' figures), so an interrupted cell resumes
+at its last finished epoch, as if never stopped (each epoch's data and shuffle depend only on the seed
+and the epoch). Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the
 best of each sweep and every cell) and `OUTPUT_DIR/recall.png` (accuracy against width, one panel a
 setting, one line a design, as Zoology's figure 2) are written.
 """
@@ -22,6 +25,7 @@ setting, one line a design, as Zoology's figure 2) are written.
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 # The seven designs of the comparison (the `*-reference` architectures are the same blocks wrapped otherwise).
@@ -138,11 +142,13 @@ def recall_accuracy(model, dataset):
     return correct / total
 
 
-def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, settings, log=None):
+def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, settings, log=None, checkpoint_dir=None):
     """Trains one architecture at one width, setting and learning rate; returns the cell's record.
 
     Args:
         log: optional callable taking a line after each epoch.
+        checkpoint_dir: optional folder for the last epoch's model, optimizer and figures, written after
+            every epoch. A cell started again with the same folder goes on from there.
 
     Returns:
         A dict: `accuracy` (the last epoch's test accuracy, in [0, 1]), `accuracy_by_epoch`, `solved`,
@@ -152,6 +158,8 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
 
     from elita_tf.data.mqar import mqar_arrays, mqar_dataset
     from elita_tf.models import ElitaBackbone, ElitaCausalLM
+    from elita_tf.training.checkpoints import load_checkpoint, save_checkpoint
+    from elita_tf.training.run_directory import checkpoint_path
 
     task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=sequence_length, num_pairs=num_pairs)
     task.update(power_a=settings.power_a, random_non_queries=settings.random_non_queries)
@@ -174,24 +182,38 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         # Averaged over the queries: every other position weighs 0.
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
         weighted_metrics=None,
+        # Keras leaves XLA off on a CPU; with it, the Transformer, linear and additive steps take half the time.
+        jit_compile=True,
     )
+    by_epoch, losses, seconds = [], [], 0.0
+    if checkpoint_dir is not None and os.path.exists(os.path.join(checkpoint_dir, "progress.json")):
+        with open(os.path.join(checkpoint_dir, "progress.json")) as f:
+            progress = json.load(f)
+        by_epoch, losses, seconds = progress["accuracy_by_epoch"], progress["loss_by_epoch"], progress["seconds"]
+        # Written before progress.json: the checkpoint of its last epoch is there.
+        model = load_checkpoint(checkpoint_path(checkpoint_dir, len(by_epoch)))
+        backbone = model.backbone
+        if log is not None:
+            log(f"  resumed after epoch {len(by_epoch)} (accuracy {by_epoch[-1]:.3f}), from {checkpoint_dir}")
     test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
     test = mqar_dataset(test_arrays, settings.batch_size, shuffle=False)
-    by_epoch, losses = [], []
-    start = time.perf_counter()
-    for epoch in range(settings.epochs):
+    start = time.perf_counter() - seconds
+    while len(by_epoch) < settings.epochs and not (by_epoch and by_epoch[-1] > SOLVED):
+        epoch = len(by_epoch)
         train_arrays = mqar_arrays(settings.train_examples, seed=(settings.seed, 0, epoch), **task)
         train = mqar_dataset(train_arrays, settings.batch_size, seed=settings.seed)
         history = model.fit(train, epochs=1, verbose=0, shuffle=False)  # the dataset shuffles
         losses.append(float(history.history["loss"][-1]))
         by_epoch.append(recall_accuracy(model, test))
+        if checkpoint_dir is not None:
+            save_checkpoint(model, checkpoint_dir, len(by_epoch), keep=2)
+            progress = {"accuracy_by_epoch": by_epoch, "loss_by_epoch": losses}
+            write_json(os.path.join(checkpoint_dir, "progress.json"), progress | {"seconds": time.perf_counter() - start})
         if log is not None:
             log(
                 f"  epoch {len(by_epoch)}: loss {losses[-1]:.4f}, accuracy {by_epoch[-1]:.3f}, "
                 f"{time.perf_counter() - start:.0f} s"
             )
-        if by_epoch[-1] > SOLVED:
-            break
     return {
         "architecture": architecture,
         "width": width,
@@ -205,6 +227,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         "params": backbone.count_params(),
         "steps": int(model.optimizer.iterations.numpy()),
         "seconds": time.perf_counter() - start,
+        "jit_compile": True,
         "settings": dataclasses.asdict(settings),
     }
 
@@ -254,8 +277,11 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
     start, done_cost = time.perf_counter(), 0
     for cell in todo:
         name, sequence_length, num_pairs, width, learning_rate = cell
-        record = train_cell(name, width, sequence_length, num_pairs, learning_rate, settings, log)
-        write_json(cell_path(output_dir, *cell), record)
+        path = cell_path(output_dir, *cell)
+        partial = path.removesuffix(".json") + ".partial"
+        record = train_cell(name, width, sequence_length, num_pairs, learning_rate, settings, log, partial)
+        write_json(path, record)
+        shutil.rmtree(partial)
         done_cost += cell_cost(settings, sequence_length, width)
         elapsed = time.perf_counter() - start
         log(

@@ -34,6 +34,35 @@ def test_quick_grid_writes_cells_table_and_plot_and_resumes(tmp_path, capsys):
     assert os.stat(cell).st_mtime_ns == before
 
 
+class _Interrupt(Exception):
+    pass
+
+
+def test_an_interrupted_cell_resumes_at_its_last_epoch_as_if_never_stopped(tmp_path):
+    import dataclasses
+
+    from elita_tf.training.recall import QUICK, RecallSettings, train_cell
+
+    settings = dataclasses.replace(RecallSettings(**QUICK), epochs=3, train_examples=64)
+    cell = ("linear", 16, 16, 2, 3e-3, settings)
+    whole = train_cell(*cell)
+
+    def stop_after_epoch_2(line):
+        if line.startswith("  epoch 2:"):
+            raise _Interrupt
+
+    partial = str(tmp_path / "cell.partial")
+    with pytest.raises(_Interrupt):
+        train_cell(*cell, log=stop_after_epoch_2, checkpoint_dir=partial)
+    lines = []
+    resumed = train_cell(*cell, log=lines.append, checkpoint_dir=partial)
+    assert lines[0].startswith("  resumed after epoch 2") and lines[1].startswith("  epoch 3:")
+    # The third epoch starts from the second's weights and optimizer state, as in the run never stopped.
+    assert resumed["loss_by_epoch"] == whole["loss_by_epoch"]
+    assert resumed["accuracy_by_epoch"] == whole["accuracy_by_epoch"]
+    assert resumed["steps"] == whole["steps"] == 3 * 2
+
+
 def test_accuracy_is_the_share_of_queries_whose_argmax_is_their_value():
     import numpy as np
 
