@@ -6,8 +6,8 @@
 
 Zoology's figure 2 at CPU size (`elita_tf.training.recall`): every architecture at widths
 {64, 128, 256} with 2 layers, on sequence length 64 with 4 and 16 pairs and 256 with 16 and 64,
-the best of a learning-rate sweep. Finished cells are kept in OUTPUT_DIR: run the same command to
-resume. `--quick` is a grid of seconds (two designs, one tiny setting) for CI.
+the best of a learning-rate sweep. Finished cells are kept in OUTPUT_DIR, and a cell cut short keeps
+its last epoch: run the same command to resume. `--quick` is a grid of seconds (two designs, one tiny setting) for CI.
 """
 
 import argparse
@@ -105,7 +105,10 @@ def main(argv=None):
         print(f"elita-recall: wrote {output_dir}/recall.md, recall.json and recall.png", flush=True)
         return 0
 
-    resume = f"Run the same command to resume: finished cells in {output_dir}/cells are kept."
+    resume = (
+        f"Run the same command to resume: finished cells in {output_dir}/cells are kept, and a cell cut short "
+        "goes on from its last epoch."
+    )
     return run_command("elita-recall", body, debug, resume_hint=resume)
 
 

@@ -22,6 +22,9 @@ def test_quick_grid_writes_cells_table_and_plot_and_resumes(tmp_path, capsys):
         assert 0.0 <= record["accuracy"] <= 1.0
         assert record["steps"] > 0 and record["settings"]["seed"] == 0
         assert all(0.0 <= a <= 1.0 for a in record["accuracy_by_epoch"])
+    # A finished cell keeps its json only: its last epoch's checkpoint is gone.
+    cells = [name for _, folders, files in os.walk(os.path.join(output, "cells")) for name in folders + files]
+    assert sorted(name for name in cells if "lr" in name) == ["w16-lr0.003.json"] * 2
     table = open(os.path.join(output, "recall.md")).read()
     assert table.splitlines()[0] == "| model | T=16 P=2 d=16 |"
     assert "| elita | " in table and "| transformer | " in table
