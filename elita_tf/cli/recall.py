@@ -7,7 +7,8 @@
 Zoology's figure 2 at CPU size (`elita_tf.training.recall`): every architecture at widths
 {64, 128, 256} with 2 layers, on sequence length 64 with 4 and 16 pairs and 256 with 16 and 64,
 the best of a learning-rate sweep. Finished cells are kept in OUTPUT_DIR, and a cell cut short keeps
-its last epoch: run the same command to resume. `--quick` is a grid of seconds (two designs, one tiny setting) for CI.
+its last epoch: run the same command to resume. `--quick` is a grid of seconds (two designs, one
+tiny setting) for CI.
 """
 
 import argparse

@@ -207,8 +207,8 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         by_epoch.append(recall_accuracy(model, test))
         if checkpoint_dir is not None:
             save_checkpoint(model, checkpoint_dir, len(by_epoch), keep=2)
-            progress = {"accuracy_by_epoch": by_epoch, "loss_by_epoch": losses}
-            write_json(os.path.join(checkpoint_dir, "progress.json"), progress | {"seconds": time.perf_counter() - start})
+            progress = {"accuracy_by_epoch": by_epoch, "loss_by_epoch": losses, "seconds": time.perf_counter() - start}
+            write_json(os.path.join(checkpoint_dir, "progress.json"), progress)
         if log is not None:
             log(
                 f"  epoch {len(by_epoch)}: loss {losses[-1]:.4f}, accuracy {by_epoch[-1]:.3f}, "
