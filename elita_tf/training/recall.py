@@ -165,36 +165,37 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     task.update(power_a=settings.power_a, random_non_queries=settings.random_non_queries)
     keras.backend.clear_session()
     keras.utils.set_random_seed(settings.seed)
-    backbone = ElitaBackbone.from_architecture(
-        architecture,
-        vocabulary_size=settings.vocabulary_size,
-        hidden_dim=width,
-        num_layers=settings.num_layers,
-        num_heads=settings.num_heads,
-        head_dim=width // settings.num_heads,
-        max_sequence_length=sequence_length,
-    )
-    model = ElitaCausalLM(backbone)
-    steps_per_epoch = settings.train_examples // settings.batch_size
-    schedule = keras.optimizers.schedules.CosineDecay(learning_rate, settings.epochs * steps_per_epoch)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(schedule, weight_decay=settings.weight_decay),
-        # Averaged over the queries: every other position weighs 0.
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
-        weighted_metrics=None,
-        # Keras leaves XLA off on a CPU; with it, the Transformer, linear and additive steps take half the time.
-        jit_compile=True,
-    )
-    by_epoch, losses, seconds = [], [], 0.0
-    if checkpoint_dir is not None and os.path.exists(os.path.join(checkpoint_dir, "progress.json")):
-        with open(os.path.join(checkpoint_dir, "progress.json")) as f:
+    progress_path = None if checkpoint_dir is None else os.path.join(checkpoint_dir, "progress.json")
+    if progress_path is not None and os.path.exists(progress_path):
+        with open(progress_path) as f:
             progress = json.load(f)
         by_epoch, losses, seconds = progress["accuracy_by_epoch"], progress["loss_by_epoch"], progress["seconds"]
         # Written before progress.json: the checkpoint of its last epoch is there.
         model = load_checkpoint(checkpoint_path(checkpoint_dir, len(by_epoch)))
-        backbone = model.backbone
         if log is not None:
             log(f"  resumed after epoch {len(by_epoch)} (accuracy {by_epoch[-1]:.3f}), from {checkpoint_dir}")
+    else:
+        by_epoch, losses, seconds = [], [], 0.0
+        backbone = ElitaBackbone.from_architecture(
+            architecture,
+            vocabulary_size=settings.vocabulary_size,
+            hidden_dim=width,
+            num_layers=settings.num_layers,
+            num_heads=settings.num_heads,
+            head_dim=width // settings.num_heads,
+            max_sequence_length=sequence_length,
+        )
+        model = ElitaCausalLM(backbone)
+        steps_per_epoch = settings.train_examples // settings.batch_size
+        schedule = keras.optimizers.schedules.CosineDecay(learning_rate, settings.epochs * steps_per_epoch)
+        model.compile(
+            optimizer=keras.optimizers.AdamW(schedule, weight_decay=settings.weight_decay),
+            # Averaged over the queries: every other position weighs 0.
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
+            weighted_metrics=None,
+            # Keras leaves XLA off on a CPU; with it, the Transformer, linear and additive steps take half the time.
+            jit_compile=True,
+        )
     test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
     test = mqar_dataset(test_arrays, settings.batch_size, shuffle=False)
     start = time.perf_counter() - seconds
@@ -208,7 +209,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         if checkpoint_dir is not None:
             save_checkpoint(model, checkpoint_dir, len(by_epoch), keep=2)
             progress = {"accuracy_by_epoch": by_epoch, "loss_by_epoch": losses, "seconds": time.perf_counter() - start}
-            write_json(os.path.join(checkpoint_dir, "progress.json"), progress)
+            write_json(progress_path, progress)
         if log is not None:
             log(
                 f"  epoch {len(by_epoch)}: loss {losses[-1]:.4f}, accuracy {by_epoch[-1]:.3f}, "
@@ -224,10 +225,10 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         "solved": by_epoch[-1] > SOLVED,
         "accuracy_by_epoch": by_epoch,
         "loss_by_epoch": losses,
-        "params": backbone.count_params(),
+        "params": model.backbone.count_params(),
         "steps": int(model.optimizer.iterations.numpy()),
         "seconds": time.perf_counter() - start,
-        "jit_compile": True,
+        "jit_compile": bool(model.jit_compile),
         "settings": dataclasses.asdict(settings),
     }
 
