@@ -193,7 +193,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
             # Averaged over the queries: every other position weighs 0.
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
             weighted_metrics=None,
-            # Keras leaves XLA off on a CPU. At these sizes it speeds linear and additive attention up most (docs/results.md).
+            # Keras leaves XLA off on a CPU; at these sizes it speeds linear and additive attention up most.
             jit_compile=True,
         )
     test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
