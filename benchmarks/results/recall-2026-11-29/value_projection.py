@@ -8,16 +8,13 @@ This cell adds the first of them alone. Run from the repository root:
         python benchmarks/results/recall-2026-11-29/value_projection.py > value_projection.log
 """
 
-import json
 import os
 
 from elita_tf.models.architectures import ARCHITECTURES
-from elita_tf.training.recall import RecallSettings, train_cell
+from elita_tf.training.recall import RecallSettings, train_cell, write_json
 
 ARCHITECTURES["simplified-value-projection"] = {**ARCHITECTURES["simplified"], "first_value_projection": True}
 record = train_cell("simplified-value-projection", 64, 64, 4, 1e-3, RecallSettings(), log=print)
 path = os.path.join(os.path.dirname(__file__), "cells", "simplified-value-projection", "T64-P4", "w64-lr0.001.json")
-os.makedirs(os.path.dirname(path), exist_ok=True)
-with open(path, "w") as f:
-    json.dump(record, f, indent=1)
+write_json(path, record)
 print(f"accuracy {record['accuracy']:.3f} in {record['steps']} steps")
