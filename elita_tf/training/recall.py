@@ -59,8 +59,8 @@ class RecallSettings:
     widths: tuple = (64, 128, 256)
     settings: tuple = ((64, 4), (64, 16), (256, 16), (256, 64))
     # Recall forms after a plateau at 1 / P whose length varies from run to run: at width 128, T = 64, 4
-    # pairs, one head, on a 64-epoch cosine, the Transformer left it after about 2,000 steps at 5e-4 (0.993
-    # at epoch 46); at 1e-3 it was still at 0.33 at epoch 50.
+    # pairs, one head, on a 64-epoch cosine, the Transformer left it after about 2,000 steps at 5e-4 (0.991
+    # at epoch 40); at 1e-3 it stayed there all 64 epochs (benchmarks/results/recall-2026-11-29).
     learning_rates: tuple = (5e-4, 1e-3)
     vocabulary_size: int = 512
     train_examples: int = 8192
