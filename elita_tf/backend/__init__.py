@@ -9,7 +9,8 @@
     cumulative_logsumexp(x, axis, reverse=False)
     ordered(after, compute)               `compute()` once the tensors `after` exist (TensorFlow's control
                                           dependencies keep a backward pass from forming everything at once)
-    check_less_equal(x, limit, message)   a run-time check, where the backend can raise one
+    check_less_equal(x, limit, message)   a run-time check, where the backend can raise one; returns it, for
+                                          `ordered` (None where there is nothing to order)
     check_all(condition, message, report) a run-time check in a TensorFlow graph, reporting `report()` when it fails
     custom_gradient(forward)              `forward(*tensors) -> (outputs, grad)`, `grad(upstream)` returning
                                           one gradient per tensor; nothing differentiated is closed over

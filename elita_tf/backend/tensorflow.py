@@ -24,12 +24,14 @@ def cumulative_logsumexp(x, axis, reverse=False):
 
 
 def ordered(after, compute):
-    with tf.control_dependencies(tf.nest.flatten(after)):
+    with tf.control_dependencies([t for t in tf.nest.flatten(after) if t is not None]):
         return compute()
 
 
 def check_less_equal(x, limit, message):
-    tf.debugging.assert_less_equal(x, limit, message=message)
+    """Returns the check (None eagerly, where it has already raised), for `ordered`: in a graph, an op that reads
+    nothing from it may run before it."""
+    return tf.debugging.assert_less_equal(x, limit, message=message)
 
 
 def check_all(condition, message, report):

@@ -53,8 +53,9 @@ class PositionEmbedding(keras.layers.Layer):
         if start_index is not None:
             start_index = ops.broadcast_to(ops.cast(start_index, "int32"), ops.shape(inputs)[:1])
         positions = document_positions(length, start_index, document_starts)
-        # positions < max_sequence_length, integers: at most max_sequence_length - 1.
-        backend.check_less_equal(
+        # positions < max_sequence_length, integers: at most max_sequence_length - 1. Read only once checked:
+        # in a graph the gather past the table would otherwise fail first, with TensorFlow's message.
+        checked = backend.check_less_equal(
             ops.max(ops.concatenate([ops.convert_to_tensor([-1], "int32"), ops.reshape(positions, (-1,))], 0)),
             self.max_sequence_length - 1,
             message=(
@@ -62,6 +63,7 @@ class PositionEmbedding(keras.layers.Layer):
                 f"max_sequence_length={self.max_sequence_length}"
             ),
         )
+        positions = backend.ordered([checked], lambda: ops.copy(positions))
         embedded = ops.cast(ops.take(self.embeddings, ops.maximum(positions, 0), axis=0), self.compute_dtype)
         # The inputs' full shape: a [1, 0, d] addend is taken for a bias by oneDNN's Add at T = 0.
         return ops.broadcast_to(embedded, ops.shape(inputs))

@@ -240,7 +240,11 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=1)
         index = ops.min(row_lengths)
         # A row with no token has nothing to continue from (the preprocessor always adds the start token).
-        backend.check_less_equal(1, index, "Every prompt needs at least one token: padding_mask has a row with none")
+        # `index` is read only once the check passed: the decoding loop's first slice would fail before it.
+        checked = backend.check_less_equal(
+            1, index, "Every prompt needs at least one token: padding_mask has a row with none"
+        )
+        index = backend.ordered([checked], lambda: ops.copy(index))
         # One parallel pass over every position before the shortest prompt's last token; hidden states
         # only, since its logits (`[B, max_length, V]`) would be computed and thrown away.
         prefill_mask = ops.tile(ops.arange(length)[None, :] < index - 1, [batch_size, 1])
