@@ -42,8 +42,13 @@ def plot_recall(best, path):
         path: the PNG to write.
     """
     settings, widths, architectures, cells = _grid(best)
-    fig, axes = plt.subplots(1, len(settings), figsize=(3.6 * len(settings), 3.4), dpi=120, squeeze=False)
+    columns = min(4, 2 * len(settings))  # of the legend, below the panels as in Zoology's: inside, it hides the lines
+    legend_height = 0.17 * -(-(len(architectures) + 1) // columns) + 0.1  # inches, a row per `columns` lines
+    fig, axes = plt.subplots(
+        1, len(settings), figsize=(3.6 * len(settings), 3.4 + legend_height), dpi=120, squeeze=False
+    )
     for ax, (t, p) in zip(axes[0], settings):
+        ax.axhline(1 / p, color="0.5", linestyle=":", linewidth=1, label="chance, 1 / pairs")
         for name in architectures:
             points = [(w, cells[(name, t, p, w)]["accuracy"]) for w in widths if (name, t, p, w) in cells]
             ax.plot([w for w, _ in points], [a for _, a in points], marker="o", label=name)
@@ -54,7 +59,8 @@ def plot_recall(best, path):
         ax.set_xlabel("Model dimension")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("MQAR accuracy")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, legend_height / (3.4 + legend_height), 1, 1))
     fig.savefig(path)
     plt.close(fig)
