@@ -42,8 +42,9 @@ def plot_recall(best, path):
         path: the PNG to write.
     """
     settings, widths, architectures, cells = _grid(best)
-    columns = min(4, 2 * len(settings))  # of the legend, below the panels as in Zoology's: inside, it hides the lines
-    legend_height = 0.17 * -(-(len(architectures) + 1) // columns) + 0.1  # inches, a row per `columns` lines
+    # The legend below the panels, as Zoology's: inside, it hides the lines at chance.
+    columns = min(4, 2 * len(settings))
+    legend_height = 0.17 * -(-(len(architectures) + 1) // columns) + 0.1  # inches: a row per `columns` entries
     fig, axes = plt.subplots(
         1, len(settings), figsize=(3.6 * len(settings), 3.4 + legend_height), dpi=120, squeeze=False
     )
