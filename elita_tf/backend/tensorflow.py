@@ -24,13 +24,13 @@ def cumulative_logsumexp(x, axis, reverse=False):
 
 
 def ordered(after, compute):
-    with tf.control_dependencies([t for t in tf.nest.flatten(after) if t is not None]):
+    with tf.control_dependencies(tf.nest.flatten(after)):
         return compute()
 
 
 def check_less_equal(x, limit, message):
-    """Returns the check (None eagerly, where it has already raised), for `ordered`: in a graph, an op that reads
-    nothing from it may run before it."""
+    """Returns the check for `ordered` (None eagerly, where control dependencies are ignored): in a graph, an op
+    that reads nothing from it may run before it."""
     return tf.debugging.assert_less_equal(x, limit, message=message)
 
 
