@@ -7,16 +7,19 @@ presets) when its module loads, that is when the class is first imported or used
 
 import importlib
 
+from elita_tf.renames import renamed_attribute
+
 
 def lazy_exports(package, exports):
     """`(__getattr__, __dir__, __all__)` for `package`: `exports` maps each public name to the module holding it.
 
-    A name that maps to itself is a submodule (`"layers": "layers"`).
+    A name that maps to itself is a submodule (`"layers": "layers"`). A name the package exported
+    once under another name is today's, with a warning (`elita_tf.renames`).
     """
 
     def __getattr__(name):
         if name not in exports:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            return renamed_attribute(package, name)
         module = importlib.import_module(f"{package}.{exports[name]}")
         return module if exports[name] == name else getattr(module, name)
 

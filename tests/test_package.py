@@ -95,19 +95,22 @@ def test_a_class_imported_from_its_package_is_registered_with_keras():
 # Which packages each package may import at module level: data flows one way (docs/contributing.md).
 LAYERS = {
     "backend": {"backend", "private_apis"},
-    "ops": {"backend", "ops", "private_apis", "lazy"},
-    "layers": {"backend", "ops", "layers", "private_apis", "lazy", "checks"},
-    "models": {"backend", "ops", "layers", "models", "private_apis", "lazy", "checks"},
-    "data": {"data", "lazy", "checks", "settings_fields"},
-    "export": {"backend", "ops", "layers", "models", "data", "export", "lazy", "checks"},
+    "ops": {"backend", "ops", "private_apis", "lazy", "renames"},
+    "layers": {"backend", "ops", "layers", "private_apis", "lazy", "checks", "renames"},
+    "models": {"backend", "ops", "layers", "models", "private_apis", "lazy", "checks", "renames"},
+    "data": {"data", "lazy", "checks", "settings_fields", "renames"},
+    "export": {"backend", "ops", "layers", "models", "data", "export", "lazy", "checks", "renames"},
     "training": {
         *("backend", "ops", "layers", "models", "data", "export", "training", "schedules", "optimizers", "lazy"),
-        *("checks", "settings_fields"),
+        *("checks", "settings_fields", "renames"),
     },
-    "cli": {"cli", "data", "layers", "models", "training", "export", "checks", "settings_fields"},
-    # The argument checks and the settings' fields: no TensorFlow, under every package that checks.
+    "cli": {"cli", "data", "layers", "models", "training", "export", "checks", "settings_fields", "renames"},
+    # The argument checks, the settings' fields and the table of renamed names: no TensorFlow, under every
+    # package that checks or takes an old name.
     "checks": set(),
     "settings_fields": {"checks"},
+    "renames": set(),
+    "lazy": {"renames"},
 }
 
 

@@ -8,6 +8,7 @@ command would cost TensorFlow's import each time; tests/training/test_errors.py 
 commands themselves). Python blocks run as written, with `TrainSettings` given the same tiny sizes.
 """
 
+import configparser
 import dataclasses
 import functools
 import importlib
@@ -82,6 +83,19 @@ def test_the_readme_has_the_two_set_up_commands_that_ci_runs():
     assert tests.split("&& ", 2)[-1] in ci  # CI installs and tests with the README's own command
     assert "KERAS_BACKEND=jax" in other_backends and "KERAS_BACKEND=torch" in other_backends
     assert other_backends in ci
+
+
+def test_the_jax_example_says_which_install_brings_jax():
+    # The example runs as written after the install its sentence names: the `jax` extra, which setup.cfg defines.
+    with open(os.path.join(REPO, "README.md")) as f:
+        before_example = f.read().split('os.environ["KERAS_BACKEND"] = "jax"')[0].rsplit("```python", 1)[0]
+    assert 'pip install -e ".[jax]"' in before_example.strip().rsplit("\n\n", 1)[-1]
+    setup = configparser.ConfigParser()
+    setup.read(os.path.join(REPO, "setup.cfg"))
+    extras = {name: value.split() for name, value in setup["options.extras_require"].items()}
+    assert extras["jax"][0].startswith("jax>=") and extras["torch"][0].startswith("torch>=")
+    set_up = "\n".join(code for language, code in readme_blocks() if language == "bash")
+    assert 'pip install -e ".[jax]"' in set_up and 'pip install -e ".[torch]"' in set_up
 
 
 def test_the_commands_are_the_console_scripts():

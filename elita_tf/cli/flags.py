@@ -1,13 +1,16 @@
 """Command-line flags made from the settings dataclasses: one flag a field, one help text a field.
 
 `elita-train` and `elita-compare` take `TrainSettings` and its `CorpusSettings` as flags, and
-`elita-evaluate` the `CorpusSettings` of other text: every flag is the field of that name.
+`elita-evaluate` the `CorpusSettings` of other text: every flag is the field of that name. A flag's
+old name (`elita_tf.renames`) sets the same field, hidden from `--help`, with a warning.
 """
 
 import argparse
 import dataclasses
 import re
+import sys
 
+from elita_tf.renames import RENAMED, deprecation
 from elita_tf.settings_fields import default_text
 
 
@@ -27,36 +30,61 @@ def flag_help(settings_class, field, default_help=None):
     return re.sub(r"`([^`]+)`", as_flag, text).replace("%", "%%")  # argparse formats help with %
 
 
-def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=None):
+class _OldFlag(argparse.Action):
+    """A flag's old name: says so in one line on stderr (with `warn`), then does what today's flag does.
+
+    It has no default of its own (today's flag sets the field's), and no help: `--help` shows today's.
+    """
+
+    def __init__(self, option_strings, dest, today, warn, **kwargs):
+        self.today, self.warn = today, warn
+        self.new_names = dict(zip(option_strings, today.option_strings))  # `--old`: `--new`, `--no-old`: `--no-new`
+        kwargs.update(nargs=today.nargs, type=today.type, choices=today.choices, metavar=today.metavar)
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = self.new_names[option_string]
+        if self.warn:
+            received = option_string if self.nargs == 0 else f"{option_string} {values}"
+            print(f"{parser.prog}: warning: {deprecation(option_string, new, received)}", file=sys.stderr)
+        self.today(parser, namespace, values, new)
+
+
+def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=None, warn_old_names=True):
     """One flag for each field of the dataclass `settings_class` not in `exclude` (nested dataclasses: theirs).
 
     Each flag's help is its field's (`flag_help`). With
     `defaults=False` every flag is left unset (None) unless given and none is
     required: what was given can then be told from the defaults. `default_help`
     says what an unset flag means instead of the fields' defaults (`"the run's"`).
+    A flag's old name (`RENAMED["flag"]`) sets the same field, hidden from
+    `--help`, with a warning on stderr unless `warn_old_names=False` (a second
+    parse of the same command line).
     """
     for field in dataclasses.fields(settings_class):
         if field.name in exclude:
             continue
         if field.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(field.default_factory):
-            add_flags(parser, field.default_factory, exclude, defaults, default_help)
+            add_flags(parser, field.default_factory, exclude, defaults, default_help, warn_old_names)
             continue
         flag = "--" + field.name.replace("_", "-")
         help_text = flag_help(settings_class, field, default_help)
         if field.type is bool and field.default is None:  # unset means something else: `--flag` / `--no-flag`
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
-            continue
-        if field.type is bool:
-            parser.add_argument(flag, action="store_true", default=False if defaults else None, help=help_text)
-            continue
-        default = None if field.default is dataclasses.MISSING else field.default
-        kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
-        parser.add_argument(
-            flag,
-            type=kind,
-            default=default if defaults else None,
-            required=defaults and field.default is dataclasses.MISSING,
-            choices=field.metadata.get("choices"),
-            help=help_text,
-        )
+            today = parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        elif field.type is bool:
+            today = parser.add_argument(flag, action="store_true", default=False if defaults else None, help=help_text)
+        else:
+            default = None if field.default is dataclasses.MISSING else field.default
+            kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
+            today = parser.add_argument(
+                flag,
+                type=kind,
+                default=default if defaults else None,
+                required=defaults and field.default is dataclasses.MISSING,
+                choices=field.metadata.get("choices"),
+                help=help_text,
+            )
+        for old in (old for old, new in RENAMED["flag"].items() if new == flag):
+            names = [old, "--no-" + old[2:]] if len(today.option_strings) == 2 else [old]  # and `--no-old`
+            parser.add_argument(*names, action=_OldFlag, dest=today.dest, today=today, warn=warn_old_names)
     return parser

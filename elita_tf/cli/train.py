@@ -35,7 +35,7 @@ def parse_args(argv=None):
         parser.error(str(error))
     if settings.init_from is not None or settings.tokenizer_from is not None or settings.carry_state:
         # The flags given on the command line, defaults aside: a fine-tuned model's must agree with them.
-        unset = add_flags(argparse.ArgumentParser(), TrainSettings, defaults=False)
+        unset = add_flags(argparse.ArgumentParser(), TrainSettings, defaults=False, warn_old_names=False)
         given = {key for key, value in vars(unset.parse_known_args(argv)[0]).items() if value is not None}
         # These read a model, a tokenizer or the backbone's defaults: TensorFlow.
         start_tensorflow()

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from elita_tf.checks import check_sequence_length
+from elita_tf.renames import accepts_renamed_arguments
 
 
 def line_ids(tokenizer, lines):
@@ -65,6 +66,7 @@ def token_sequences(lines, tokenizer, sequence_length, vocabulary_size=None, lin
     return sequences
 
 
+@accepts_renamed_arguments
 def steps_per_epoch(sequences, batch_size):
     steps = len(sequences) // batch_size
     if steps == 0:
@@ -74,6 +76,7 @@ def steps_per_epoch(sequences, batch_size):
     return steps
 
 
+@accepts_renamed_arguments
 def lm_dataset(
     sequences, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1, document_starts=None
 ):
@@ -200,6 +203,7 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
     return ids, document_starts
 
 
+@accepts_renamed_arguments
 def packed_sequences(ids, document_starts, sequence_length):
     """Sequences of `sequence_length + 1` consecutive tokens of a stream, and where documents start in them.
 
@@ -233,6 +237,7 @@ def stream_steps_per_epoch(length, batch_size, sequence_length):
     return steps
 
 
+@accepts_renamed_arguments
 def stream_dataset(ids, document_starts, batch_size, sequence_length, epochs=1, start_step=0):
     """Batches of consecutive segments of `batch_size` parallel streams, for training with carried state.
 

@@ -12,6 +12,8 @@ import os
 
 import numpy as np
 
+from elita_tf.renames import accepts_renamed_arguments
+
 
 class LiteRTModel:
     """The `prefill` and `decode` signatures of a LiteRT file, with greedy generation and scoring.
@@ -105,6 +107,7 @@ class LiteRTModel:
                 state = self.decode(token_ids=np.asarray([tokens[-1:]], np.int32), **state)
         return tokens
 
+    @accepts_renamed_arguments
     def loss(self, sequences, progress=None, scored=None):
         """Mean next-token cross-entropy over sequences `[N, T + 1]`, each from an empty state.
 

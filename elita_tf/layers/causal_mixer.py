@@ -3,6 +3,7 @@ from keras import ops
 
 from elita_tf.layers.checks import as_sequence, check_sequence_call, take_arguments_as_given
 from elita_tf.ops.utils.nonfinite import contain_nonfinite
+from elita_tf.renames import accepts_renamed_arguments
 
 
 class CausalMixer(keras.layers.Layer):
@@ -63,6 +64,7 @@ class CausalMixer(keras.layers.Layer):
     #: mixer takes them; a buffer of positions (a key/value cache) would have to forget its older documents.
     document_starts_with_cache = False
 
+    @accepts_renamed_arguments
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, document_starts=None):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask, cache)
         cache = None if cache is None else {name: cache[name] for name in self.cache_names}

@@ -8,6 +8,7 @@ from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNorma
 from elita_tf.layers.renamed_arguments import upgrade_arguments
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.private_apis import global_state
+from elita_tf.renames import accepts_renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -71,6 +72,7 @@ class DecoderBlock(keras.layers.Layer):
     (2, 10, 32)
     """
 
+    @accepts_renamed_arguments
     def __init__(
         self,
         mixer,
@@ -143,6 +145,7 @@ class DecoderBlock(keras.layers.Layer):
                 self.ffn_scale = gain("ffn_gain", self.ffn_gain)
         self.input_spec = keras.layers.InputSpec(ndim=3, axes={-1: inputs_shape[-1]})
 
+    @accepts_renamed_arguments
     def call(self, inputs, padding_mask=None, cache=None, training=None, mask=None, document_starts=None):
         # The mixer checks the cache and contains non-finite inputs; everything else is position-wise.
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask)

@@ -6,6 +6,7 @@ from elita_tf.checks import check_sequence_length
 from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.utils.documents import document_positions
+from elita_tf.renames import accepts_renamed_arguments
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -48,6 +49,7 @@ class PositionEmbedding(keras.layers.Layer):
             dtype=self.variable_dtype,
         )
 
+    @accepts_renamed_arguments
     def call(self, inputs, start_index=None, document_starts=None):
         length = ops.shape(inputs)[1]
         if start_index is not None:

@@ -42,6 +42,7 @@ from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.positions import real_extent
 from elita_tf.private_apis import in_symbolic_scope
+from elita_tf.renames import accepts_renamed_arguments
 
 
 def _run_layers(
@@ -198,6 +199,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
     (2, 8, 100)
     """
 
+    @accepts_renamed_arguments
     def __init__(
         self,
         vocabulary_size,
@@ -296,6 +298,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         cache["position"] = keras.ops.zeros([batch_size], "int32")
         return cache
 
+    @accepts_renamed_arguments
     def hidden_states(
         self, token_ids, padding_mask=None, cache=None, document_starts=None, training=None, intercept=None
     ):
@@ -382,6 +385,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         return self.count_params() - sum(self.get_layer(name).count_params() for name in tables)
 
     @classmethod
+    @accepts_renamed_arguments
     def from_architecture(cls, name, vocabulary_size, **overrides):
         """A randomly initialised backbone of a named architecture (`elita_tf.models.ARCHITECTURES`), with overrides.
 
@@ -405,6 +409,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
 
+@accepts_renamed_arguments
 def architecture_config(name, **overrides):
     """The config of architecture `name` with overrides, as `ElitaBackbone(**config)` takes it, checked.
 

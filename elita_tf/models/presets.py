@@ -11,12 +11,16 @@ import h5py
 import sentencepiece
 
 from elita_tf.models.architectures import REQUIRED_ARGUMENTS, upgrade_config
+from elita_tf.renames import warn_renamed
 
 _REGISTERED_NAME = "elita_tf>ElitaBackbone"
 
 
 def check_preset(preset, load_weights=True):
     """`preset`, once a local one is found whole: a handle is keras-hub's to fetch.
+
+    A directory that is no preset but holds one (an `elita-train` run directory, whose preset is
+    its `preset/`) gives that one, with a `FutureWarning` naming it: a run's preset is `preset_of(run)`.
 
     Raises:
         ValueError: for a name that is neither a directory nor a `scheme://` handle (a keras-hub
@@ -31,8 +35,20 @@ def check_preset(preset, load_weights=True):
             "preset` wrote) or a handle such as kaggle://USER/MODEL/keras/VARIANT or hf://USER/MODEL; elita-tf "
             f"has no built-in presets. Received: preset={preset!r}"
         )
+    if not os.path.isfile(os.path.join(preset, "config.json")):
+        inside = _preset_inside(preset)
+        if inside is not None:
+            old, new = "`from_preset` on a run directory", f"its preset {inside!r} (`elita_tf.training.preset_of`)"
+            warn_renamed(old, new, f"preset={preset!r}", stacklevel=3)
+            preset = inside
     _check_preset_files(preset, load_weights)
     return preset
+
+
+def _preset_inside(directory):
+    """The one folder in `directory` that holds a preset's config (a run directory's preset), or None."""
+    found = [entry.path for entry in os.scandir(directory) if os.path.isfile(os.path.join(entry.path, "config.json"))]
+    return found[0] if len(found) == 1 else None
 
 
 def read_preset_config(preset):

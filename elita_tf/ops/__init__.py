@@ -17,6 +17,7 @@ from elita_tf.ops.gated_projection import gated_output_projection
 from elita_tf.ops.layer_norm import unscaled_layer_norm
 from elita_tf.ops.linear_attention import causal_linear_attention, causal_linear_attention_step, empty_linear_state
 from elita_tf.ops.softmax_attention import empty_kv_cache, softmax_attention, update_kv_cache
+from elita_tf.renames import renamed_attribute
 
 
 __all__ = [
@@ -36,3 +37,7 @@ __all__ = [
     "unscaled_layer_norm",
     "update_kv_cache",
 ]
+
+
+def __getattr__(name):  # an op's old name is today's, with a warning
+    return renamed_attribute(__name__, name)

@@ -47,6 +47,7 @@ from elita_tf import backend
 from elita_tf.ops.utils.documents import document_positions
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype, dtype_of
 from elita_tf.ops.utils.positions import gather_rows, pad_axis, real_extent, window_after, write_positions
+from elita_tf.renames import accepts_renamed_arguments
 
 BANDED_CHUNK_SIZE = 32
 
@@ -236,6 +237,7 @@ def prepare_inputs(queries, keys, values, mask, scale):
     return queries, keys, values, valid, scale
 
 
+@accepts_renamed_arguments
 def banded_attention(
     queries,
     keys,

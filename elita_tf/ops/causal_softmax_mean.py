@@ -46,6 +46,7 @@ from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import NEG_INF, UNSEEN_LOGIT, accumulator_dtype
 from elita_tf.ops.utils.positions import gather_rows, leading, pad_axis, real_extent, static_size, window_after
 from elita_tf.ops.windowed_softmax_mean import banded_mean, merge_means, pad_time, windowed_mean
+from elita_tf.renames import accepts_renamed_arguments
 
 SOFTMAX_MEAN_CHUNK_SIZE = 32
 # The forms of the global mean (`causal_softmax_mean(form=...)`); None chooses by where the graph runs.
@@ -178,6 +179,7 @@ def _global_with_document_starts(logits, values, document_starts, initial_state,
     return mean, log_z, (after_lz[:, :, -1], after_mean[:, :, -1])
 
 
+@accepts_renamed_arguments
 def causal_softmax_mean(
     logits,
     values,

@@ -26,6 +26,7 @@ from elita_tf import backend
 from elita_tf.ops.utils.documents import document_index, gated_scan
 from elita_tf.ops.utils.dtypes import accumulator_dtype
 from elita_tf.ops.utils.positions import pad_axis, shift_right
+from elita_tf.renames import accepts_renamed_arguments
 
 LINEAR_ATTENTION_CHUNK_SIZE = 64
 
@@ -48,6 +49,7 @@ def _normalise(numerator, epsilon):
     return numerator[..., :-1] / (numerator[..., -1:] + epsilon)
 
 
+@accepts_renamed_arguments
 def causal_linear_attention(
     query_features,
     key_features,

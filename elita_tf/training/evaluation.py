@@ -32,6 +32,7 @@ from elita_tf.data.text_files import data_kind
 from elita_tf.export import LiteRTModel
 from elita_tf.export.litert import check_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
+from elita_tf.renames import RenamedKeys
 from elita_tf.training.evaluate_settings import EvaluateSettings
 from elita_tf.training.run_directory import MANIFEST_FILE, preset_of, read_manifest
 
@@ -170,7 +171,8 @@ def evaluate(settings):
         `loss_by_position` is a list of `{"start", "end", "loss", "tokens"}`
         over log-spaced buckets of positions (within a sequence, or in the
         stream; None through LiteRT); `data` is the split's source and
-        SHA-256; `trained_on` the run's, to compare.
+        SHA-256; `trained_on` the run's, to compare. The keys' 0.1.0 names
+        (`window_length`, `windows`) read today's, with a warning.
 
     Example:
     >>> evaluate(EvaluateSettings("runs/elita", split="validation"))["perplexity"]  # doctest: +SKIP
@@ -224,7 +226,7 @@ def evaluate(settings):
     if settings.litert is None:
         loss, tokens = float(sums.sum() / counts.sum()), int(counts.sum())
         by_position = _by_position(sums, counts)
-    return {
+    result = {
         "split": cut.split,
         "loss": loss,
         "perplexity": math.exp(loss),
@@ -241,6 +243,7 @@ def evaluate(settings):
         "data": cut.data,
         "trained_on": manifest["data"],
     }
+    return RenamedKeys("evaluate", result)
 
 
 def _progress(total, verbose):

@@ -9,10 +9,8 @@ import hashlib
 import os
 
 from elita_tf.models.architectures import upgrade_config
+from elita_tf.renames import RENAMED, upgrade_arguments
 from elita_tf.training.settings import fields_marked
-
-# Corpus settings that elita-tf 0.1.0 recorded under other names, old name: new name.
-_RENAMED_CORPUS = {"documents": "document_separator"}
 
 
 def requested_manifest(settings, config, data):
@@ -51,7 +49,7 @@ def legacy_corpus_record(manifest):
     The run's data hash covers them as written: the same text, asked for in today's names, hashes otherwise.
     """
     corpus = (manifest.get("data") or {}).get("corpus")
-    return corpus if corpus and _RENAMED_CORPUS.keys() & corpus.keys() else None
+    return corpus if corpus and RENAMED["argument"]["CorpusSettings"].keys() & corpus.keys() else None
 
 
 def upgrade_manifest(manifest):
@@ -62,7 +60,7 @@ def upgrade_manifest(manifest):
         manifest["model"] = upgrade_config(manifest["model"])
     data = manifest.get("data")
     if data and "corpus" in data:
-        corpus = {_RENAMED_CORPUS.get(key, key): value for key, value in data["corpus"].items()}
+        corpus = upgrade_arguments("CorpusSettings", data["corpus"])
         corpus.setdefault("data", data["dataset"])
         manifest["data"] = {**data, "corpus": corpus}
     return manifest

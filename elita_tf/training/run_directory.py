@@ -32,6 +32,7 @@ import shutil
 import socket
 import time
 
+from elita_tf.renames import accepts_renamed_arguments
 from elita_tf.training.manifest import upgrade_manifest
 
 MANIFEST_FILE = "run.json"
@@ -280,6 +281,7 @@ def checkpoint_path(run_path, step):
     return os.path.join(run_path, CHECKPOINT_DIR, f"step-{step:08d}.keras")
 
 
+@accepts_renamed_arguments
 def list_checkpoints(run_path):
     """`[(step, path)]` of the run's checkpoints, oldest first."""
     directory = os.path.join(run_path, CHECKPOINT_DIR)

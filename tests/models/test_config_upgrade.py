@@ -100,6 +100,8 @@ def test_an_old_run_directory_loads_for_export_and_evaluates_as_it_trained(old_r
     result = evaluate(EvaluateSettings(run, split="validation"))
     with open(os.path.join(run, "results.json")) as f:
         assert result["loss"] == pytest.approx(json.load(f)["validation_loss"], rel=1e-5)  # what training measured
+    with pytest.warns(FutureWarning, match="result key 'windows' is deprecated: use 'sequences'"):
+        assert result["windows"] == result["sequences"] > 0  # 0.1.0's key
 
 
 def test_an_old_run_resumes_where_it_stopped(old_run, capsys):
