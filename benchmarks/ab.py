@@ -19,7 +19,8 @@ an error. "this" is this checkout's working tree, uncommitted changes included. 
   `--repeats` calls a round), and its forward over one elementwise pass (`v * 2`, the memory-bound floor);
 - `decoding`: `ElitaCausalLM.generate`'s milliseconds per new token (`decoding.py`'s slope), batch 1;
 - `first-step`: the first training step (tracing, compilation, one step) and the steps after it
-  (`training_step.py`), a fresh process for each side and round;
+  (`training_step.py`), a fresh process for each side and round, and the last step's loss (the same seeded
+  weights and batch on both sides);
 - `train`: `elita-train` end to end (its `results.json` step time and peak memory), a process for each side
   and round; flags `ab.py` does not know go to `elita-train`.
 
@@ -199,7 +200,8 @@ def first_step_subject(args, tree, scratch):
                 result, reason = run_measurement(cmd, args.timeout, environment(path))
                 if result is None:
                     raise SystemExit(f"{' '.join(cmd)}: {reason}")
-                return {"first_step_s": result["compile_s"], "step_s": result["step_s"], "peak_mib": result["peak_mib"]}
+                times = {"first_step_s": result["compile_s"], "step_s": result["step_s"]}
+                return {**times, "peak_mib": result["peak_mib"], "loss": result["loss"]}
 
             measures[architecture, side] = first_step
     return measures

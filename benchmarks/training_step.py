@@ -41,6 +41,9 @@ from elita_tf.models import MODEL_SIZES
 def run_one(args):
     base = rss_mib()
     batch = max(1, args.tokens // args.sequence_length)
+    import keras  # after the baseline, which leaves the libraries out
+
+    keras.utils.set_random_seed(0)  # the same weights in every process: its loss is comparable (`ab.py`)
     model = training_model(
         args.architecture,
         args.output_head,

@@ -11,9 +11,16 @@ A setting is checked by the same function at each of its three places: `--dropou
 caches) are `elita_tf.layers.checks`.
 """
 
+import os
+
 # The largest values that reach TensorFlow and SentencePiece intact: shapes and sizes are int32, step and
 # batch counts int64, and seeds go to numpy's `np.random.seed`, which takes 32 bits.
 INT32_MAX, INT64_MAX, SEED_MAX = 2**31 - 1, 2**63 - 1, 2**32 - 1
+# The smallest vocabulary SentencePiece trains: its special pieces (<unk>, <s>, </s>), the word boundary
+# that starts every text and one character. Below it its trainer fails inside, in words no user can act on.
+MIN_VOCABULARY_SIZE = 5
+# SentencePiece's byte fallback: the 3 special pieces, the 256 byte pieces, a character and a longer piece.
+MIN_BYTE_FALLBACK_VOCABULARY = 3 + 256 + 2
 
 
 def fail(name, value, expected):
@@ -58,6 +65,47 @@ def check_sequence_length(name, value, optional=False):
     ValueError: `max_sequence_length` must be an integer >= 2. Received: max_sequence_length=1
     """
     return check_integer(name, value, least=2, optional=optional)
+
+
+def check_vocabulary_size(name, value):
+    """A SentencePiece vocabulary's size: an integer in `[MIN_VOCABULARY_SIZE, INT32_MAX]`.
+
+    Example:
+    >>> check_vocabulary_size("vocabulary_size", 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: `vocabulary_size` must be an integer >= 5: SentencePiece's 3 special pieces, ... Received: vocabulary_size=2
+    """
+    if is_integer(value) and value < MIN_VOCABULARY_SIZE:
+        pieces = "SentencePiece's 3 special pieces, the word boundary and a character"
+        fail(name, value, f"an integer >= {MIN_VOCABULARY_SIZE}: {pieces}")
+    return check_integer(name, value, least=MIN_VOCABULARY_SIZE)
+
+
+def check_byte_fallback_vocabulary(name, value):
+    """A vocabulary that holds SentencePiece's byte pieces: `MIN_BYTE_FALLBACK_VOCABULARY` pieces or more.
+
+    Example:
+    >>> check_byte_fallback_vocabulary("vocabulary_size", 100)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: `vocabulary_size` must be at least 261 with byte fallback: ... Received: vocabulary_size=100
+    """
+    if not is_integer(value) or value < MIN_BYTE_FALLBACK_VOCABULARY:
+        pieces = "the 3 special pieces, the 256 byte pieces, a character and a longer piece"
+        fail(name, value, f"at least {MIN_BYTE_FALLBACK_VOCABULARY} with byte fallback: {pieces}")
+    return value
+
+
+def check_path(name, value):
+    """A path: a non-empty `str` (or `os.PathLike`).
+
+    Example:
+    >>> check_path("run_dir", None)
+    Traceback (most recent call last):
+    ValueError: `run_dir` must be a path, a non-empty str. Received: run_dir=None
+    """
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        fail(name, value, "a path, a non-empty str")
+    return value
 
 
 def check_dropout(name, value):

@@ -42,9 +42,10 @@ def ab(tmp_path, *args, base="HEAD"):
         (["kernel", "--shape", "1", "2", "64", "8", "--repeats", "3"], {"fwd_s", "fwd_bwd_s", "fwd_per_elementwise"}),
         (
             ["first-step", "--no-jit-compile", "--sequence-length", "16", "--tokens", "32", "--repeats", "1", *TOY],
-            {"first_step_s", "step_s", "peak_mib"},
+            {"first_step_s", "step_s", "peak_mib", "loss"},
         ),
     ],
+    ids=["step", "kernel", "first-step"],
 )
 def test_head_against_head(scratch, subject, metrics):
     rounds = 1 if subject[0] == "first-step" else 3  # first-step: two processes a round
@@ -59,14 +60,14 @@ def test_head_against_head(scratch, subject, metrics):
     assert all(r["subject"] == subject[0] and r["rounds"] == rounds and r["base_ref"] == "HEAD" for r in rows), rows
     assert all(r["base_commit"] == head.stdout.strip() and r["this_commit"].startswith(r["base_commit"]) for r in rows)
     assert len(table) == 2 + len(rows) and table[0].startswith("| subject | label | metric | this | base |")
-    for r in rows:
+    for r, line in zip(rows, table[2:]):  # the table is the JSON lines', row for row
         assert r["ratio_min"] <= r["ratio_median"] <= r["ratio_max"], r
         assert r["this"] > 0 and r["base"] > 0, r
-    # The same code on both sides: times within a factor of 3 on a busy 2-core machine (toy sizes are noisy);
-    # the step's loss exactly, both sides having the same weights and batch.
-    step = {r["metric"]: r for r in rows if r["metric"] in ("step_s", "fwd_s", "first_step_s")}
-    assert all(1 / 3 < r["ratio_median"] < 3 for r in step.values()), step
-    if subject[0] == "step":
+        cells = [r["subject"], str(r["label"]), r["metric"], f"{r['this']:.4g}", f"{r['base']:.4g}"]
+        assert line.startswith("| " + " | ".join(cells) + " |") and f"{r['ratio_median']:.3f}x (" in line, (line, r)
+    # The same code on both sides, with the same weights and batch: the same loss, exactly. Times are not
+    # checked: how fast each side runs depends on what else the machine runs (the benchmarks' business).
+    if "loss" in metrics:
         loss = next(r for r in rows if r["metric"] == "loss")
         assert loss["ratio_min"] == loss["ratio_max"] == 1.0, loss
 

@@ -24,6 +24,13 @@ from elita_tf import checks
         (lambda: checks.check_dropout("dropout", False), "`dropout` must be in [0, 1). Received: dropout=False"),
         (lambda: checks.check_positive_number("eps", 0), "`eps` must be a positive number. Received: eps=0"),
         (lambda: checks.check_choice("mode", "x", ("a", "b")), "`mode` must be one of ['a', 'b']. Received: mode='x'"),
+        (
+            lambda: checks.check_vocabulary_size("vocabulary_size", 4),
+            "`vocabulary_size` must be an integer >= 5: SentencePiece's 3 special pieces, the word boundary and a "
+            "character. Received: vocabulary_size=4",
+        ),
+        (lambda: checks.check_path("run_dir", None), "`run_dir` must be a path, a non-empty str. Received: run_dir=None"),
+        (lambda: checks.check_path("run_dir", ""), "`run_dir` must be a path, a non-empty str. Received: run_dir=''"),
     ],
 )
 def test_each_check_names_what_it_expected_and_the_value_received(call, message):
@@ -60,6 +67,23 @@ def test_dropout_and_sequence_length_are_checked_alike_at_their_three_places():
     ):
         with pytest.raises(ValueError, match=re.escape(f"`{name}` must be an integer >= 2. Received: {name}=1")):
             make()
+
+
+def test_what_would_fail_later_is_refused_when_the_settings_are_made():
+    # SentencePiece's trainer fails inside (trainer_interface.cc) below 5 pieces, after TensorFlow has started;
+    # a run directory of None fails at its first use.
+    from elita_tf.training.evaluate_settings import EvaluateSettings
+    from elita_tf.training.settings import TrainSettings
+
+    for size in (1, 2, 4):
+        message = rf"^`vocabulary_size` must be an integer >= 5: .* Received: vocabulary_size={size}$"
+        with pytest.raises(ValueError, match=message):
+            TrainSettings("run", vocabulary_size=size)
+    assert TrainSettings("run", vocabulary_size=5).vocabulary_size == 5
+    with pytest.raises(ValueError, match=r"^`run_dir` must be a path, a non-empty str. Received: run_dir=None$"):
+        EvaluateSettings(None)
+    with pytest.raises(ValueError, match=r"Received: output_dir=None$"):
+        TrainSettings(None)
 
 
 def test_the_checks_import_without_tensorflow():

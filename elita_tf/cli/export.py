@@ -10,10 +10,14 @@ manifest): `keras_hub.upload_preset("kaggle://USER/MODEL/keras/VARIANT", "elita-
 functions are `ElitaCausalLM.save_to_preset`, `elita_tf.export.export_saved_model` and
 `elita_tf.export.export_litert`; their formats are described there. An `--output` that exists is
 written over only when it is empty or an earlier export of the same format: nothing else is lost.
+
+The exports are TensorFlow's, and a run of any Keras backend loads there: the command runs Keras
+on TensorFlow whatever `KERAS_BACKEND` says.
 """
 
 import json
 import os
+import subprocess
 import sys
 
 # Only modules without TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
@@ -65,7 +69,31 @@ def check_output(path, format):
     )
 
 
+def _run_on_tensorflow(argv):
+    """None once Keras will run on TensorFlow here, else the exit status of this command run again where it does.
+
+    Keras reads `KERAS_BACKEND` once, at its import: before it, setting it
+    is enough; after it (a caller that imported Keras on JAX, say), the
+    command runs in a process of its own.
+    """
+    if "keras" not in sys.modules:
+        os.environ["KERAS_BACKEND"] = "tensorflow"
+        return None
+    import keras
+
+    if keras.config.backend() == "tensorflow":
+        return None
+    argv = sys.argv[1:] if argv is None else list(argv)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this elita_tf's
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-m", "elita_tf.cli.export", *argv], env=env).returncode
+
+
 def main(argv=None):
+    status = _run_on_tensorflow(argv)
+    if status is not None:
+        return status
     parser = ArgumentParser(prog="elita-export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", required=True, help="an elita-train output directory")
     parser.add_argument("--output", required=True, help="the directory (preset, SavedModel) or .tflite file to write")

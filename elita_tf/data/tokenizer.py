@@ -8,6 +8,8 @@ import numpy as np
 import sentencepiece
 import tensorflow as tf
 
+from elita_tf.checks import MIN_BYTE_FALLBACK_VOCABULARY, check_byte_fallback_vocabulary, check_vocabulary_size
+
 # SentencePiece's trainer skips a sentence longer than this many UTF-8 bytes (its own default,
 # `max_sentence_length`); longer lines are cut into pieces for it (`cut_long_line`).
 MAX_SENTENCE_BYTES = 4192
@@ -17,8 +19,6 @@ BYTE_PIECES = 256  # byte fallback's <0x00> ... <0xFF>
 # (SentencePiece's advice for languages with rich character sets), at most half the vocabulary's
 # other pieces; the rarest ones are spelled in bytes.
 FALLBACK_COVERAGE = 0.9995
-# The special and byte pieces, a character and a longer piece.
-MIN_BYTE_FALLBACK_VOCABULARY = SPECIAL_PIECES + BYTE_PIECES + 2
 
 
 def cut_long_line(line, max_bytes=MAX_SENTENCE_BYTES):
@@ -113,14 +113,19 @@ def common_characters_only(text, vocabulary_size):
     return [line.translate(spaces) for line in text]
 
 
-def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=0):
+def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=0, byte_fallback=False):
     """Trains a SentencePiece model on an iterable of text lines.
 
     Every character of the text gets a piece of its own when the vocabulary holds them all with the
-    special pieces. When it does not, the tokenizer falls back on bytes (SentencePiece's
-    `byte_fallback`, as Llama's and Gemma's tokenizers): it keeps the commonest characters
-    (`common_characters_only`) and spells any other in its UTF-8 byte pieces, never `<unk>`, so
-    every text decodes back whole. That needs `MIN_BYTE_FALLBACK_VOCABULARY` pieces.
+    special pieces; a character the text never had is then `<unk>` (id 0, decoded as " ⁇ "). With
+    `byte_fallback`, or when the vocabulary cannot hold every character, the tokenizer falls back
+    on bytes (SentencePiece's `byte_fallback`, as Llama's and Gemma's tokenizers): it keeps the
+    commonest characters (`common_characters_only`) and spells any other in its UTF-8 byte pieces,
+    never `<unk>`. That needs `MIN_BYTE_FALLBACK_VOCABULARY` pieces.
+
+    Either way a text decodes back as SentencePiece normalises it (its `nmt_nfkc` rule), not always
+    byte for byte: NFKC forms are folded (`ﬁ` to `fi`), zero-width characters dropped, tabs and
+    line breaks made spaces, runs of spaces made one, and spaces at either end removed.
 
     A line longer than SentencePiece takes (`MAX_SENTENCE_BYTES`) is cut into pieces it takes
     (`cut_long_line`) for training the tokenizer, which then tokenizes it whole like any other.
@@ -130,32 +135,39 @@ def train_sentencepiece(lines, vocabulary_size=5000, model_type="unigram", seed=
         vocabulary_size: int. Pieces in the vocabulary. Defaults to `5000`.
         model_type: `"unigram"` or `"bpe"`. Defaults to `"unigram"`.
         seed: int. Fixes SentencePiece's sampling, for reproducible vocabularies.
+        byte_fallback: bool. Byte pieces whatever the vocabulary holds. Defaults to `False`: only
+            when the vocabulary cannot hold every character.
 
     Returns:
         The serialized model proto (`bytes`): save it with the run, pass it to
         `ElitaTokenizer(proto=...)`.
 
     Raises:
-        ValueError: the corpus is empty, too small for `vocabulary_size` (with the
-            largest size it allows), or has more distinct characters than
+        ValueError: `vocabulary_size` is below the smallest SentencePiece trains
+            (`elita_tf.checks.check_vocabulary_size`), the corpus is empty, too small
+            for `vocabulary_size` (with the largest size it allows), or has more distinct characters than
             `vocabulary_size` holds and too few pieces for byte fallback (with the
-            smallest size that works).
+            smallest size that works), or `byte_fallback` with fewer pieces than it needs.
     """
+    check_vocabulary_size("vocabulary_size", vocabulary_size)
     text = [line.decode("utf-8") if isinstance(line, bytes) else line for line in lines]
     text = [piece for line in text if line.strip() for piece in cut_long_line(line)]
     if not text:
         raise ValueError("Cannot train a SentencePiece model: the corpus is empty.")
-    try:
-        return _train(text, vocabulary_size, model_type, seed)
-    except RuntimeError as error:
-        # SentencePiece's own words: "... smaller than required_chars. 10 vs 16." (the characters and
-        # the special pieces) and "... <= 17."
-        too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
-        if too_small is None:
-            _check_not_too_large(error, vocabulary_size)
-            raise
-        every_character = int(too_small.group(1))
-    if vocabulary_size < MIN_BYTE_FALLBACK_VOCABULARY:
+    if byte_fallback:
+        check_byte_fallback_vocabulary("vocabulary_size", vocabulary_size)
+    if not byte_fallback:
+        try:
+            return _train(text, vocabulary_size, model_type, seed)
+        except RuntimeError as error:
+            # SentencePiece's own words: "... smaller than required_chars. 10 vs 16." (the characters and
+            # the special pieces) and "... <= 17."
+            too_small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(error))
+            if too_small is None:
+                _check_not_too_large(error, vocabulary_size)
+                raise
+            every_character = int(too_small.group(1))
+    if vocabulary_size < MIN_BYTE_FALLBACK_VOCABULARY:  # the vocabulary holds neither every character nor bytes
         raise ValueError(
             f"A vocabulary of {vocabulary_size} pieces cannot hold every character of the corpus with the special "
             f"pieces ({every_character} pieces), nor the {BYTE_PIECES} byte pieces that spell rare characters "

@@ -23,7 +23,7 @@ import time
 from elita_tf.models import ARCHITECTURES
 from elita_tf.settings_fields import check_field
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
-from elita_tf.training.run_directory import RESULTS_FILE, manifest_differences, read_results
+from elita_tf.training.run_directory import RESULTS_FILE, manifest_differences, read_results, results_json
 from elita_tf.training.settings import TrainSettings, fields_marked, train_settings
 
 # Settings that change nothing a comparison reports: a finished run trained with others is still the same run.
@@ -210,7 +210,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
     for name, dirs in runs.items():
         summary[name]["runs"] = {os.path.basename(d): read_run(d)[1] for d in dirs}
     with open(os.path.join(output_dir, RESULTS_FILE), "w") as f:
-        json.dump(summary, f, indent=2)
+        f.write(results_json(summary))
     print(table)
     print(f"Plot: {plot_path}")
     return runs

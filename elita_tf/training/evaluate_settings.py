@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from elita_tf.checks import check_integer, check_sequence_length, fail
+from elita_tf.checks import check_integer, check_path, check_sequence_length, fail
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import SPLITS
 from elita_tf.export.settings import QUANTIZATIONS
@@ -31,7 +31,9 @@ class EvaluateSettings:
     ValueError: A LiteRT file carries its own quantization: pass `litert` or `quantize`. Received: quantize='int8'
     """
 
-    run_dir: str = setting(help="A finished elita-train run directory (its `run.json` says how it was cut).")
+    run_dir: str = setting(
+        help="A finished elita-train run directory (its `run.json` says how it was cut).", check=check_path
+    )
     split: str = setting("test", "Which split of the data to score.", choices=SPLITS)
     corpus: CorpusSettings = setting(
         None, "Other text to score instead of the run's own (`CorpusSettings`; its fields are flags of their "

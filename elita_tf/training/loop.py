@@ -63,6 +63,7 @@ from elita_tf.training.run_directory import (
     check_writable,
     preset_of,
     read_results,
+    results_json,
     write_atomically,
 )
 from elita_tf.training.settings import fields_marked
@@ -269,16 +270,40 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     elif stored:  # no step timed here (evaluated again, or one step resumed): the run's earlier figure stands
         results.update({key: stored[key] for key in ("step_time_s", "tokens_per_s") if key in stored})
     results["peak_memory_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if tf.config.list_logical_devices("GPU"):  # the accelerator's own peak, beside the host's
-        results["peak_gpu_memory_mib"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    gpu_peak = accelerator_peak_mib(keras.backend.backend())
+    if gpu_peak is not None:  # the accelerator's own peak, beside the host's
+        results["peak_gpu_memory_mib"] = gpu_peak
     # A figure taken while other work shared the cores says so here.
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
-    write_atomically(run_dir.file(RESULTS_FILE), json.dumps(results, indent=2))
+    write_atomically(run_dir.file(RESULTS_FILE), results_json(results))
     if chief:
         _save_preset(model, prepared.preprocessor, settings, run_dir)
         _print_results(settings, run_dir)
     return results
+
+
+def accelerator_peak_mib(backend):
+    """The most memory Keras' `backend` held on its accelerator so far, in MiB; None on a CPU.
+
+    Each backend's own allocator: JAX's first device, PyTorch's CUDA
+    allocator, TensorFlow's GPU:0. On JAX or PyTorch, TensorFlow's GPU holds
+    the data pipeline's tensors only, not the model's. A TensorFlow run
+    imports neither JAX nor PyTorch.
+    """
+    if backend == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        peak = None if device.platform == "cpu" else (device.memory_stats() or {}).get("peak_bytes_in_use")
+    elif backend == "torch":
+        import torch
+
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    else:
+        on_gpu = tf.config.list_logical_devices("GPU")
+        peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if on_gpu else None
+    return None if peak is None else peak / 2**20
 
 
 def _evaluated_as(results, total, settings):

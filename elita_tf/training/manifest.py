@@ -56,6 +56,8 @@ def upgrade_manifest(manifest):
     """A manifest written by an older elita-tf, in today's names (the model's and the corpus settings')."""
     manifest = dict(manifest)
     manifest.setdefault("keras_backend", "tensorflow")  # every run before JAX and PyTorch trained on TensorFlow
+    if "training" in manifest:  # a run before the setting had byte pieces only where characters did not fit
+        manifest["training"] = {"byte_fallback": False, **manifest["training"]}
     if "model" in manifest:
         manifest["model"] = upgrade_config(manifest["model"])
     data = manifest.get("data")

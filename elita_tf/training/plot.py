@@ -38,7 +38,7 @@ def _as_list(run_dirs):
 
 
 def _mean_sd(values):
-    values = [v for v in values if v == v]  # NaN: a figure the run did not record
+    values = [v for v in values if v is not None and v == v]  # None, NaN: a figure the run did not record
     if not values:
         return float("nan"), float("nan")
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -132,8 +132,25 @@ def summarize(runs):
     return summary
 
 
+# The line under a table with a step time of n/a (`StepLog` times the steps).
+UNTIMED = (
+    "n/a: not recorded. The step time leaves out the first step of each epoch, which traces the model: a run "
+    "of one step an epoch has none."
+)
+
+
+def _cell(entry, metric, fmt):
+    mean, sd = entry["mean"][metric], entry["sd"][metric]
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:{fmt}}" + (f" ± {sd:{fmt}}" if len(entry["seeds"]) > 1 else "")
+
+
 def results_table(runs):
     """A markdown table of the runs' results: mean ± sample standard deviation over each model's seeds.
+
+    A figure no run of a model recorded is "n/a"; a step time, with a line
+    under the table that says why (`UNTIMED`).
 
     Args:
         runs: `{label: run_dir}` or `{label: [run_dir, ...]}`.
@@ -148,11 +165,7 @@ def results_table(runs):
         header += " peak GPU memory (MiB) |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for label, entry in summary.items():
-        several = len(entry["seeds"]) > 1
-        cells = [
-            f"{entry['mean'][metric]:{fmt}}" + (f" ± {entry['sd'][metric]:{fmt}}" if several else "")
-            for metric, fmt in formats
-        ]
+        cells = [_cell(entry, metric, fmt) for metric, fmt in formats]
         seeds = ", ".join(str(seed) for seed in entry["seeds"])
         without = entry["params_without_embeddings"]
         lines.append(
@@ -160,4 +173,5 @@ def results_table(runs):
             + " | ".join(cells)
             + " |"
         )
-    return "\n".join(lines) + "\n"
+    untimed = any(math.isnan(entry["mean"]["step_time_s"]) for entry in summary.values())
+    return "\n".join(lines) + "\n" + (f"\n{UNTIMED}\n" if untimed else "")

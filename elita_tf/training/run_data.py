@@ -89,7 +89,9 @@ def prepare_run(settings, run_dir, splits, data):
         proto = preset_tokenizer(reused)
     elif stored is None:
         text = sample_text(splits["train"], settings.tokenizer_sample_bytes, seed=settings.seed)
-        proto = train_sentencepiece(text, vocabulary_size=settings.vocabulary_size, seed=settings.seed)
+        proto = train_sentencepiece(
+            text, vocabulary_size=settings.vocabulary_size, seed=settings.seed, byte_fallback=settings.byte_fallback
+        )
     else:
         proto = open(tokenizer_path, "rb").read() if os.path.exists(tokenizer_path) else b""
         if sha256(proto) != stored["tokenizer_sha256"]:

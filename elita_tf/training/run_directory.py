@@ -26,6 +26,7 @@ TensorFlow loads only in the functions that build a model: the names serve the c
 
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -265,6 +266,25 @@ def read_manifest(run_path, upgrade=True):
     with open(path) as f:
         manifest = json.load(f)
     return upgrade_manifest(manifest) if upgrade else manifest
+
+
+def results_json(results):
+    """`results` (dicts, lists, numbers, strings) as JSON text, each number that is not finite as null.
+
+    NaN and infinities are not JSON: Python writes them, and strict readers
+    (JavaScript's, `jq`) refuse the file. Null is a figure not recorded.
+    """
+
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(item) for item in value]
+        return value
+
+    return json.dumps(finite(results), indent=2, allow_nan=False)
 
 
 def read_results(run_path):

@@ -3,7 +3,8 @@
 import dataclasses
 import functools
 
-from elita_tf.checks import INT64_MAX, SEED_MAX, check_choice, check_dropout, check_integer, check_sequence_length, fail
+from elita_tf.checks import INT64_MAX, SEED_MAX, check_choice, check_dropout, check_integer, check_path, fail
+from elita_tf.checks import check_byte_fallback_vocabulary, check_sequence_length, check_vocabulary_size
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.text_files import data_kind
 from elita_tf.layers.options import POSITION_MODES
@@ -46,6 +47,7 @@ class TrainSettings:
     output_dir: str = setting(
         help="The run directory: its checkpoints, logs, results and final preset (`RunDirectory`). A run "
         "already there resumes.",
+        check=check_path,
         local=True,
     )
     architecture: str = setting(
@@ -65,6 +67,12 @@ class TrainSettings:
         None, "Reuse the SentencePiece model of a finished run directory or keras-hub preset instead of training "
         "one; the vocabulary size is the tokenizer's (`tokenizer_from_settings`).",
     )
+    byte_fallback: bool = setting(
+        False, "SentencePiece spells a character it has no piece for in UTF-8 byte pieces (as Llama's and "
+        "Gemma's tokenizers), so that no text, a prompt's new characters included, becomes `<unk>`; needs a "
+        "vocabulary of 261 pieces or more. Without it, byte pieces are there only where the vocabulary cannot "
+        "hold every character of the train text.", run=True,
+    )
     size: str = setting(
         "seed", "The model's width, depth and heads: a key of `elita_tf.models.MODEL_SIZES` (\"seed\", about 1M "
         "parameters; \"25m\"; \"100m\"). `hidden_dim`, `num_layers`, `num_heads` and `head_dim` override it.",
@@ -72,7 +80,7 @@ class TrainSettings:
     )
     vocabulary_size: int = setting(
         5000, "SentencePiece pieces: the tokenizer's vocabulary, and the model's (`ElitaBackbone`'s "
-        "vocabulary_size).", check=check_integer, model="vocabulary_size",
+        "vocabulary_size).", check=check_vocabulary_size, model="vocabulary_size",
     )
     sequence_length: int = setting(
         DEFAULT_SEQUENCE_LENGTH, "Tokens in a training example (`T`, at least 2); also the model's "
@@ -170,6 +178,8 @@ class TrainSettings:
                 f"`position_mode` sets the positions of ELiTA blocks, and architecture {self.architecture!r} has "
                 f"none. Received: position_mode={self.position_mode!r}"
             )
+        if self.byte_fallback:
+            check_byte_fallback_vocabulary("vocabulary_size", self.vocabulary_size)
         if self.lora_rank is not None and self.init_from is None:
             fail("lora_rank", self.lora_rank, "None without init_from: LoRA adapts a trained model")
         if self.tokenizer_from is not None and self.init_from is not None:

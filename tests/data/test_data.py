@@ -101,6 +101,15 @@ def test_a_small_vocabulary_spells_rare_characters_in_bytes():
         train_sentencepiece(["α β γ δ ε ζ η θ ι κ λ μ ν ξ ο π ρ σ τ υ"] * 30, vocabulary_size=10)
 
 
+def test_the_smallest_vocabulary_sentencepiece_trains_and_one_below_it():
+    # Its 3 special pieces, the word boundary and the one character of the text.
+    proto = train_sentencepiece(["a a a"] * 20, vocabulary_size=5)
+    assert sentencepiece.SentencePieceProcessor(model_proto=proto).get_piece_size() == 5
+    for size in (1, 2, 4):  # SentencePiece's own error for 1 and 2 is a RuntimeError from inside its trainer
+        with pytest.raises(ValueError, match=rf"must be an integer >= 5: .* Received: vocabulary_size={size}$"):
+            train_sentencepiece(["a a a"] * 20, vocabulary_size=size)
+
+
 def test_vocabulary_too_large_and_empty_corpus():
     with pytest.raises(ValueError, match="too small for a vocabulary of 100000 pieces: use at most"):
         train_sentencepiece(["the cat sees the dog ."] * 50, vocabulary_size=100000)

@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import keras
 import keras_hub
@@ -177,7 +178,7 @@ def test_a_byte_fallback_tokenizer_serves_rare_characters(tmp_path):
     np.testing.assert_array_equal(out["token_ids"], _greedy_ids(causal_lm, proto, prompts, 5))
 
 
-def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):
+def test_export_cli_from_a_run_directory_under_any_keras_backend(proto, tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     save_checkpoint(ElitaCausalLM(ElitaBackbone.from_architecture("elita", vocabulary_size=40, **SIZE)), str(run), 1)
@@ -186,10 +187,14 @@ def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):
         export_main(["--run-dir", str(run), "--output", str(tmp_path / "out")])
     assert "sentencepiece.model" in capsys.readouterr().err
     (run / "sentencepiece.model").write_bytes(proto)
-    assert export_main(["--run-dir", str(run), "--output", str(tmp_path / "out"), "--max-new-tokens", "8"]) == 0
+    # The exports are TensorFlow's: under KERAS_BACKEND=torch the command runs Keras on TensorFlow all the same.
+    command = [sys.executable, "-m", "elita_tf.cli.export", "--run-dir", str(run), "--output", str(tmp_path / "out")]
+    torch = {**os.environ, "KERAS_BACKEND": "torch"}
+    done = subprocess.run([*command, "--max-new-tokens", "8"], capture_output=True, text=True, env=torch)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert os.path.exists(tmp_path / "out" / "saved_model.pb")
     # The summary says how to load it (its tokenizer's ops) and the cap it was given.
-    printed = capsys.readouterr().out
+    printed = done.stdout
     assert "load_saved_model" in printed and "import tensorflow_text" in printed and "at most 8 new tokens" in printed
     generate = load_saved_model(str(tmp_path / "out")).signatures["generate"]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"at most 8, the cap"):
@@ -199,6 +204,24 @@ def test_export_cli_from_a_run_directory(proto, tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "preset")) == PRESET_FILES
     loaded = keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))
     assert isinstance(loaded, ElitaCausalLM) and loaded.preprocessor.sequence_length == 16
+
+
+def test_export_cli_called_where_keras_runs_on_another_backend_runs_again_on_tensorflow(monkeypatch):
+    # Keras imported already, on another backend: the command runs as it was called, in a process of its own.
+    from elita_tf.cli import export as export_cli
+
+    calls = []
+
+    def run(command, env):
+        calls.append((command, env))
+        return types.SimpleNamespace(returncode=3)
+
+    monkeypatch.setattr(keras.config, "backend", lambda: "torch")
+    monkeypatch.setattr(subprocess, "run", run)
+    assert export_cli.main(["--run-dir", "run", "--output", "out"]) == 3
+    [(command, env)] = calls
+    assert command == [sys.executable, "-m", "elita_tf.cli.export", "--run-dir", "run", "--output", "out"]
+    assert env["KERAS_BACKEND"] == "tensorflow"
 
 
 # One rounding step of each compute dtype (its machine epsilon).

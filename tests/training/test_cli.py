@@ -323,3 +323,26 @@ def test_tfds_dir_with_text_files_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--output-dir", str(tmp_path / "run"), "--data", str(tmp_path / "notes.txt"), "--tfds-dir", "t"])
     assert "leave --tfds-dir out. Received: tfds_dir='t'" in capsys.readouterr().err
+
+
+def test_a_run_records_the_accelerator_peak_of_its_own_backend(monkeypatch):
+    import types
+
+    import tensorflow as tf
+
+    from elita_tf.training.loop import accelerator_peak_mib
+
+    # JAX's and PyTorch's own allocators, as on a GPU, then on a CPU, where there is none to report.
+    jax_device = types.SimpleNamespace(platform="gpu", memory_stats=lambda: {"peak_bytes_in_use": 3 * 2**20})
+    cuda = types.SimpleNamespace(is_available=lambda: True, max_memory_allocated=lambda: 5 * 2**20)
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(devices=lambda: [jax_device]))
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert accelerator_peak_mib("jax") == 3.0 and accelerator_peak_mib("torch") == 5.0
+    jax_device.platform, cuda.is_available = "cpu", lambda: False
+    assert accelerator_peak_mib("jax") is None and accelerator_peak_mib("torch") is None
+    # TensorFlow's GPU:0, or none on a CPU; JAX and PyTorch are not imported for it (importing them fails here).
+    monkeypatch.setitem(sys.modules, "jax", None)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    on_gpu = bool(tf.config.list_logical_devices("GPU"))
+    want = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if on_gpu else None
+    assert accelerator_peak_mib("tensorflow") == want

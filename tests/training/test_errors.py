@@ -74,6 +74,15 @@ def test_tensorflow_starts_without_lines_a_user_cannot_act_on(tmp_path, command)
     assert done.stderr.startswith(f"elita-{command}: error: ") and done.stderr.count("\n") == 1, done.stderr
 
 
+# What TensorFlow writes when it cannot start (an unknown XLA flag, a broken CUDA set-up), and then exits.
+FATAL = "F0000 00:00:1796160691.296166    3914 parse_flags_from_env.cc:234] Unknown flag in TF_XLA_FLAGS: --bogus\n"
+# oneDNN's notice that it leaves int64 ops to Eigen, written at the first of them, long after start-up.
+ONEDNN = (
+    "E0000 00:00:1796160838.549872    5009 util.cc:131] oneDNN supports DT_INT64 only on platforms with AVX-512. "
+    "Falling back to the default Eigen-based implementation if present.\n"
+)
+
+
 def test_a_user_s_own_log_level_stays():
     from elita_tf.cli.quiet import without_noise
 
@@ -84,12 +93,52 @@ def test_a_user_s_own_log_level_stays():
         "E0000 00:00:1795833572.668231    6844 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error\n"
         "2024-05-01 10:00:00.123456: E external/cuda_driver.cc:282] failed call to cuInit: UNKNOWN ERROR (303)\n"
         "2024-05-01 10:00:00.123457: E external/cuda_fft.cc:467] Unable to register cuFFT factory: Attempting to\n"
-        "E0000 00:00:1795833572.668231    6844 gpu_device.cc:52] something else\n"
+        + ONEDNN
+        + "E0000 00:00:1795833572.668231    6844 gpu_device.cc:52] something else\n"
         "a line of Python's\n"
+        + FATAL
     )
     assert without_noise(start_up, 0) == start_up
-    assert without_noise(start_up, 2) == start_up.split("\n", 6)[-1]  # the older TensorFlow's lines too
-    assert without_noise(start_up, 3) == "a line of Python's\n"
+    assert without_noise(start_up, 2) == start_up.split("\n", 7)[-1]  # the older TensorFlow's lines too
+    assert without_noise(start_up, 3) == "a line of Python's\n" + FATAL  # a fatal line at any level
+
+
+def test_a_fatal_start_up_error_reaches_the_user(tmp_path):
+    # TensorFlow's fatal log ends the process as it writes: nothing of it may wait to be written back.
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    command = [sys.executable, "-m", "elita_tf.cli.evaluate", "--run-dir", str(tmp_path / "none")]
+    done = subprocess.run(command, capture_output=True, text=True, env={**env, "TF_XLA_FLAGS": "--bogus"})
+    assert done.returncode != 0 and "Unknown flag in TF_XLA_FLAGS: --bogus" in done.stderr, done
+
+
+def test_the_filter_copies_lines_through_as_they_come_and_all_it_holds_when_the_process_dies():
+    # No TensorFlow: the filter alone, and a process that exits without running Python's exit handlers.
+    script = (
+        "import os, sys\n"
+        "from elita_tf.cli.quiet import filter_stderr\n"
+        "filter_stderr()\n"
+        "for line in sys.argv[1:]:\n"
+        "    os.write(2, line.encode())\n"
+        "os._exit(1)\n"
+    )
+    noise = "I0000 00:00:1796160684.604682    3914 port.cc:153] oneDNN custom operations are on.\n"
+    lines = [noise, ONEDNN, "\rGenerating splits...:   0%|          | 0/3\r      \r", ONEDNN, FATAL, "half a line"]
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    done = subprocess.run([sys.executable, "-c", script, *lines], capture_output=True, env=env)
+    # A progress bar's line left at its start is no cover for a log line after it.
+    assert done.returncode == 1 and done.stderr.decode() == lines[2] + FATAL + "half a line", done
+
+
+def test_tensorflow_datasets_own_notice_of_our_wikitext_config_stays_out(caplog):
+    import logging
+
+    from elita_tf.cli.quiet import quiet_start_up
+
+    quiet_start_up()
+    absl = logging.getLogger("absl")
+    absl.warning("Using custom data configuration: %s", "WikitextConfig(name='wikitext-2-v1-local-bcee55ae')")
+    absl.warning("Another warning")
+    assert [record.getMessage() for record in caplog.records] == ["Another warning"]
 
 
 @pytest.mark.parametrize(
@@ -100,6 +149,8 @@ def test_a_user_s_own_log_level_stays():
         ("train", ["--output-dir", "run", "--strategy", "tpu"]),
         ("train", ["--output-dir", "run", "--epochs", "two"]),
         ("train", ["--output-dir", "run", "--batch-size", "0"]),
+        ("train", ["--output-dir", "run", "--vocabulary-size", "2"]),  # below what SentencePiece trains
+        ("train", ["--output-dir", "run", "--byte-fallback", "--vocabulary-size", "100"]),  # no room for its 256 bytes
         ("compare", ["--output-dir", "runs", "--no-such-flag"]),
         ("compare", ["--seeds", "0"]),
         ("compare", ["--output-dir", "runs", "--optimizer", "sgd"]),

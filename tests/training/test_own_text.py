@@ -23,6 +23,17 @@ def _train(out, *data):
     return train_main(["--output-dir", str(out), *SIZE, *data])
 
 
+def test_byte_fallback_gives_the_run_a_tokenizer_that_spells_any_character(tmp_path):
+    run = tmp_path / "run"
+    data = write_documents(tmp_path / "texts", 40, seed=0)
+    flags = ["--vocabulary-size", "300", "--byte-fallback", "--max-steps", "1", "--holdout-fraction", "0.15"]
+    assert train_main(["--output-dir", str(run), *TINY_RUN, *flags, "--data", data]) == 0
+    pieces = sentencepiece.SentencePieceProcessor(model_file=str(run / "sentencepiece.model"))
+    assert sum(pieces.is_byte(i) for i in range(pieces.get_piece_size())) == 256
+    assert pieces.unk_id() not in pieces.encode("The Quiet cat ж")  # a lower-case corpus: capitals in bytes
+    assert json.loads((run / "run.json").read_text())["training"]["byte_fallback"] is True
+
+
 def test_text_files_train_evaluate_and_generate_through_the_commands(tmp_path, capsys):
     train_glob = write_documents(tmp_path / "texts", 40, seed=0)
     other_glob = write_documents(tmp_path / "other", 6, seed=1)

@@ -61,3 +61,25 @@ def test_the_table_and_results_json_give_the_mean_and_the_sample_standard_deviat
     assert summary["elita"]["seeds"] == [0, 1, 2] and summary["transformer"]["sd"]["test_loss"] == 0.0
     assert summary["elita"]["runs"]["seed-2"]["test_loss"] == 4.3
     assert os.path.getsize(out / "ELiTA.png") > 10_000
+
+
+def test_a_figure_no_run_recorded_is_n_a_in_the_table_and_null_in_results_json(tmp_path):
+    # A run of one step times none (its first step, which traces the model, is left out), and a run on a CPU
+    # records no GPU peak.
+    out = tmp_path / "compare"
+    run = out / "elita" / "seed-0"
+    _fake_run(run, 0, 4.0)
+    results = json.loads((run / "results.json").read_text())
+    del results["step_time_s"], results["tokens_per_s"]
+    (run / "results.json").write_text(json.dumps(results))
+    compare(str(out), ["elita"], seeds=[0])
+    table = (out / "results.md").read_text()
+    assert "| elita | 0 | 926,000 | 286,000 | 4.0000 | 16.0 | 4.1000 | n/a | n/a | 3,000 |" in table, table
+    assert "nan" not in table and "the first step of each epoch" in table.split("\n\n", 1)[1]
+
+    def refuse(constant):  # what a strict JSON reader does with NaN
+        raise ValueError(f"not JSON: {constant}")
+
+    summary = json.loads((out / "results.json").read_text(), parse_constant=refuse)
+    assert summary["elita"]["mean"]["step_time_s"] is None and summary["elita"]["sd"]["tokens_per_s"] is None
+    assert summary["elita"]["mean"]["peak_gpu_memory_mib"] is None and summary["elita"]["mean"]["test_loss"] == 4.0
