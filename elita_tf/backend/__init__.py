@@ -17,6 +17,8 @@
     scan(step, init, xs)                  `jax.lax.scan`: `step(carry, x) -> (carry, y)` along axis 0 of the nest
                                           `xs`, one step at a time; returns the last carry and the stacked `y`s
     matmul(a, b, transpose_a=False, transpose_b=False)
+    no_gradient()                         a context in which nothing is recorded for a backward pass (PyTorch's
+                                          autograd records every op it is not told to leave out)
     segment_sum(data, segment_ids, num_segments)
     maximum(a, b), minimum(a, b)          in the inputs' dtype (Keras' PyTorch backend takes float64 to
                                           float32 in these); TensorFlow's transposes folded into the product
@@ -48,6 +50,7 @@ cumulative_logsumexp = _module.cumulative_logsumexp
 matmul = _module.matmul
 maximum = _module.maximum
 minimum = _module.minimum
+no_gradient = _module.no_gradient
 ordered = _module.ordered
 scan = _module.scan
 segment_sum = _module.segment_sum

@@ -1,5 +1,7 @@
 """The TensorFlow side of `elita_tf.backend`."""
 
+import contextlib
+
 import tensorflow as tf
 
 from elita_tf.private_apis import in_xla_context
@@ -87,3 +89,7 @@ def scan(step, init, xs):
 
 def segment_sum(data, segment_ids, num_segments):
     return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)
+
+
+def no_gradient():
+    return contextlib.nullcontext()

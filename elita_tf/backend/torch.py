@@ -78,3 +78,7 @@ def segment_sum(data, segment_ids, num_segments):
     """In `data`'s dtype (Keras' PyTorch `segment_sum` sums float64 in float32)."""
     total = torch.zeros((num_segments, *data.shape[1:]), dtype=data.dtype, device=data.device)
     return total.index_add(0, segment_ids.long(), data)
+
+
+def no_gradient():
+    return torch.no_grad()

@@ -1,13 +1,13 @@
-"""The checks of a layer's call, shared by the layers: inputs, masks, caches and token ids, in Keras' form.
+"""The checks of a layer's call, shared by the layers: inputs, masks and caches, in Keras' form.
 
 The checks of arguments (`num_heads`, `dropout`, `max_sequence_length`) are `elita_tf.checks`, shared
-with the settings and the architecture.
+with the settings and the architecture; those of token ids and labels, which the loss shares, are
+`elita_tf.ops.utils.token_ids`.
 """
 
 import weakref
 
 import keras
-import numpy as np
 from keras import ops
 
 from elita_tf import backend
@@ -144,59 +144,3 @@ def _check_cache(layer, cache, batch, static_batch):
                 ops.shape(tensor)[0], batch, f"Layer '{layer.name}': the cache's batch size differs from the inputs'"
             )
             batch_checked = True
-
-
-def check_integer_ids(token_ids, vocabulary_size, name="token_ids"):
-    """Token ids as a tensor; a float (or any non-integer) dtype is a `TypeError`, never a cast."""
-    token_ids = ops.convert_to_tensor(token_ids)
-    dtype = keras.backend.standardize_dtype(token_ids.dtype)
-    if "int" not in dtype:
-        raise TypeError(
-            f"Token ids must be integers in [0, {vocabulary_size}); float ids are refused, not rounded. "
-            f"Received: {name}.dtype={dtype}"
-        )
-    return token_ids
-
-
-def _known_values(x):
-    """`x` as a NumPy array where its values are known (eagerly), else None (traced: a TensorFlow graph, `jax.jit`,
-    Keras' symbolic build)."""
-    try:
-        return ops.convert_to_numpy(x)
-    except Exception:  # each backend refuses a traced tensor with its own error
-        return None
-
-
-def check_token_ids(token_ids, vocabulary_size, name="token_ids"):
-    """Token ids must be integers in `[0, vocabulary_size)`: floats are refused, never rounded.
-
-    Eagerly, an id out of range raises `ValueError` at once. In a TensorFlow
-    graph the check is an assertion on `O(B * T)` integer compares that fails
-    the step with the first offending ids and their positions. XLA drops
-    assertions, and `jax.jit` has none, so callers also mark what an
-    out-of-range id produces (see `TokenEmbedding`).
-
-    Returns:
-        `(token_ids, in_range)`: the ids (depending on the assertion in a
-        graph) and a bool tensor of their shape.
-    """
-    token_ids = check_integer_ids(token_ids, vocabulary_size, name)
-    in_range = ops.logical_and(token_ids >= 0, token_ids < ops.cast(vocabulary_size, token_ids.dtype))
-    message = f"Token ids must be in [0, vocabulary_size={vocabulary_size})."
-    values = _known_values(token_ids)
-    if values is not None:
-        outside = np.argwhere((values < 0) | (values >= vocabulary_size))
-        if len(outside):
-            first = tuple(int(i) for i in outside[0])
-            raise ValueError(f"{message} Received: {name}[{', '.join(map(str, first))}]={int(values[first])}")
-        return token_ids, in_range
-
-    def report():
-        # Computed only when an id is out of range: the offending ids and their positions.
-        outside = ops.logical_not(in_range)
-        positions = ops.stack(ops.nonzero(outside), axis=1)[:3]
-        ids = ops.take(ops.reshape(token_ids, [-1]), ops.nonzero(ops.reshape(outside, [-1]))[0][:3])
-        return [f"Received: {name} =", ids, "at", positions]
-
-    checked = backend.check_all(in_range, message, report)
-    return backend.ordered([checked], lambda: ops.copy(token_ids)), in_range

@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from elita_tf.layers.checks import check_token_ids
+from elita_tf.ops.utils.token_ids import check_token_ids
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")

@@ -22,7 +22,6 @@ import inspect
 import keras
 import keras_hub
 
-from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models import lora
 from elita_tf.models.architectures import (
     ARGUMENT_CHECKS,
@@ -41,6 +40,7 @@ from elita_tf.models.presets import check_preset, saved_mixed_precision
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
 from elita_tf.ops.utils.positions import real_extent
+from elita_tf.ops.utils.token_ids import check_integer_ids
 from elita_tf.private_apis import in_symbolic_scope
 from elita_tf.renames import accepts_renamed_arguments
 

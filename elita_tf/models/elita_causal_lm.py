@@ -1,15 +1,18 @@
 """`ElitaCausalLM`: the one model that trains, evaluates, generates and exports (keras-hub's `CausalLM`)."""
 
+import contextlib
+import warnings
+
 import keras
 import keras_hub
 from keras import ops
 
 from elita_tf import backend
-from elita_tf.layers.checks import check_integer_ids
 from elita_tf.models.chunked_loss_training import ChunkedLossTraining, padding_mask_of
 from elita_tf.models.elita_backbone import ElitaBackbone
 from elita_tf.models.elita_causal_lm_preprocessor import ElitaCausalLMPreprocessor
 from elita_tf.models.presets import check_preset, saved_mixed_precision
+from elita_tf.ops.utils.token_ids import check_integer_ids, check_token_ids
 from elita_tf.private_apis import in_symbolic_scope
 
 
@@ -20,6 +23,20 @@ def _check_max_length(max_length, limit):
             f"`max_length` {max_length} exceeds the {limit} positions this model's position table or decoding "
             f"buffers hold (its max_sequence_length): generate at most {limit}. Received: max_length={max_length}"
         )
+
+
+def _warn_of_unknown_characters(tokenizer, prompts, ids):
+    """Warns, naming them, of the prompts' characters that the tokenizer turns into `<unk>` (its ids `ids`)."""
+    unknown = tokenizer.token_to_id("<unk>")
+    if not hasattr(tokenizer, "unknown_characters") or not any(unknown in row for row in ids):
+        return
+    characters = tokenizer.unknown_characters(prompts)
+    warnings.warn(
+        f"The prompt's characters {', '.join(map(repr, characters))} are not in the tokenizer's vocabulary: the "
+        "model reads each as <unk>, and the text shows ' ⁇ ' in its place. A tokenizer with byte pieces spells any "
+        "character (elita-train --byte-fallback).",
+        stacklevel=3,
+    )
 
 
 @keras.saving.register_keras_serializable(package="elita_tf")
@@ -99,8 +116,8 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
 
         Raises:
             ValueError: for a model that cannot decode (`position_mode="length"`), no prompts, a
-                `max_length` below 1 or past the positions the model holds, or (with a preprocessor) a
-                prompt that leaves no room for a new token.
+                prompt id outside the vocabulary, a `max_length` below 1 or past the positions the model
+                holds, or (with a preprocessor) a prompt that leaves no room for a new token.
         """
         self.backbone.check_decodes()  # here, not in the traced step, whose error Keras wraps in its frames
         if isinstance(inputs, bytes):
@@ -119,6 +136,7 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
             # keras-hub's preprocessor would cut a longer prompt to `max_length` without a word.
             ids = self.preprocessor.tokenizer(prompts)
             ids = ids.to_list() if hasattr(ids, "to_list") else ids
+            _warn_of_unknown_characters(self.preprocessor.tokenizer, prompts, ids)
             longest = max(len(row) for row in ids) + 1  # with the start token
             if limit is not None and longest >= limit:
                 raise ValueError(
@@ -135,8 +153,12 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
                     f"`max_length` counts the prompt's tokens too: the longest prompt holds {longest} (with the "
                     f"start token), which leaves no room for a new token. Received: max_length={max_length}"
                 )
-        if self.preprocessor is None and isinstance(inputs, dict) and "token_ids" in inputs:
-            max_length = ops.shape(inputs["token_ids"])[-1]  # padded prompts: their width is the length
+        if isinstance(inputs, dict) and "token_ids" in inputs:
+            # A prompt's values are always known here; inside the compiled step (`jax.jit`) a bad id would only
+            # embed to NaN, which the sampler's argmax reads as token 0.
+            check_token_ids(inputs["token_ids"], self.backbone.vocabulary_size)
+            if self.preprocessor is None:
+                max_length = ops.shape(inputs["token_ids"])[-1]  # padded prompts: their width is the length
         if max_length is not None:
             _check_max_length(max_length, limit)
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
@@ -185,10 +207,13 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
         if padding_mask is not None:
             padding_mask = ops.cast(padding_mask, "bool")
         backbone = self.backbone
-        hidden = backbone.hidden_states(token_ids, padding_mask, intercept=layer_intercept_fn)
-        if scoring_mode == "logits":
-            return backbone.logits(hidden)
-        return backbone.token_losses(hidden, target_ids)
+        # Scores are values, not the start of a backward pass (PyTorch would keep the whole graph for one), unless
+        # `layer_intercept_fn` is there to take gradients.
+        with backend.no_gradient() if layer_intercept_fn is None else contextlib.nullcontext():
+            hidden = backbone.hidden_states(token_ids, padding_mask, intercept=layer_intercept_fn)
+            if scoring_mode == "logits":
+                return backbone.logits(hidden)
+            return backbone.token_losses(hidden, target_ids)
 
     def _score_text(self, texts, padding_mask, scoring_mode, layer_intercept_fn, target_ids):
         if self.preprocessor is None:

@@ -25,3 +25,23 @@ class ElitaTokenizer(keras_hub.tokenizers.SentencePieceTokenizer):
         self._add_special_token("</s>", "end_token")
         self.pad_token_id = 0
         super().__init__(proto=proto, **kwargs)
+
+    def unknown_characters(self, texts):
+        """The characters of `texts` that the vocabulary cannot spell: each becomes `<unk>`, decoded as " ⁇ ".
+
+        A tokenizer with byte pieces (`train_sentencepiece(byte_fallback=True)`) spells every
+        character and returns none. Characters that SentencePiece's normalisation removes or folds
+        into known ones are not listed.
+
+        Args:
+            texts: a list of `str`.
+
+        Returns:
+            list of `str`, the characters in their order of first appearance.
+        """
+        characters = list(dict.fromkeys("".join(texts)))
+        unknown = self.token_to_id("<unk>")
+        ids = self(characters) if characters else []
+        ids = ids.to_list() if hasattr(ids, "to_list") else ids
+        return [char for char, row in zip(characters, ids) if unknown in row]
+

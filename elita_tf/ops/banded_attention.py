@@ -46,6 +46,7 @@ from keras import ops
 from elita_tf import backend
 from elita_tf.ops.utils.documents import document_positions
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype, dtype_of
+from elita_tf.ops.utils.nonfinite import nan_rows
 from elita_tf.ops.utils.positions import gather_rows, pad_axis, real_extent, window_after, write_positions
 from elita_tf.renames import accepts_renamed_arguments
 
@@ -311,6 +312,7 @@ def banded_attention(
             buffer_keys = write_positions(buffer_keys, keys, index, axis=2)
             buffer_values = write_positions(buffer_values, values, index, axis=2)
             buffer_valid = write_positions(buffer_valid, valid, index, axis=1)
+            buffer_values = nan_rows(index + length > slots, buffer_values)  # where no check runs: NaN, not a guess
         out = dense_attention(
             queries,
             buffer_keys,

@@ -9,6 +9,7 @@ from keras import ops
 
 from elita_tf import backend
 from elita_tf.ops.banded_attention import check_window, dense_attention, prepare_inputs
+from elita_tf.ops.utils.nonfinite import nan_rows
 from elita_tf.ops.utils.positions import write_positions
 
 
@@ -41,6 +42,7 @@ def banded_attention_step(state, query, key, value, window=None, slope=0.0, hype
         keys = write_positions(keys, key, index, axis=2)
         values = write_positions(values, value, index, axis=2)
         slot_valid = write_positions(slot_valid, valid, index, axis=1)
+        values = nan_rows(index + 1 > ops.shape(keys)[2], values)  # where no check runs: NaN, not a guess
         slots = ops.shape(keys)[2]
         key_pos = ops.broadcast_to(ops.arange(slots, dtype="int32")[None, :], (batch, slots))
         out = dense_attention(query, keys, values, slot_valid, index[:, None], key_pos, None, slope, hyper, scale)

@@ -42,8 +42,10 @@ from keras import ops
 from elita_tf import backend
 from elita_tf.ops.utils.dtypes import accumulator_dtype, dtype_of
 from elita_tf.ops.utils.positions import gather_rows
+from elita_tf.ops.utils.token_ids import check_token_ids
 
 CROSS_ENTROPY_CHUNK_SIZE = 512
+_IGNORING_A_POSITION = "To leave a position out of the loss, give it a sample_weight of 0 (not a label of -100)."
 
 
 def _token_loss(logits, probs, labels):
@@ -174,7 +176,11 @@ def chunked_cross_entropy(
     Args:
         hidden: float `[..., d]`, the final hidden states.
         kernel: float `[d, V]`, the output layer (a tied embedding's transpose).
-        labels: int `[...]`, the target ids in `[0, V)`.
+        labels: int `[...]`, the target ids in `[0, V)`. An id outside is an
+            error where the labels' values are known (eagerly; in a TensorFlow
+            graph, an assertion), and a NaN loss where no check runs (XLA,
+            `jax.jit`). Another library's "ignore" label (-100, -1) is not one
+            here: a `sample_weight` of 0 leaves a position out.
         bias: optional float `[V]`.
         scale: float. Multiplies the logits (a tied head's `1/sqrt(d)`). Defaults to `1.0`.
         chunk_size: int. Tokens per chunk `C`: the peak holds `C x V` logits.
@@ -214,7 +220,12 @@ def chunked_cross_entropy(
     if sample_weight is not None:
         sample_weight = ops.broadcast_to(ops.cast(sample_weight, dtype), out_shape)
     hidden = ops.reshape(ops.cast(hidden, dtype), [-1, width])
-    labels = ops.reshape(ops.cast(labels, "int32"), [-1])
+    labels, in_range = check_token_ids(
+        ops.cast(labels, "int32"), vocab_size, "labels", "Labels", _IGNORING_A_POSITION
+    )
+    # Where no check ran, an id out of range is read as 0, and its loss is NaN.
+    in_range = ops.reshape(in_range, [-1])
+    labels = ops.where(in_range, ops.reshape(labels, [-1]), 0)
     count = ops.shape(labels)[0]
     pad = (-count) % chunk_size  # padded tokens get a zero upstream gradient: they add nothing
 
@@ -232,9 +243,11 @@ def chunked_cross_entropy(
         scale = None if scale == 1 else ops.convert_to_tensor(scale, dtype)
     kernel = ops.cast(kernel, dtype)
     hidden, labels = chunks(hidden), chunks(labels)
+    nan = ops.convert_to_tensor(float("nan"), dtype)
     if reduction == "sum":
         weights = valid if sample_weight is None else valid * chunks(ops.reshape(sample_weight, [-1]))
-        return _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale)
+        return ops.where(ops.all(in_range), _chunked_loss(hidden, kernel, bias, labels, valid, weights, scale), nan)
     losses = _chunked_loss(hidden, kernel, bias, labels, valid, None, scale)
-    losses = ops.reshape(ops.reshape(losses, [-1])[:count], out_shape)
+    losses = ops.where(in_range, ops.reshape(losses, [-1])[:count], nan)
+    losses = ops.reshape(losses, out_shape)
     return losses if sample_weight is None else losses * sample_weight

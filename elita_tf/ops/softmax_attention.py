@@ -15,6 +15,7 @@ from keras import ops
 
 from elita_tf import backend
 from elita_tf.ops.utils.dtypes import accumulator_dtype, dtype_of
+from elita_tf.ops.utils.nonfinite import nan_rows
 from elita_tf.ops.utils.positions import real_extent, write_positions
 
 KV_CACHE_NAMES = ("key", "value", "valid", "position")
@@ -58,6 +59,9 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         write_positions(buffer, new, position, axis=1)
         for buffer, new in ((key_cache, key), (value_cache, value), (valid, new_valid))
     )
+    # Where that check cannot run (`jax.jit`, XLA), a row written past the buffer's end attends NaN values
+    # from then on, never the positions it kept.
+    value_cache = nan_rows(position + length > max_sequence_length, value_cache)
     query_position = position[:, None, None] + ops.arange(length, dtype="int32")[None, :, None]  # [B, T, 1]
     visible = ops.logical_and(
         (ops.arange(max_sequence_length, dtype="int32")[None, None, :] <= query_position)[:, None],
@@ -109,5 +113,8 @@ def softmax_attention(query, key, value, visible):
     scores = ops.einsum("bthd,bshd->bhts", ops.cast(query, acc), ops.cast(key, acc)) * scale
     # A tensor of `acc`: on PyTorch a Python float becomes float32, whose -inf makes a float64 row with no key NaN.
     scores = ops.where(visible, scores, ops.convert_to_tensor(np.finfo(acc).min, acc))
-    weights = ops.softmax(scores, axis=-1) * ops.cast(visible, acc)
+    if scores.shape[-1] == 1:  # one key: the softmax is 1 (NaN for a non-finite score), of which Keras warns
+        weights = ops.exp(scores - scores) * ops.cast(visible, acc)
+    else:
+        weights = ops.softmax(scores, axis=-1) * ops.cast(visible, acc)
     return ops.einsum("bhts,bshd->bthd", weights, ops.cast(value, acc))

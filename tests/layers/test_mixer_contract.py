@@ -344,6 +344,36 @@ def test_xla_compiles_the_forward_and_the_decoding_step(name):
     np.testing.assert_allclose(np.concatenate(outputs, 1), numpy(layer(x)), rtol=1e-4, atol=1e-4)
 
 
+# The mixers whose decoding state is a buffer of `max_sequence_length` positions, with a buffer of 8.
+BUFFERED = {
+    "causal_self_attention": lambda: CausalSelfAttention(2, head_dim=4, max_sequence_length=8),
+    "shaped": lambda: ShapedAttention(2, value_projection=True, max_sequence_length=8),
+    "3lin_wide": lambda: TriLinearAttention(
+        16, 16, wide=True, max_sequence_length=8, combiner_initializer="glorot_uniform"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUFFERED))
+def test_a_compiled_step_past_a_full_buffer_gives_nan_not_a_plausible_output(name):
+    """Eagerly a full buffer is an error (each layer's tests); compiled, where no check runs, the row gets NaN from
+    then on, and a row with room left decodes as before."""
+    if BACKEND == "torch":
+        pytest.skip("PyTorch is checked eagerly (torch.compile takes minutes on a CPU)")
+    keras.utils.set_random_seed(0)
+    layer = BUFFERED[name]()
+    layer.build((None, None, WIDTH))
+    x = tensor(_inputs(10))
+    mask = np.ones((2, 8), bool)
+    mask[1, 6:] = False  # row 1 keeps two free slots: it ends after its 6 real positions
+    _, cache = layer(x[:, :8], padding_mask=mask, cache=layer.get_initial_cache(2))
+    step = compiled(lambda x, cache: layer(x, cache=cache))
+    y, cache = step(x[:, 8:9], cache)
+    assert np.isnan(numpy(y)[0]).all() and np.isfinite(numpy(y)[1]).all()
+    y, _ = step(x[:, 9:10], cache)
+    assert np.isnan(numpy(y)[0]).all() and np.isfinite(numpy(y)[1]).all()
+
+
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_an_empty_sequence_leaves_the_cache_as_it_was(name):
     layer = _mixer(name)

@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 from keras import ops
@@ -46,6 +48,15 @@ def test_identity_at_initialisation():
     layer = ShapedAttention(num_heads=2)
     x = random_normal((2, 30, WIDTH), seed=0)
     np.testing.assert_allclose(numpy(layer(x)), numpy(x), atol=1e-5)
+
+
+def test_one_position_without_a_cache_gives_no_warning():
+    # A softmax over one key is 1: Keras would warn of it on every call of a one-token sequence.
+    layer = ShapedAttention(num_heads=2, value_projection=True)
+    x = random_normal((2, 1, WIDTH), seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert np.isfinite(numpy(layer(x))).all()
 
 
 @pytest.mark.parametrize("length", [1, 63, 100, 257])

@@ -231,6 +231,30 @@ def test_generate_refuses_what_it_cannot_do_by_name(proto):
         causal_lm.compile(sampler="nonexistent")
 
 
+def test_a_prompt_character_outside_the_vocabulary_is_named_in_a_warning(proto):
+    causal_lm = ElitaCausalLM(_backbone("elita"), ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), 24))
+    causal_lm.compile(sampler="greedy")
+    # The corpus is lower case: a capital has no piece, and becomes <unk> (" ⁇ ").
+    with pytest.warns(UserWarning, match=r"characters 'T', 'Q' are not in the tokenizer's vocabulary.*--byte-fallback"):
+        causal_lm.generate(["The cat", "a Qa dog"], max_length=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        causal_lm.generate(["the cat", "a dog"], max_length=12)
+
+
+def test_a_byte_fallback_tokenizer_spells_a_new_character_in_bytes():
+    proto = train_sentencepiece(LINES, vocabulary_size=300, byte_fallback=True)
+    tokenizer = ElitaTokenizer(proto=proto)
+    assert tokenizer.unknown_characters(["The Quiet cat ж 𝄞"]) == []
+    assert tokenizer.detokenize(tokenizer(["The Quiet cat ж 𝄞"])) == ["The Quiet cat ж 𝄞"]
+    assert ElitaTokenizer(proto=train_sentencepiece(LINES, vocabulary_size=40)).unknown_characters(["Tж a"]) == [
+        "T",
+        "ж",
+    ]
+    with pytest.raises(ValueError, match=r"at least 261 with byte fallback.*Received: vocabulary_size=260$"):
+        train_sentencepiece(LINES, vocabulary_size=260, byte_fallback=True)
+
+
 def test_a_prompt_is_never_cut(proto):
     # Trained at T = 24 (the preprocessor's length): a prompt of many more tokens, with max_length left out.
     preprocessor = ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=24)

@@ -123,6 +123,25 @@ def test_greedy_generate_is_the_argmax_of_the_parallel_forward(name):
         np.testing.assert_array_equal(row[length:], np.argmax(logits[length - 1 : -1], axis=-1))
 
 
+@pytest.mark.parametrize("bad", [24, -1])
+def test_a_prompt_id_outside_the_vocabulary_is_refused_before_decoding(bad):
+    # Inside the compiled step (`jax.jit`) the embedding's NaN would become token 0 through the argmax.
+    causal_lm = trainable("elita")
+    causal_lm.compile(sampler="greedy")
+    prompts = {"token_ids": np.array([[1, 2, bad, 3, 0, 0]], "int32"), "padding_mask": np.array([[1, 1, 1, 1, 0, 0]])}
+    with pytest.raises(ValueError, match=rf"Token ids must be in \[0, vocabulary_size=24\)\. Received: token_ids\[0, 2\]={bad}$"):
+        causal_lm.generate(prompts, stop_token_ids=None)
+
+
+def test_scores_are_plain_values_that_numpy_reads():
+    # On PyTorch a score that required grad would keep its autograd graph, and `np.asarray` would refuse it.
+    causal_lm = trainable("elita")
+    ids = np.array([[1, 5, 9, 3]], "int32")
+    for scores in (causal_lm.score(ids), causal_lm.score(ids, scoring_mode="loss", target_ids=np.roll(ids, -1))):
+        assert np.isfinite(np.asarray(scores)).all()
+        assert not getattr(scores, "requires_grad", False)
+
+
 _LOAD_ON_TENSORFLOW = """
 import sys, numpy as np, keras
 from elita_tf.models import ElitaCausalLM

@@ -210,3 +210,43 @@ def test_refuses_a_width_other_than_the_kernels():
         chunked_cross_entropy(hidden, kernel, labels, chunk_size=0)
     with pytest.raises(ValueError, match="reduction='mean'"):
         chunked_cross_entropy(hidden, kernel, labels, reduction="mean")
+
+
+@pytest.mark.parametrize("label", [-1, -100, 37, 44])
+def test_a_label_outside_the_vocabulary_is_refused_by_position_and_value(label):
+    # -1 and -100 are other libraries' "ignore" labels: read as V - 1 or as nothing, they would train quietly.
+    hidden, kernel, _, labels = _inputs(6, dtype="float32")
+    labels[1, 4] = label
+    for reduction in ("none", "sum"):
+        with pytest.raises(ValueError, match=rf"Labels must be in \[0, vocabulary_size=37\).*sample_weight of 0.*"
+                                             rf"Received: labels\[1, 4\]={label}$"):
+            _chunked(tensor(hidden), tensor(kernel), tensor(labels), reduction=reduction)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum"])
+def test_a_label_outside_the_vocabulary_gives_a_nan_loss_where_no_check_runs(reduction):
+    """Compiled (XLA drops assertions; `jax.jit` has none): the label's loss is NaN, the others' as eagerly."""
+    if BACKEND == "torch":
+        pytest.skip("PyTorch is checked eagerly (torch.compile takes minutes on a CPU)")
+    hidden, kernel, _, labels = _inputs(6, dtype="float32")
+    good = numpy(_chunked(tensor(hidden), tensor(kernel), tensor(labels)))
+    labels[1, 4] = -100
+    run = compiled(lambda h, k, y: _chunked(h, k, y, reduction=reduction))
+    losses = numpy(run(tensor(hidden), tensor(kernel), tensor(labels)))
+    if reduction == "sum":
+        assert np.isnan(losses)
+        return
+    assert np.isnan(losses[1, 4])
+    losses[1, 4] = good[1, 4]
+    np.testing.assert_allclose(losses, good, rtol=1e-6)
+
+
+@pytest.mark.tf_only
+def test_a_label_outside_the_vocabulary_fails_a_tensorflow_graph_by_position_and_value():
+    import tensorflow as tf
+
+    hidden, kernel, _, labels = _inputs(6, dtype="float32")
+    labels[0, 2] = 40
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Labels must be in \[0, vocabulary_size=37\)(.|\n)*"
+                                                             r"\[40\] \[at\] \[\[0 2\]\]"):
+        tf.function(lambda y: _chunked(hidden, kernel, y, reduction="sum"))(tf.constant(labels))

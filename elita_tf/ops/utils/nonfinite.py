@@ -73,11 +73,16 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
         return poison_rows(result)
     outputs, cache = result
     any_bad = first_bad < length  # [B]
+    return poison_rows(outputs), keras.tree.map_structure(lambda x: nan_rows(any_bad, x), cache)
 
-    def poison_state(x):
-        if not is_float(x) or len(x.shape) == 0:
-            return x
-        mask = ops.reshape(any_bad, (*ops.shape(any_bad), *[1] * (len(x.shape) - 1)))
-        return ops.where(mask, ops.full((), float("nan"), x.dtype), x)
 
-    return poison_rows(outputs), keras.tree.map_structure(poison_state, cache)
+def nan_rows(rows, x):
+    """`x [B, ...]` with every entry of the batch rows where `rows [B]` is True made NaN; `x` itself unless float.
+
+    What a causal mixer returns where it has no right value to give, and no check can say so (`jax.jit`, XLA
+    drop them): a state after a non-finite input, or a decoding buffer written past its end.
+    """
+    if not is_float(x) or len(x.shape) == 0:
+        return x
+    mask = ops.reshape(rows, (*ops.shape(rows), *[1] * (len(x.shape) - 1)))
+    return ops.where(mask, ops.full((), float("nan"), x.dtype), x)
