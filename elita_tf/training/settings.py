@@ -67,12 +67,6 @@ class TrainSettings:
         None, "Reuse the SentencePiece model of a finished run directory or keras-hub preset instead of training "
         "one; the vocabulary size is the tokenizer's (`tokenizer_from_settings`).",
     )
-    byte_fallback: bool = setting(
-        False, "SentencePiece spells a character it has no piece for in UTF-8 byte pieces (as Llama's and "
-        "Gemma's tokenizers), so that no text, a prompt's new characters included, becomes `<unk>`; needs a "
-        "vocabulary of 261 pieces or more. Without it, byte pieces are there only where the vocabulary cannot "
-        "hold every character of the train text.", run=True,
-    )
     size: str = setting(
         "seed", "The model's width, depth and heads: a key of `elita_tf.models.MODEL_SIZES` (\"seed\", about 1M "
         "parameters; \"25m\"; \"100m\"). `hidden_dim`, `num_layers`, `num_heads` and `head_dim` override it.",
@@ -161,6 +155,13 @@ class TrainSettings:
     )
     verbose: int = setting(
         1, "Keras `fit` verbosity (0 silent, 1 a progress bar, 2 a line an epoch).", check=_verbosity, local=True
+    )
+    # Last: a field added since 0.1.0 moves no other field's position.
+    byte_fallback: bool = setting(
+        False, "SentencePiece spells a character it has no piece for in UTF-8 byte pieces (as Llama's and "
+        "Gemma's tokenizers), so that no text, a prompt's new characters included, becomes `<unk>`; needs a "
+        "vocabulary of 261 pieces or more. Without it, byte pieces are there only where the vocabulary cannot "
+        "hold every character of the train text.", run=True,
     )
 
     def __post_init__(self):
