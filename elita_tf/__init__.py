@@ -1,4 +1,6 @@
-"""elita-tf: efficient, linear-time transformer building blocks for Keras 3 on TensorFlow.
+"""elita-tf: efficient, linear-time transformer building blocks for Keras 3, on TensorFlow, JAX and PyTorch.
+
+The data pipeline (`tf.data`) and the exports (SavedModel, LiteRT) are TensorFlow's on every backend.
 
 The submodules (`elita_tf.layers`, `elita_tf.models`, ...) load on first use (`elita_tf.lazy`).
 """

@@ -66,6 +66,7 @@ RENAMED = {
         "steps_per_epoch": _SEQUENCES,
         "LiteRTModel.loss": _SEQUENCES,
         "list_checkpoints": {"run_dir": "run_path"},
+        "compare": {"budget_s": "budget_seconds"},
     },
     # Keys of the dicts a function returns, by the function. (`evaluate`'s `trained_sequence_length` was
     # `sequence_length`, which is now the evaluation's length: a key that changed meaning cannot be read both ways.)

@@ -21,7 +21,8 @@ import tensorflow as tf  # noqa: E402
 
 from elita_tf.layers import Attention2  # noqa: E402
 from elita_tf.models import ElitaCausalLM  # noqa: E402
-from elita_tf.training.run_directory import preset_of, read_manifest  # noqa: E402
+from elita_tf.training.run_directory import read_manifest  # noqa: E402
+from elita_tf.training.run_files import preset_of  # noqa: E402
 
 POSITIONS = 16384
 

@@ -120,8 +120,7 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     start_tensorflow()
-    from elita_tf.training.checkpoints import CorruptCheckpointError  # TensorFlow, once the arguments are checked
-    from elita_tf.training.run_directory import load_run_model
+    from elita_tf.training.checkpoints import CorruptCheckpointError, load_run_model  # TensorFlow, once checked
 
     try:
         causal_lm = load_run_model(args.run_dir)

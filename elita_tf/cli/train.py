@@ -20,7 +20,7 @@ from elita_tf.cli.flags import add_flags
 from elita_tf.cli.quiet import start_tensorflow
 from elita_tf.data.sources import DATA_DIR_ENV, split_files
 from elita_tf.data.text_files import TextCorpus, data_kind
-from elita_tf.training.run_directory import list_checkpoints
+from elita_tf.training.run_files import list_checkpoints
 from elita_tf.training.settings import TrainSettings, train_settings
 
 

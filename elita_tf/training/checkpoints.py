@@ -1,9 +1,10 @@
-"""Checkpoints of a run directory: written atomically, the last few kept, corrupt ones skipped.
+"""Checkpoints of a run directory: written atomically, the last few kept, corrupt ones skipped, and the run's
+model loaded from the newest intact one (`load_run_model`).
 
     run_dir/checkpoints/step-00000020.keras
     run_dir/checkpoints/step-00000040.keras    <- newest
 
-(named by `elita_tf.training.run_directory`: `checkpoint_path`, `list_checkpoints`)
+(named by `elita_tf.training.run_files`: `checkpoint_path`, `list_checkpoints`)
 
 A checkpoint is a `.keras` file (model and optimizer). Each is written to a
 temporary file, flushed to disk and renamed into place, so a crash leaves
@@ -16,7 +17,14 @@ import os
 import warnings
 import zipfile
 
-from elita_tf.training.run_directory import checkpoint_path, list_checkpoints
+from elita_tf.training.run_directory import read_manifest
+from elita_tf.training.run_files import (
+    CHECKPOINT_DIR,
+    MANIFEST_FILE,
+    TOKENIZER_FILE,
+    checkpoint_path,
+    list_checkpoints,
+)
 
 
 class CorruptCheckpointError(ValueError):
@@ -102,3 +110,32 @@ def load_latest_checkpoint(run_dir, compile=True):
     if path is None:
         return None, None
     return load_checkpoint(path, compile=compile), path
+
+
+def _run_preprocessor(run_path):
+    """The run's tokenizer in a preprocessor whose `sequence_length` is the training length."""
+    from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer  # TensorFlow, once a model is built
+
+    with open(os.path.join(run_path, TOKENIZER_FILE), "rb") as f:
+        tokenizer = ElitaTokenizer(proto=f.read())
+    sequence_length = read_manifest(run_path)["training"]["sequence_length"]
+    return ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+
+
+def load_run_model(run_path):
+    """The `ElitaCausalLM` of a run's newest intact checkpoint, with the run's tokenizer and preprocessor.
+
+    Raises:
+        FileNotFoundError: naming what the directory lacks (manifest, tokenizer or checkpoint).
+        CorruptCheckpointError: when every checkpoint is corrupt.
+    """
+    from elita_tf.models import ElitaCausalLM
+
+    checkpoint = latest_checkpoint(run_path)
+    missing = [os.path.join(run_path, name) for name in (MANIFEST_FILE, TOKENIZER_FILE)]
+    missing = [path for path in missing if not os.path.exists(path)]
+    if checkpoint is None:
+        missing.append(os.path.join(run_path, CHECKPOINT_DIR, "step-*.keras"))
+    if missing:
+        raise FileNotFoundError(f"{run_path!r} is not an elita-train run directory: it lacks {', '.join(missing)}")
+    return ElitaCausalLM(load_checkpoint(checkpoint).backbone, _run_preprocessor(run_path))

@@ -21,9 +21,11 @@ import sys
 import time
 
 from elita_tf.models import ARCHITECTURES
+from elita_tf.renames import accepts_renamed_arguments
 from elita_tf.settings_fields import check_field
 from elita_tf.training.plot import plot_comparison, read_run, results_table, summarize
-from elita_tf.training.run_directory import RESULTS_FILE, manifest_differences, read_results, results_json
+from elita_tf.training.run_directory import manifest_differences, read_results, results_json
+from elita_tf.training.run_files import RESULTS_FILE
 from elita_tf.training.settings import TrainSettings, fields_marked, train_settings
 
 # Settings that change nothing a comparison reports: a finished run trained with others is still the same run.
@@ -154,7 +156,8 @@ def _check_finished_runs(output_dir, architectures, seeds, settings):
         )
 
 
-def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, budget_s=None, **settings):
+@accepts_renamed_arguments
+def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot=None, budget_seconds=None, **settings):
     """Trains every architecture with every seed (skipping finished runs), then writes the plot and the tables.
 
     Args:
@@ -162,7 +165,7 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
         architectures: distinct names from `elita_tf.models.ARCHITECTURES`.
         seeds: distinct ints in `[0, 2**32)`.
         plot: the PNG (or another format of matplotlib's) to write. Defaults to `output_dir/ELiTA.png`.
-        budget_s: float or None. Seconds from the start: a run that the longest run so far says
+        budget_seconds: float or None. Seconds from the start: a run that the longest run so far says
             would end past them is skipped, never a model's first seed. The runs go seed by seed
             (every model's first seed, then every model's second), so a budget cuts seeds evenly.
         **settings: other `TrainSettings` and `CorpusSettings` fields (`train_settings`), the same for every run.
@@ -190,8 +193,9 @@ def compare(output_dir, architectures=("elita", "transformer"), seeds=(0,), plot
             results = os.path.join(directory, RESULTS_FILE)
             if reuse and os.path.exists(results):
                 print(f"{name}, seed {seed}: already trained ({results})", flush=True)
-            elif budget_s is not None and runs[name] and time.monotonic() - start + longest > budget_s:
-                print(f"{name}, seed {seed}: skipped, it would end past the budget of {budget_s:.0f} s", flush=True)
+            elif budget_seconds is not None and runs[name] and time.monotonic() - start + longest > budget_seconds:
+                skipped = f"{name}, seed {seed}: skipped, it would end past the budget of {budget_seconds:.0f} s"
+                print(skipped, flush=True)
                 continue
             else:
                 print(f"{name}, seed {seed}: training", flush=True)

@@ -34,7 +34,8 @@ from elita_tf.export.litert import check_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.renames import RenamedKeys
 from elita_tf.training.evaluate_settings import EvaluateSettings
-from elita_tf.training.run_directory import MANIFEST_FILE, preset_of, read_manifest
+from elita_tf.training.run_directory import read_manifest
+from elita_tf.training.run_files import MANIFEST_FILE, preset_of
 
 
 def position_buckets(length, first=16, factor=4):

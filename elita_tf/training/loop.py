@@ -9,7 +9,7 @@ downloaded (and prepared once by tensorflow-datasets) unless `corpus.data_dir` o
 variable `ELITA_WIKITEXT_DIR` names a local directory holding its files. The text is read and
 checked before the run directory is touched: bad input leaves nothing behind.
 
-A run directory (`elita_tf.training.run_directory`, which lists its files) keeps the training state
+A run directory (`elita_tf.training.run_directory`; `run_files` lists its files) keeps the training state
 (manifest, tokenizer, step log, checkpoints every `checkpoint_every` steps and at each epoch end,
 results) apart from the model it publishes: a keras-hub preset, written at the end
 (`ElitaCausalLM.from_preset(preset_of(run_dir))` loads it; `keras_hub.upload_preset` publishes it).
@@ -53,19 +53,15 @@ from elita_tf.training.model_settings import check_carry_state, complete_setting
 from elita_tf.training.provenance import software_versions
 from elita_tf.training.run_data import load_settings_corpus, prepare_run, sha256
 from elita_tf.training.run_directory import (
-    PRESET_DIR,
-    RESULTS_FILE,
-    STEPS_FILE,
-    TENSORBOARD_DIR,
     RunDirectory,
     RunDirectoryError,
     check_sources_outside,
     check_writable,
-    preset_of,
     read_results,
     results_json,
     write_atomically,
 )
+from elita_tf.training.run_files import PRESET_DIR, RESULTS_FILE, STEPS_FILE, TENSORBOARD_DIR, preset_of
 from elita_tf.training.settings import fields_marked
 
 

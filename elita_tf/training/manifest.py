@@ -10,6 +10,7 @@ import os
 
 from elita_tf.models.architectures import upgrade_config
 from elita_tf.renames import RENAMED, upgrade_arguments
+from elita_tf.training.run_files import preset_of
 from elita_tf.training.settings import fields_marked
 
 
@@ -17,8 +18,6 @@ def requested_manifest(settings, config, data):
     """The manifest of the run `settings` asks for, with the model's architecture `config` and its `data`
     (`load_corpus`'s info), without the tokenizer's hash, which the run adds once it has one."""
     import keras  # here: reading a manifest needs no backend
-
-    from elita_tf.training.run_directory import preset_of  # it reads manifests through `upgrade_manifest`
 
     fine_tuning = {}
     if settings.init_from is not None:

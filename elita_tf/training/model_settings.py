@@ -12,7 +12,8 @@ from elita_tf.models import ElitaCausalLM
 from elita_tf.models.architectures import ARCHITECTURES, MODEL_SIZES, architecture, check_carries_state
 from elita_tf.models.elita_backbone import architecture_config
 from elita_tf.models.presets import check_preset, read_preset_config
-from elita_tf.training.run_directory import RunDirectory, preset_of
+from elita_tf.training.run_directory import RunDirectory
+from elita_tf.training.run_files import preset_of
 from elita_tf.training.settings import TrainSettings, model_fields
 
 # Fields a fine-tuned run takes from its model: the architecture, and every model field.

@@ -8,7 +8,7 @@ import statistics
 
 import matplotlib
 
-from elita_tf.training.run_directory import RESULTS_FILE, STEPS_FILE
+from elita_tf.training.run_files import RESULTS_FILE, STEPS_FILE
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

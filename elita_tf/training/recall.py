@@ -159,7 +159,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     from elita_tf.data.mqar import mqar_arrays, mqar_dataset
     from elita_tf.models import ElitaBackbone, ElitaCausalLM
     from elita_tf.training.checkpoints import load_checkpoint, save_checkpoint
-    from elita_tf.training.run_directory import checkpoint_path
+    from elita_tf.training.run_files import checkpoint_path
 
     task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=sequence_length, num_pairs=num_pairs)
     task.update(power_a=settings.power_a, random_non_queries=settings.random_non_queries)

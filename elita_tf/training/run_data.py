@@ -17,7 +17,8 @@ from elita_tf.data.text_files import TextCorpus, data_kind
 from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer
 from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
 from elita_tf.training.model_settings import model_config, preset_tokenizer
-from elita_tf.training.run_directory import TOKENIZER_FILE, RunDirectoryError, read_manifest, write_atomically
+from elita_tf.training.run_directory import RunDirectoryError, read_manifest, write_atomically
+from elita_tf.training.run_files import TOKENIZER_FILE
 
 
 def sha256(data):

@@ -19,7 +19,7 @@ from elita_tf.export.litert import flatten_state, model_identity, read_identity
 from elita_tf.layers.renamed_arguments import RENAMED_ARGUMENTS
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
 from elita_tf.training import EvaluateSettings, evaluate, train
-from elita_tf.training.run_directory import load_run_model
+from elita_tf.training.checkpoints import load_run_model
 from tests.conftest import TINY_RUN, rare_character_lines
 from tests.export.test_export import _refused
 

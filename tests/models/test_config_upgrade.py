@@ -19,7 +19,9 @@ from elita_tf.export.litert import model_identity
 from elita_tf.models import ElitaBackbone, ElitaCausalLM
 from elita_tf.models.architectures import upgrade_config
 from elita_tf.training import EvaluateSettings, evaluate
-from elita_tf.training.run_directory import load_run_model, preset_of, read_manifest
+from elita_tf.training.checkpoints import load_run_model
+from elita_tf.training.run_directory import read_manifest
+from elita_tf.training.run_files import preset_of
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "run-0.1.0")
 

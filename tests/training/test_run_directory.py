@@ -7,7 +7,7 @@ import pytest
 from elita_tf.cli.train import main as train_main
 from elita_tf.models import ElitaBackbone
 from elita_tf.training import preset_of
-from elita_tf.training.run_directory import ARTEFACTS, MANIFEST_FILE, PRESET_DIR, checkpoint_path, list_checkpoints
+from elita_tf.training.run_files import ARTEFACTS, MANIFEST_FILE, PRESET_DIR, checkpoint_path, list_checkpoints
 
 
 def _preset(path):
