@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "tf_only: TensorFlow by nature (tf.data, SavedModel, LiteRT, HLO, tf.distribute)")
+    config.addinivalue_line("markers", "tensorflow_version: what TensorFlow's version can change (TENSORFLOW_VERSION)")
 
 
 # What also runs on JAX and PyTorch (`KERAS_BACKEND=jax|torch python -m pytest`): the ops, the layers, the model,
@@ -54,14 +55,34 @@ ON_JAX = (
 )
 
 
+# What the version of TensorFlow (and of tensorflow-text and keras-hub, which move with it) can change: the data
+# pipeline, the exports, training and its commands (tf.distribute among them), keras-hub's harness, the notebook, and
+# every test marked tf_only. On the oldest supported TensorFlow CI runs these (`-m tensorflow_version`,
+# docs/install.md); the rest, the ops' and layers' numerics above all, is the same `keras.ops` code on every backend
+# and runs on the newest TensorFlow, on JAX and on PyTorch.
+TENSORFLOW_VERSION = (
+    "tests/data/",
+    "tests/export/",
+    "tests/training/",
+    "tests/models/test_keras_hub_harness.py",
+    "tests/test_notebook.py",
+)
+
+
+def _path(config, item):
+    return os.path.relpath(str(item.path), str(config.rootpath)).replace(os.sep, "/")
+
+
 def pytest_collection_modifyitems(config, items):
     backend = keras.backend.backend()
     if backend == "tensorflow":
+        for item in items:
+            if "tf_only" in item.keywords or _path(config, item).startswith(TENSORFLOW_VERSION):
+                item.add_marker(pytest.mark.tensorflow_version)
         return
     kept, deselected = [], []
     for item in items:
-        path = os.path.relpath(str(item.path), str(config.rootpath)).replace(os.sep, "/")
-        every = path.startswith(EVERY_BACKEND)
+        every = _path(config, item).startswith(EVERY_BACKEND)
         if backend == "jax" and os.environ.get("ELITA_JAX_TESTS") != "all":
             every = item.nodeid.startswith(ON_JAX)
         (kept if every else deselected).append(item)
