@@ -38,9 +38,14 @@ def compute_gradient(fn, inputs, delta=1.0 / 1024):
     on one entry at a time (`δ = 1/1024`, exact in binary), both `[size of x, size of y]`.
     """
     inputs = [np.asarray(x, np.float64) for x in inputs]
+    forward = fn
+    if BACKEND == "jax":  # eager JAX dispatches a chunked op in about 0.3 s: the 2·n evaluations run compiled
+        import jax
+
+        forward = jax.jit(fn)
 
     def evaluate(values):
-        return numpy(fn(*(tensor(v) for v in values))).astype(np.float64)
+        return numpy(forward(*(tensor(v) for v in values))).astype(np.float64)
 
     outputs = evaluate(inputs)
     theoretical = [np.zeros([x.size, outputs.size]) for x in inputs]
