@@ -1,4 +1,4 @@
-"""The argument checks of the settings, the architecture and the layers: one function a rule, no TensorFlow.
+"""The argument checks of the settings, the architecture, the layers and the ops: one function a rule, no TensorFlow.
 
 Every check raises `ValueError` in one form, Keras', naming what it expected and the value received:
 

@@ -98,7 +98,7 @@ def test_a_class_imported_from_its_package_is_registered_with_keras():
 # Which packages each package may import at module level: data flows one way (docs/contributing.md).
 LAYERS = {
     "backend": {"backend", "private_apis"},
-    "ops": {"backend", "ops", "private_apis", "lazy", "renames"},
+    "ops": {"backend", "ops", "private_apis", "lazy", "checks", "renames"},
     "layers": {"backend", "ops", "layers", "private_apis", "lazy", "checks", "renames"},
     "models": {"backend", "ops", "layers", "models", "private_apis", "lazy", "checks", "renames"},
     "data": {"data", "lazy", "checks", "settings_fields", "renames"},

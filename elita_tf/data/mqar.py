@@ -23,7 +23,7 @@ References:
 
 import numpy as np
 
-from elita_tf.checks import fail
+from elita_tf.checks import check_integer, fail
 
 # Rows drawn at once: bounds the `[rows, V/2]` scores that pick each row's distinct keys and values.
 _ROWS_PER_DRAW = 1024
@@ -36,8 +36,7 @@ def check_mqar(vocabulary_size, sequence_length, num_pairs, power_a=0.01):
         ("sequence_length", sequence_length),
         ("num_pairs", num_pairs),
     ):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            fail(name, value, "a positive integer")
+        check_integer(name, value)
     if sequence_length % 2:
         fail("sequence_length", sequence_length, "even (pairs and query slots come two positions at a time)")
     if 4 * num_pairs > sequence_length:

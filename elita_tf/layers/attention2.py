@@ -4,7 +4,7 @@ from keras import ops
 from elita_tf import backend
 
 from elita_tf.layers.causal_mixer import CausalMixer
-from elita_tf.checks import check_choice, check_integer, check_sequence_length
+from elita_tf.checks import check_choice, check_integer, check_positive_number, check_sequence_length
 from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.options import POSITION_MODES
@@ -119,8 +119,7 @@ class Attention2(CausalMixer):
         check_integer("chunk_size", chunk_size)
         check_choice("position_mode", position_mode, POSITION_MODES)
         check_sequence_length("position_scale", position_scale)
-        if logit_clip is not None and not logit_clip > 0:
-            raise ValueError(f"`logit_clip` must be None or positive. Received: logit_clip={logit_clip!r}")
+        check_positive_number("logit_clip", logit_clip, optional=True)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.position_dim = position_dim

@@ -11,6 +11,8 @@ function.
 
 import math
 
+from elita_tf.checks import check_integer
+
 _EXACT = "lora_exact_"  # the store keys of an adapted layer's own variables, in order
 
 
@@ -29,8 +31,7 @@ def check_rank(layers, rank):
     A `m x n` kernel gets adapters `A [m, r]` and `B [r, n]`, whose product has rank at most
     `min(m, n)`. A rank past that side of every projection adds weights and nothing else.
     """
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-        raise ValueError(f"The LoRA rank must be a positive integer. Received: rank={rank!r}")
+    check_integer("rank", rank)
 
     def sides(layer):
         shape = layer.kernel.shape

@@ -44,6 +44,7 @@ import numpy as np
 from keras import ops
 
 from elita_tf import backend
+from elita_tf.checks import check_integer, fail, is_integer
 from elita_tf.ops.utils.documents import document_positions
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype, dtype_of
 from elita_tf.ops.utils.nonfinite import nan_rows
@@ -54,11 +55,9 @@ BANDED_CHUNK_SIZE = 32
 
 
 def check_window(window):
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
-        raise ValueError(
-            "`window` must be None or an integer >= 2 (the current position is never attended, "
-            f"so window 1 would see nothing but the start position). Received: window={window!r}"
-        )
+    if not (window is None or (is_integer(window) and window >= 2)):
+        reason = "the current position is never attended, so window 1 would see nothing but the start position"
+        fail("window", window, f"None or an integer >= 2 ({reason})")
 
 
 def empty_banded_state(
@@ -80,13 +79,8 @@ def empty_banded_state(
         zeros, all slots invalid, `S = window` or `max_sequence_length`.
     """
     check_window(window)
-    if window is None and (
-        isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int) or max_sequence_length < 1
-    ):
-        raise ValueError(
-            "A state without a window needs `max_sequence_length`, a positive integer. "
-            f"Received: max_sequence_length={max_sequence_length!r}"
-        )
+    if window is None:  # the state holds every position
+        check_integer("max_sequence_length", max_sequence_length)
     dtype = accumulator_dtype(dtype)
     slots = window if window is not None else max_sequence_length
     return (

@@ -40,6 +40,7 @@ Forms:
 from keras import ops
 
 from elita_tf import backend
+from elita_tf.checks import check_choice, check_integer
 from elita_tf.ops.decayed_prefix import chunk_factors, decayed_prefix, logaddexp
 from elita_tf.ops.direct_softmax_mean import direct_softmax_mean
 from elita_tf.ops.utils.documents import document_index, gated_scan
@@ -71,8 +72,7 @@ def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype
 
 
 def _check_window(window):
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"`window` must be None or a positive integer. Received: window={window}")
+    check_integer("window", window, optional=True)
 
 
 def _prepare(logits, values, mask):
@@ -223,8 +223,7 @@ def causal_softmax_mean(
         state after the last position, to continue from.
     """
     _check_window(window)
-    if form not in MEAN_FORMS:
-        raise ValueError(f"`form` must be one of {MEAN_FORMS}. Received: form={form!r}")
+    check_choice("form", form, MEAN_FORMS)
     if form == "direct" and logits.shape[-1] is None:
         raise ValueError(f"form='direct' needs a length known at tracing. Received: logits of shape {logits.shape}")
     end = real_extent(mask, ops.shape(logits)[-1])

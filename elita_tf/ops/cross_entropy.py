@@ -40,6 +40,7 @@ import numpy as np
 from keras import ops
 
 from elita_tf import backend
+from elita_tf.checks import check_choice, check_integer
 from elita_tf.ops.utils.dtypes import accumulator_dtype, dtype_of
 from elita_tf.ops.utils.positions import gather_rows
 from elita_tf.ops.utils.token_ids import check_token_ids
@@ -206,10 +207,8 @@ def chunked_cross_entropy(
     >>> tuple(chunked_cross_entropy(hidden, kernel, keras.ops.zeros([2, 8], "int32"), reduction="sum").shape)
     ()
     """
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"`chunk_size` must be a positive integer. Received: chunk_size={chunk_size}")
-    if reduction not in ("none", "sum"):
-        raise ValueError(f'`reduction` must be "none" or "sum". Received: reduction={reduction!r}')
+    check_integer("chunk_size", chunk_size)
+    check_choice("reduction", reduction, ("none", "sum"))
     dtype = accumulator_dtype(hidden.dtype)
     width, vocab_size = kernel.shape[0], kernel.shape[-1]
     if hidden.shape[-1] != width:
