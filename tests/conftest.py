@@ -33,7 +33,7 @@ EVERY_BACKEND = (
 # minutes on 2 cores and did not finish; PyTorch's takes 7). By default JAX runs this part of it: the model,
 # elita-train and elita-evaluate, the optimizers, keras-hub's harness, .keras files across backends, the loss and
 # the smaller ops, every mixer's decoding and saving checks, a full decoding buffer under `jit`, and the GPU script's
-# JAX side (about 13 minutes on 2 cores). ELITA_JAX_TESTS=all runs all of it.
+# JAX side (under 20 minutes on 2 cores). ELITA_JAX_TESTS=all runs all of it.
 ON_JAX = (
     "tests/models/test_every_backend.py",
     "tests/training/test_backend_resume.py",
