@@ -1,4 +1,4 @@
-"""A run directory: one run's files (named in `run_files`), written by one process at a time.
+"""A run directory's lock, and the check of a resumed run against its manifest (the files are named in `run_files`).
 
 A run directory belongs to one run, written by one process at a time. `run.json` is written once,
 when the run starts. Resuming compares the request with it field by field and stops, naming every
