@@ -14,6 +14,8 @@
     check_all(condition, message, report) a run-time check in a TensorFlow graph, reporting `report()` when it fails
     custom_gradient(forward)              `forward(*tensors) -> (outputs, grad)`, `grad(upstream)` returning
                                           one gradient per tensor; nothing differentiated is closed over
+    unlinked(outputs)                     a custom gradient's outputs as the tensors it returns: on PyTorch new
+                                          tensors over the same memory, so that a gradient may keep an output
     scan(step, init, xs)                  `jax.lax.scan`: `step(carry, x) -> (carry, y)` along axis 0 of the nest
                                           `xs`, one step at a time; returns the last carry and the stacked `y`s
     matmul(a, b, transpose_a=False, transpose_b=False)
@@ -54,6 +56,7 @@ no_gradient = _module.no_gradient
 ordered = _module.ordered
 scan = _module.scan
 segment_sum = _module.segment_sum
+unlinked = _module.unlinked
 
 
 def custom_gradient(forward):
@@ -61,11 +64,13 @@ def custom_gradient(forward):
 
     Keras calls the gradient function as `grad(upstream)` on TensorFlow and JAX and as
     `grad(*inputs, upstream=upstream)` on PyTorch; this takes both. `forward` must close over no
-    tensor that is differentiated (JAX refuses it): whatever the gradient needs is an argument.
+    tensor that is differentiated (JAX refuses it): whatever the gradient needs is an argument. The
+    gradient may keep an output (a norm's gradient reads its `y`): what is returned is `unlinked` from it.
     """
 
     def with_gradient(*args):
         outputs, grad = forward(*args)
+        outputs = unlinked(outputs)
 
         def gradient(*upstreams, upstream=None):
             return tuple(grad(upstreams[0] if upstream is None else upstream))

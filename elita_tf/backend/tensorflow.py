@@ -93,3 +93,8 @@ def segment_sum(data, segment_ids, num_segments):
 
 def no_gradient():
     return contextlib.nullcontext()
+
+
+def unlinked(outputs):
+    """The outputs as they are: a gradient function that keeps one holds no cycle here."""
+    return outputs

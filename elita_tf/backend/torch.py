@@ -82,3 +82,13 @@ def segment_sum(data, segment_ids, num_segments):
 
 def no_gradient():
     return torch.no_grad()
+
+
+def unlinked(outputs):
+    """New tensors over the outputs' memory. Autograd attaches its node to the tensor a custom gradient returns;
+    were that the tensor its gradient keeps, the node would hold itself through the gradient, a cycle through C++
+    that Python's collector cannot see, and each step would keep its whole graph (512 MiB a step at the seed
+    size, until memory ran out)."""
+    import keras
+
+    return keras.tree.map_structure(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, outputs)
