@@ -7,7 +7,7 @@ from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.checks import check_choice, check_integer, check_positive_number, check_sequence_length
 from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
-from elita_tf.layers.options import POSITION_MODES
+from elita_tf.layers.options import DEFAULT_SEQUENCE_LENGTH, POSITION_MODES
 from elita_tf.ops.causal_softmax_mean import (
     SOFTMAX_MEAN_CHUNK_SIZE,
     causal_softmax_mean,
@@ -50,7 +50,7 @@ class Attention2(CausalMixer):
         position_dim: int. Number of sinusoid components `p` of the position terms.
         position_scale: int. Training length `L`: in `"fixed"` mode position
             `i` is `u_i = i / (L - 1)`, the reference's `linspace(0, 1, L)`;
-            longer sequences extrapolate. Defaults to `256`.
+            longer sequences extrapolate. Defaults to `DEFAULT_SEQUENCE_LENGTH` (256).
         position_mode: `"fixed"` (`u_i = i / (L - 1)`, consistent for
             decoding and any length; past `L` the sinusoids run on into
             phases never trained), `"clamped"` (the same up to `L - 1`, and
@@ -102,7 +102,7 @@ class Attention2(CausalMixer):
         num_heads,
         head_dim,
         position_dim,
-        position_scale=256,
+        position_scale=DEFAULT_SEQUENCE_LENGTH,
         position_mode="fixed",
         time_scale=1.0,
         logit_clip=None,

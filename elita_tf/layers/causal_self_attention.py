@@ -3,6 +3,7 @@ from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.checks import check_dropout, check_integer, check_sequence_length
+from elita_tf.layers.options import DEFAULT_SEQUENCE_LENGTH
 from elita_tf.layers.checks import input_width
 from elita_tf.ops.softmax_attention import (
     KV_CACHE_NAMES,
@@ -34,7 +35,8 @@ class CausalSelfAttention(CausalMixer):
             `d // num_heads`.
         dropout: float in `[0, 1)`. Dropout on the attention weights (training only).
             Defaults to `0.0`.
-        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to
+            `DEFAULT_SEQUENCE_LENGTH` (256), the backbone's.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -61,7 +63,7 @@ class CausalSelfAttention(CausalMixer):
 
     cache_names = KV_CACHE_NAMES
 
-    def __init__(self, num_heads, head_dim=None, dropout=0.0, max_sequence_length=1024, **kwargs):
+    def __init__(self, num_heads, head_dim=None, dropout=0.0, max_sequence_length=DEFAULT_SEQUENCE_LENGTH, **kwargs):
         super().__init__(**kwargs)
         check_integer("num_heads", num_heads)
         check_integer("head_dim", head_dim, optional=True)

@@ -1,5 +1,8 @@
 """The layers' named options, without TensorFlow: command lines and architectures check them before a layer loads."""
 
+# The sequence length every layer and the backbone take unless given: the positions a decoding buffer
+# holds, Attention2's `position_scale` and a run's training length.
+DEFAULT_SEQUENCE_LENGTH = 256
 # Attention2's positions: the sinusoids run on past `position_scale` ("fixed"), hold the last trained
 # position ("clamped"), or move with the sequence length ("length", the original's; it cannot decode).
 POSITION_MODES = ("fixed", "clamped", "length")

@@ -3,6 +3,7 @@ from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.checks import check_integer, check_sequence_length
+from elita_tf.layers.options import DEFAULT_SEQUENCE_LENGTH
 from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.ops.softmax_attention import (
@@ -40,7 +41,8 @@ class ShapedAttention(CausalMixer):
     Args:
         num_heads: int. Number of heads `H`; the input width must be divisible by it.
         value_projection: bool. Learn a value projection with gains. Defaults to `False`.
-        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to `1024`.
+        max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to
+            `DEFAULT_SEQUENCE_LENGTH` (256), the backbone's.
         query_initializer: initializer of the query kernel. Defaults to `"zeros"`.
         key_initializer: initializer of the key kernel. Defaults to
             `RandomNormal(stddev=0.02)`.
@@ -75,7 +77,7 @@ class ShapedAttention(CausalMixer):
         self,
         num_heads,
         value_projection=False,
-        max_sequence_length=1024,
+        max_sequence_length=DEFAULT_SEQUENCE_LENGTH,
         query_initializer="zeros",
         key_initializer=None,
         **kwargs,

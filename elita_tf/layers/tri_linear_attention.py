@@ -6,6 +6,7 @@ from keras import ops
 
 from elita_tf.layers.causal_mixer import CausalMixer
 from elita_tf.checks import check_integer, check_sequence_length
+from elita_tf.layers.options import DEFAULT_SEQUENCE_LENGTH
 from elita_tf.layers.checks import input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
@@ -82,7 +83,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
         wide: bool. Attend every earlier position (`sliding_window_size` is unused).
             Defaults to `False`.
         max_sequence_length: int, at least 2. Positions the decoding cache of a wide layer holds.
-            Defaults to `1024`.
+            Defaults to `DEFAULT_SEQUENCE_LENGTH` (256), the backbone's.
         chunk_size: int. Queries per chunk of the banded kernel. Defaults to `32`.
         kernel_initializer: initializer of `W_QK`, `W_QV`, `W_K`, `W_V`.
             Defaults to N(0, 1/dim) (`VarianceScaling`, fan-in, untruncated normal).
@@ -125,7 +126,7 @@ class TriLinearAttention(UpgradesRenamedArguments, CausalMixer):
         slope=0.0,
         hyper=0.0,
         wide=False,
-        max_sequence_length=1024,
+        max_sequence_length=DEFAULT_SEQUENCE_LENGTH,
         chunk_size=BANDED_CHUNK_SIZE,
         kernel_initializer=None,
         combiner_initializer="zeros",

@@ -21,7 +21,7 @@ from elita_tf.checks import (
     fail,
     is_integer,
 )
-from elita_tf.layers.options import NORMS, POSITION_MODES
+from elita_tf.layers.options import DEFAULT_SEQUENCE_LENGTH, NORMS, POSITION_MODES
 from elita_tf.layers.renamed_arguments import upgrade_arguments
 
 BLOCK_TYPES = ("elita", "transformer", "simplified", "linear", "3lin", "additive")
@@ -63,9 +63,6 @@ ARCHITECTURES = {
         "layer_norm_epsilon": 1e-5,
     },
 }
-
-# The sequence length a backbone's buffers hold, and a run's training length, unless given.
-DEFAULT_SEQUENCE_LENGTH = 256
 
 # Model sizes: width, depth and heads, the same for every architecture (`elita-train --hidden-dim ...`).
 # "seed" is the backbone's defaults (about 1M parameters at a 5,000-token vocabulary). At that vocabulary,
