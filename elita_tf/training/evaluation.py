@@ -265,12 +265,8 @@ def _backbone_to_score(causal_lm, settings, length):
         trained = backbone
         backbone = ElitaBackbone.from_config({**trained.get_config(), "position_mode": position_mode})
         backbone.set_weights(trained.get_weights())
-    if settings.carry_state and backbone.decode_limit is not None:
-        raise ValueError(
-            f"`carry_state` needs a model whose every block carries a constant-size state; this one "
-            f"({', '.join(sorted(set(backbone.blocks)))}, position_embedding={backbone.position_embedding}) holds "
-            f"at most max_sequence_length={backbone.decode_limit} positions. Evaluate it in sequences instead."
-        )
+    if settings.carry_state:
+        backbone.check_carries_state()
     if backbone.position_embedding and length > backbone.max_sequence_length:
         raise ValueError(
             f"This model has learned positions for at most max_sequence_length={backbone.max_sequence_length} "

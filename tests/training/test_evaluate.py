@@ -103,7 +103,7 @@ def test_carrying_state_needs_constant_size_states(tiny_wikitext, tmp_path):
     run = tmp_path / "transformer"
     train(parse_args(_args(tiny_wikitext, run, "--architecture", "transformer", "--max-steps", "1")))
     data = {"data_dir": tiny_wikitext, "tfds_dir": str(run) + "_tfds"}
-    with pytest.raises(ValueError, match="constant-size state.*max_sequence_length=16"):
+    with pytest.raises(ValueError, match="constant-size state.*blocks=\\['transformer'\\]"):
         evaluate(EvaluateSettings(str(run), carry_state=True, **data))
     with pytest.raises(ValueError, match="learned positions for at most max_sequence_length=16.*sequence_length=32"):
         evaluate(EvaluateSettings(str(run), sequence_length=32, **data))
