@@ -52,6 +52,8 @@ def check_integer(name, value, least=1, most=INT32_MAX, optional=False):
     if is_integer(value) and value > most:
         fail(name, value, f"at most {most}")
     expected = {0: "a non-negative integer", 1: "a positive integer"}.get(least, f"an integer >= {least}")
+    if hasattr(value, "__index__") and not isinstance(value, (int, bool)):  # NumPy's integers, 0-d int arrays
+        expected += ", a Python int (`int(x)`): it goes into the JSON of a config"
     fail(name, value, f"None or {expected}" if optional else expected)
 
 

@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from elita_tf import checks
@@ -14,6 +15,11 @@ from elita_tf import checks
     [
         (lambda: checks.check_integer("heads", 0), "`heads` must be a positive integer. Received: heads=0"),
         (lambda: checks.check_integer("heads", True), "`heads` must be a positive integer. Received: heads=True"),
+        (
+            lambda: checks.check_integer("heads", np.int64(4)),
+            "`heads` must be a positive integer, a Python int (`int(x)`): it goes into the JSON of a config. "
+            "Received: heads=np.int64(4)",
+        ),
         (lambda: checks.check_integer("seed", -1, least=0), "`seed` must be a non-negative integer. Received: seed=-1"),
         (lambda: checks.check_integer("n", 3, most=2), "`n` must be at most 2. Received: n=3"),
         (lambda: checks.check_integer("k", 0.5, 1, 9, True), "`k` must be None or a positive integer. Received: k=0.5"),

@@ -71,14 +71,14 @@ def _causal_sums(logits, values, chunk_size):
 
 
 # Chunks whose carries are taken as one `[K, K]` product; past this, one level more of chunks.
-_DIRECT_CHUNKS = 512
+_MOST_CHUNKS_IN_ONE_PRODUCT = 512
 
 
 def _before_each_chunk(references, sums, chunk_size):
     """`(p [N, K], S [N, K, E])`: the sums of every chunk before chunk `k` against reference `p_k`, from each
     chunk's own last-row `references [N, K]` and `sums`. Chunk 0 gets `p = UNSEEN_LOGIT`, so no weight."""
     chunks = references.shape[1]
-    if chunks > _DIRECT_CHUNKS:  # inclusive, one level up, shifted by one chunk
+    if chunks > _MOST_CHUNKS_IN_ONE_PRODUCT:  # inclusive, one level up, shifted by one chunk
         upper_reference, upper = _causal_sums(references, sums, chunk_size)
         return shift_right(upper_reference, axis=1, fill=UNSEEN_LOGIT), shift_right(upper, axis=1)
     earlier = ops.arange(chunks, dtype="int32")[None, :] < ops.arange(chunks, dtype="int32")[:, None]  # [K, K], k' < k
