@@ -5,6 +5,7 @@ CPUs), so both sides run in the same run, round after round, in an order reverse
 this / base is taken within each round, and the output gives its median, least and greatest over the rounds.
 
     python benchmarks/ab.py --base REF step [--jit-compile] [--architectures elita transformer]
+    python benchmarks/ab.py --base REF --backend torch step     # on another Keras backend
     python benchmarks/ab.py --base REF kernel [--shape 4 4 16384 64]
     python benchmarks/ab.py --base REF decoding [--contexts 256 4096]
     python benchmarks/ab.py --base REF first-step [--size 25m --sequence-length 2048]
@@ -98,7 +99,9 @@ def step_subject(args, tree, scratch):
     measures = {}
     for architecture in args.architectures:
         models = {
-            side: training_model(architecture, jit_compile=args.jit_compile, package=package, **size)
+            side: training_model(
+                architecture, jit_compile=args.jit_compile or args.backend == "jax", package=package, **size
+            )
             for side, package in PACKAGES.items()
         }
         for model in models.values():
@@ -270,6 +273,12 @@ SUBJECTS = {
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the git ref to compare with (a commit, a branch, HEAD)")
+    parser.add_argument(
+        "--backend",
+        choices=["tensorflow", "jax", "torch"],
+        default=os.environ.get("KERAS_BACKEND", "tensorflow"),
+        help="the Keras backend both sides run on (default: KERAS_BACKEND's, else TensorFlow); JAX's step is compiled",
+    )
     subjects = parser.add_subparsers(dest="subject", required=True)
     for name, (_, rounds) in SUBJECTS.items():
         sub = subjects.add_parser(name)
@@ -318,16 +327,20 @@ def markdown(rows):
 
 def main(argv=None):
     args = parse_args(argv)
+    os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported, here and in the processes started
     sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]
     dirty = "-dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
     commits = {"this_commit": git("rev-parse", "--short", "HEAD") + dirty}
     commits["base_commit"] = git("rev-parse", "--short", f"{args.base}^{{commit}}")
-    print(f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}; {json.dumps(commits)}")
+    print(
+        f"# {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, {args.backend}; "
+        f"{json.dumps(commits)}"
+    )
     with base_checkout(args.base) as (tree, scratch):
         sys.path.insert(2, str(scratch / "packages"))
         measures = SUBJECTS[args.subject][0](args, tree, scratch)
         rows = [
-            {"subject": args.subject, **row, "base_ref": args.base, **commits}
+            {"subject": args.subject, **row, "backend": args.backend, "base_ref": args.base, **commits}
             for row in summarize(alternate(measures, args.rounds))
         ]
     for row in rows:

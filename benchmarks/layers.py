@@ -128,7 +128,10 @@ def run_one(args):
         forward(x[:, :2])  # build
         weights = layer.trainable_weights
 
-    fwd, fwd_bwd = loss_functions(forward, weights, jit_compile=args.xla)
+    # A dense gradient into the backward pass, as inside a model (`loss_functions`): shaped like the outputs,
+    # which are shaped like the last input (the values, or the layer's inputs).
+    cotangent = ops.cast(keras.random.normal(ops.shape(inputs[-1]), seed=1), "float32")
+    fwd, fwd_bwd = loss_functions(forward, weights, jit_compile=args.xla, cotangent=cotangent)
 
     def timed(fn):
         start = time.perf_counter()

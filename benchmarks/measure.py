@@ -186,6 +186,22 @@ def tensor_memory():
     )
 
 
+def torch_cpu_tensor_peak_mib(step):
+    """The most memory tensors held at once during one `step()` on PyTorch's CPU, from the profiler's allocation
+    events, above what was allocated before it (the weights and the optimizer's state): PyTorch's CPU allocator
+    keeps no peak of its own, and the resident set size measures the C library's allocator as much as the model."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as trace:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in trace.profiler.kineto_results.events() if e.name() == "[memory]")
+    live = peak = 0
+    for _, size in events:
+        live += size
+        peak = max(peak, live)
+    return peak / 2**20
+
+
 def synthetic_batch(batch_size, sequence_length, vocabulary_size):
     """`(x, y)` of random token ids as `elita-train` feeds them, on the device of Keras' backend: NumPy's draws
     (seed 0), so no backend needs TensorFlow for them."""
@@ -230,38 +246,48 @@ def kernel_inputs(batch, heads, length, depth):
     )
 
 
-def loss_functions(forward, weights=(), jit_compile=False):
+def loss_functions(forward, weights=(), jit_compile=False, cotangent=None):
     """`(fwd, fwd_bwd)`: `sum(forward(*inputs))`, and that with its gradients, compiled as the backend compiles.
 
     `fwd_bwd` returns the loss and its gradients for every input and every tensor of `weights`. On
     TensorFlow `tf.function`s (XLA with `jit_compile`); on JAX `jax.jit` always (the weights enter through a
     `keras.StatelessScope`); on PyTorch eager autograd (`torch.compile` with `jit_compile`).
+
+    With a float32 `cotangent` shaped like the outputs the loss is `sum(outputs * cotangent)`, so that the
+    backward pass starts from a dense gradient, as inside a model. A plain sum's gradient is ones, which
+    PyTorch broadcasts with zero strides, and some of its kernels then take slow paths (FeedForward2's
+    backward pass at the seed width: 160 ms against 102 ms from a dense gradient).
     """
     backend = _backend()
     if backend == "jax":
-        return _jax_loss_functions(forward, list(weights))
+        return _jax_loss_functions(forward, list(weights), cotangent)
     if backend == "torch":
-        return _torch_loss_functions(forward, list(weights), jit_compile)
+        return _torch_loss_functions(forward, list(weights), jit_compile, cotangent)
     import tensorflow as tf
+
+    def loss(*inputs):
+        outputs = forward(*inputs)
+        return tf.reduce_sum(outputs if cotangent is None else tf.cast(outputs, tf.float32) * cotangent)
 
     def loss_and_grads(*inputs):
         with tf.GradientTape() as tape:
             tape.watch(inputs)
-            loss = tf.reduce_sum(forward(*inputs))
-        return loss, tape.gradient(loss, list(inputs) + list(weights))
+            value = loss(*inputs)
+        return value, tape.gradient(value, list(inputs) + list(weights))
 
-    fwd = tf.function(lambda *inputs: tf.reduce_sum(forward(*inputs)), jit_compile=jit_compile)
+    fwd = tf.function(loss, jit_compile=jit_compile)
     return fwd, tf.function(loss_and_grads, jit_compile=jit_compile)
 
 
-def _jax_loss_functions(forward, weights):
+def _jax_loss_functions(forward, weights, cotangent):
     import jax
     import jax.numpy as jnp
     import keras
 
     def loss(values, inputs):
         with keras.StatelessScope(state_mapping=list(zip(weights, values))):
-            return jnp.sum(forward(*inputs).astype(jnp.float32))
+            outputs = forward(*inputs).astype(jnp.float32)
+            return jnp.sum(outputs if cotangent is None else outputs * cotangent)
 
     values = [w.value for w in weights]
     fwd_jit = jax.jit(loss)
@@ -274,17 +300,21 @@ def _jax_loss_functions(forward, weights):
     return (lambda *inputs: fwd_jit(values, list(inputs))), fwd_bwd
 
 
-def _torch_loss_functions(forward, weights, jit_compile):
+def _torch_loss_functions(forward, weights, jit_compile, cotangent):
     import torch
+
+    def loss(*inputs):
+        outputs = forward(*inputs).float()
+        return torch.sum(outputs if cotangent is None else outputs * cotangent)
 
     def fwd(*inputs):
         with torch.no_grad():
-            return torch.sum(forward(*inputs).float())
+            return loss(*inputs)
 
     def loss_and_grads(*inputs):
         inputs = [x.detach().requires_grad_(True) for x in inputs]
-        loss = torch.sum(forward(*inputs).float())
-        return loss, torch.autograd.grad(loss, inputs + [w.value for w in weights], allow_unused=True)
+        value = loss(*inputs)
+        return value, torch.autograd.grad(value, inputs + [w.value for w in weights], allow_unused=True)
 
     if jit_compile:
         return torch.compile(fwd), torch.compile(loss_and_grads)

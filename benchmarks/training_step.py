@@ -5,10 +5,18 @@ cross-entropy) on random token ids, median of `--repeats` steps after the first 
 one, and the peak resident set size above the process's baseline (on a GPU, the peak
 memory TensorFlow held there). The tensor peak is the most memory TensorFlow's allocator held
 for the timed steps' tensors: the model's own memory, without the process's libraries, traced
-graphs and caches.
+graphs and caches. On PyTorch's CPU it comes from the profiler's allocation events over one more
+step (`measure.torch_cpu_tensor_peak_mib`); JAX keeps none on a CPU.
 
     python benchmarks/training_step.py --architectures elita transformer --sequence-lengths 256 1024 4096
     python benchmarks/training_step.py --size 25m --sequence-lengths 2048 8192 16384 --tokens 16384
+
+`--backends tensorflow jax torch` measures each (architecture, T) on each Keras backend in turn, each in a
+process of its own, and prints each architecture's ratios to the last one on the same backend and each
+backend's to TensorFlow for the same architecture. JAX's step is always compiled (XLA, as `elita-train`
+compiles it there); `--jit-compile` compiles TensorFlow's with XLA and PyTorch's with `torch.compile`.
+
+    python benchmarks/training_step.py --sequence-lengths 256 --size seed --repeats 5 --backends tensorflow jax torch
 
 `--size` takes a width, depth and head count from `elita_tf.models.MODEL_SIZES` ("seed", "25m",
 "100m"); `--hidden-dim` and the others set them one by one.
@@ -31,6 +39,7 @@ from measure import (
     synthetic_batch,
     tensor_memory,
     time_left,
+    torch_cpu_tensor_peak_mib,
     training_model,
     use_gpu_peak,
 )
@@ -48,7 +57,7 @@ def run_one(args):
         args.architecture,
         args.output_head,
         args.dtype_policy,
-        jit_compile=args.jit_compile,
+        jit_compile=args.jit_compile or keras.backend.backend() == "jax",
         vocabulary_size=args.vocabulary_size,
         hidden_dim=args.hidden_dim,
         num_layers=args.num_layers,
@@ -65,10 +74,14 @@ def run_one(args):
         times.append(time.perf_counter() - start)
         if step == 0 and memory:  # from here on, the allocator's peak is the steps' own tensors
             memory.reset()
+    tensor_peak_mib = memory.peak_mib() if memory else None
+    if tensor_peak_mib is None and keras.backend.backend() == "torch":
+        tensor_peak_mib = torch_cpu_tensor_peak_mib(lambda: model.train_on_batch(x, y))
     result = {
+        "backend": keras.backend.backend(),
         "architecture": args.architecture,
         "output_head": args.output_head,
-        "jit_compile": args.jit_compile,
+        "jit_compile": args.jit_compile or keras.backend.backend() == "jax",
         "dtype_policy": args.dtype_policy,
         "T": args.sequence_length,
         "B": batch,
@@ -81,7 +94,7 @@ def run_one(args):
         **environment(),
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
         # The most memory the steps' tensors held at once, without the process's libraries, graphs and caches.
-        "tensor_peak_mib": memory.peak_mib() if memory else None,
+        "tensor_peak_mib": tensor_peak_mib,
     }
     print(json.dumps(use_gpu_peak(result)))
 
@@ -108,6 +121,13 @@ def main():
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--jit-compile", action="store_true", help="compile the training step with XLA")
     parser.add_argument("--dtype-policy", default="float32", help="e.g. mixed_bfloat16")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=[os.environ.get("KERAS_BACKEND", "tensorflow")],
+        choices=["tensorflow", "jax", "torch"],
+        help="the Keras backends to measure on, each in turn (default: KERAS_BACKEND's, else TensorFlow)",
+    )
     parser.add_argument("--out", help="also append the JSON lines to this file")
     parser.add_argument(
         "--deadline", type=float, help="a Unix time: every measurement ends by it, none starts in the minute before it"
@@ -128,59 +148,68 @@ def main():
         f"L={args.num_layers} H={args.num_heads} D={args.head_dim} "
         f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
     )
-    print(
-        "| architecture | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | compile s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    header = "| backend | architecture | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | "
+    print(header + "compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     results = {}
     for length in args.sequence_lengths:
         for head in args.output_heads:
-            for name in args.architectures:
-                timeout = time_left(args.deadline, args.timeout)
-                if timeout is None:
-                    print(f"| {name} | {head} | {length} | | skipped: past the deadline | | | | | |", flush=True)
-                    continue
-                cmd = [sys.executable, __file__, "--architecture", name, "--sequence-length", str(length)]
-                cmd += ["--output-head", head, "--size", args.size]
-                for flag in [
-                    "tokens",
-                    "vocabulary_size",
-                    "hidden_dim",
-                    "num_layers",
-                    "num_heads",
-                    "head_dim",
-                    "repeats",
-                ]:
-                    cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-                cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
-                r, reason = run_measurement(cmd, timeout)
-                if r is None:
-                    print(f"| {name} | {head} | {length} | | {reason} | | | | | |", flush=True)
-                    continue
-                results[name, head, length] = r
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(r) + "\n")
-                print(
-                    f"| {name} | {head} | {length} | {r['B']} | {r['params']:,} | {r['step_s']:.3g} | "
-                    f"{r['B'] * length / r['step_s']:,.0f} | {r['peak_mib']:,.0f} | {r['tensor_peak_mib'] or 0:,.0f} | "
-                    f"{r['compile_s']:.1f} |",
-                    flush=True,
-                )
+            for backend in args.backends:
+                for name in args.architectures:
+                    r = _measure(args, name, head, length, backend)
+                    if r is not None:
+                        results[backend, name, head, length] = r
     if results:
         print(describe_environment(next(iter(results.values()))))
-    base = args.architectures[-1]
-    for (name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][2]):
-        if name != base and (base, head, length) in results:
-            other = results[base, head, length]
+    _print_ratios(results, args.architectures[-1])
+
+
+def _measure(args, name, head, length, backend):
+    """One (architecture, head, T) on one backend, in a process of its own: its row printed, its result returned."""
+    row = f"| {backend} | {name} | {head} | {length} |"
+    timeout = time_left(args.deadline, args.timeout)
+    if timeout is None:
+        print(f"{row} | skipped: past the deadline | | | | | | |", flush=True)
+        return None
+    cmd = [sys.executable, __file__, "--architecture", name, "--sequence-length", str(length)]
+    cmd += ["--output-head", head, "--size", args.size]
+    for flag in ["tokens", "vocabulary_size", "hidden_dim", "num_layers", "num_heads", "head_dim", "repeats"]:
+        cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
+    os.environ["KERAS_BACKEND"] = backend  # the child's backend
+    r, reason = run_measurement(cmd, timeout)
+    if r is None:
+        print(f"{row} | {reason} | | | | | | |", flush=True)
+        return None
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(r) + "\n")
+    print(
+        f"{row} {r['B']} | {r['params']:,} | {r['step_s']:.3g} | {r['B'] * length / r['step_s']:,.0f} | "
+        f"{r['peak_mib']:,.0f} | {r['tensor_peak_mib'] or 0:,.0f} | {r['compile_s']:.1f} |",
+        flush=True,
+    )
+    return r
+
+
+def _print_ratios(results, base):
+    """Each architecture's step time and memory against `base`'s on its backend, and each backend's against
+    TensorFlow's for the same architecture."""
+
+    def ratios(r, other):
+        text = f"step time {r['step_s'] / other['step_s']:.2f}x, peak memory {r['peak_mib'] / other['peak_mib']:.2f}x"
+        if r["tensor_peak_mib"] and other["tensor_peak_mib"]:
+            text += f", tensor peak {r['tensor_peak_mib'] / other['tensor_peak_mib']:.2f}x"
+        return text
+
+    for (backend, name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][3]):
+        if name != base and (backend, base, head, length) in results:
+            print(f"{backend}, T={length}, {head} head: {name} / {base}: {ratios(r, results[backend, base, head, length])}")
+    for (backend, name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][3]):
+        if backend != "tensorflow" and ("tensorflow", name, head, length) in results:
             print(
-                f"T={length}, {head} head: {name} / {base}: step time {r['step_s'] / other['step_s']:.2f}x, "
-                f"peak memory {r['peak_mib'] / other['peak_mib']:.2f}x"
-                + (
-                    f", tensor peak {r['tensor_peak_mib'] / other['tensor_peak_mib']:.2f}x"
-                    if other["tensor_peak_mib"]
-                    else ""
-                )
+                f"{name}, T={length}, {head} head: {backend} / tensorflow: "
+                f"{ratios(r, results['tensorflow', name, head, length])}"
             )
 
 
