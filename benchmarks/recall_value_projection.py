@@ -2,19 +2,19 @@
 
 `simplified-reference` differs from `simplified` in four ways (a learned value projection in the first
 block, tied embeddings, RMSNorm, epsilon 1e-5) and recalls at width 64 where `simplified` does not.
-This cell adds the first of them alone. Run from the repository root:
+This cell adds the first of them alone (`simplified-value-projection` in `docs/results.md`'s recall table), and
+writes it where `elita-recall` writes its cells, under the directory given (default `runs/recall`):
 
-    TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 taskset -c 1 \
-        python benchmarks/results/recall-2026-11-29/value_projection.py > value_projection.log
+    python benchmarks/recall_value_projection.py [OUTPUT_DIR]
 """
 
-import os
+import sys
 
 from elita_tf.models.architectures import ARCHITECTURES
-from elita_tf.training.recall import RecallSettings, train_cell, write_json
+from elita_tf.training.recall import RecallSettings, cell_path, train_cell, write_json
 
 ARCHITECTURES["simplified-value-projection"] = {**ARCHITECTURES["simplified"], "first_value_projection": True}
 record = train_cell("simplified-value-projection", 64, 64, 4, 1e-3, RecallSettings(), log=print)
-path = os.path.join(os.path.dirname(__file__), "cells", "simplified-value-projection", "T64-P4", "w64-lr0.001.json")
-write_json(path, record)
+output_dir = sys.argv[1] if len(sys.argv) > 1 else "runs/recall"
+write_json(cell_path(output_dir, "simplified-value-projection", 64, 4, 64, 1e-3), record)
 print(f"accuracy {record['accuracy']:.3f} in {record['steps']} steps")
