@@ -31,7 +31,7 @@ _SEQUENCES = {"windows": "sequences"}
 # Kind: {old name: today's}.
 RENAMED = {
     # Every command that has today's flag takes the old one.
-    "flag": {"--window-length": "--sequence-length", "--documents": "--document-separator"},
+    "flag": {"--window-length": "--sequence-length", "--documents": "--document-separator", "--settings": "--tasks"},
     # Public names, by the package that exported them: today's may live in another module.
     "name": {
         "elita_tf.data.packed_windows": "elita_tf.data.packed_sequences",
@@ -67,6 +67,7 @@ RENAMED = {
         "LiteRTModel.loss": _SEQUENCES,
         "list_checkpoints": {"run_dir": "run_path"},
         "compare": {"budget_s": "budget_seconds"},
+        "RecallSettings": {"settings": "tasks"},
     },
     # Keys of the dicts a function returns, by the function. (`evaluate`'s `trained_sequence_length` was
     # `sequence_length`, which is now the evaluation's length: a key that changed meaning cannot be read both ways.)

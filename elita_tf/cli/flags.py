@@ -1,7 +1,8 @@
 """Command-line flags made from the settings dataclasses: one flag a field, one help text a field.
 
-`elita-train` and `elita-compare` take `TrainSettings` and its `CorpusSettings` as flags, and
-`elita-evaluate` the `CorpusSettings` of other text: every flag is the field of that name. A flag's
+`elita-train` and `elita-compare` take `TrainSettings` and its `CorpusSettings` as flags,
+`elita-evaluate` the `CorpusSettings` of other text and `elita-recall` its `RecallSettings`: every
+flag is the field of that name. A flag's
 old name (`elita_tf.renames`) sets the same field, hidden from `--help`, with a warning.
 """
 
@@ -25,7 +26,7 @@ def flag_help(settings_class, field, default_help=None):
 
     text = field.metadata.get("help") or ""
     default = default_help or default_text(field)
-    if default is not None and (field.type is not bool or field.default is None):
+    if default is not None and (field.type is not bool or field.default is not False):
         text += f" Default: {default}."
     return re.sub(r"`([^`]+)`", as_flag, text).replace("%", "%%")  # argparse formats help with %
 
@@ -69,16 +70,19 @@ def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=No
             continue
         flag = "--" + field.name.replace("_", "-")
         help_text = flag_help(settings_class, field, default_help)
-        if field.type is bool and field.default is None:  # unset means something else: `--flag` / `--no-flag`
-            today = parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        if field.type is bool and field.default is not False:  # unset or on by default: `--flag` / `--no-flag`
+            default = field.default if defaults else None
+            today = parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif field.type is bool:
             today = parser.add_argument(flag, action="store_true", default=False if defaults else None, help=help_text)
         else:
             default = None if field.default is dataclasses.MISSING else field.default
-            kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
+            # A tuple field takes `nargs` values, each read by its `parse` (`setting(..., nargs="+", parse=int)`).
+            kind = field.metadata.get("parse") or {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
             today = parser.add_argument(
                 flag,
                 type=kind,
+                nargs=field.metadata.get("nargs"),
                 default=default if defaults else None,
                 required=defaults and field.default is dataclasses.MISSING,
                 choices=field.metadata.get("choices"),

@@ -4,22 +4,24 @@
     recall_grid("runs/recall", ["elita", "transformer"])
 
 Zoology's figure 2 (Arora et al., 2023, https://arxiv.org/abs/2312.04927) at CPU size: each
-architecture with 2 layers at widths {64, 128, 256}, on sequence length 64 with 4 and 16 pairs and
-256 with 16 and 64 (`elita_tf.data.mqar`). As Zoology's `train.py`: AdamW (weight decay 0.1), a
-cosine schedule to 0 over the epochs, and training stops at the end of the first epoch whose test
-accuracy exceeds 0.99. Unlike Zoology's fixed 100,000 sequences, each epoch draws new ones: a
-fixed set of CPU size is memorised (the loss falls while test accuracy stays at 1/P). A cell's
-accuracy is the share of the test set's queries whose argmax is
-their value; a design's figure at a setting and width is the best over the learning rates.
+architecture with 2 layers at widths {64, 128, 256}, on the tasks of sequence length 64 with 4 and
+16 pairs and 256 with 16 and 64 (`elita_tf.data.mqar`, `RecallSettings`). As Zoology's `train.py`:
+AdamW (weight decay 0.1), a cosine schedule to 0 over the epochs, and training stops at the end of
+the first epoch whose test accuracy exceeds 0.99. Unlike Zoology's fixed 100,000 sequences, each
+epoch draws new ones: a fixed set of CPU size is memorised (the loss falls while test accuracy stays
+at 1/P). A cell's accuracy is the share of the test set's queries whose argmax is their value; a
+design's figure at a task and width is the best over the learning rates. Cells train and are scored
+on any Keras backend.
 
 Each trained cell is one json file, `OUTPUT_DIR/cells/ARCHITECTURE/T{T}-P{P}/w{W}-lr{LR}.json`,
-with every setting and seed: a finished cell is never trained again, so an interrupted grid
-resumes where it stopped. A cell in training keeps its last epoch beside it (`w{W}-lr{LR}.partial/`:
-a `.keras` checkpoint, model and optimizer, and the epochs' figures), so an interrupted cell resumes
-at its last finished epoch, as if never stopped (each epoch's data and shuffle depend only on the seed
-and the epoch). Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the
-best of each sweep and every cell) and `OUTPUT_DIR/recall.png` (accuracy against width, one panel a
-setting, one line a design, as Zoology's figure 2) are written.
+with every setting and seed: a finished cell is never trained again, so an interrupted grid resumes
+where it stopped, and a cell trained with other settings (`RecallSettings.cell_settings`) is refused
+rather than reused. A cell in training keeps its last epoch beside it (`w{W}-lr{LR}.partial/`: a
+`.keras` checkpoint, model and optimizer, and the epochs' figures), so an interrupted cell resumes at
+its last finished epoch, as if never stopped (each epoch's data and shuffle depend only on the seed
+and the epoch). Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the best of each
+sweep and every cell) and `OUTPUT_DIR/recall.png` (accuracy against width, one panel a task, one line
+a design, as Zoology's figure 2) are written.
 """
 
 import dataclasses
@@ -28,77 +30,9 @@ import os
 import shutil
 import time
 
-# The seven designs of the comparison (the `*-reference` architectures are the same blocks wrapped otherwise).
-DESIGNS = ("elita", "transformer", "simplified", "simplified-wide", "linear", "3lin", "additive")
-# Zoology's early stop: training ends once test accuracy passes it.
-SOLVED = 0.99
+import numpy as np
 
-
-@dataclasses.dataclass(frozen=True)
-class RecallSettings:
-    """The grid and the training of every cell.
-
-    Attributes:
-        widths: the hidden widths `d`; heads are `num_heads` of `d / num_heads` each.
-        settings: `(sequence_length, num_pairs)` pairs.
-        learning_rates: the sweep; each cell's figure is the best of them.
-        vocabulary_size: MQAR's `V` (keys `[1, V/2)`, values `[V/2, V)`).
-        train_examples: training sequences of an epoch, drawn anew every epoch (seed `(seed, 0, epoch)`):
-            a fixed set this small is memorised (test accuracy stays at chance while the loss falls).
-        test_examples: test sequences, one set (seed `(seed, 1)`: none of the training draws).
-        epochs: at most; a cell stops after the first epoch whose test accuracy passes `SOLVED`.
-        batch_size: sequences per step.
-        num_layers: blocks.
-        num_heads: heads per block.
-        weight_decay: AdamW's.
-        power_a: MQAR's power law of query gaps (Zoology's 0.01).
-        random_non_queries: random tokens between the queries (Zoology's default), or 0 (its figure 2's).
-        seed: data, initialisation and shuffle.
-    """
-
-    widths: tuple = (64, 128, 256)
-    settings: tuple = ((64, 4), (64, 16), (256, 16), (256, 64))
-    # Recall forms after a plateau at 1 / P whose length varies from run to run: at width 128, T = 64, 4
-    # pairs, one head, on a 64-epoch cosine, the Transformer left it after about 2,000 steps at 5e-4 (0.991
-    # at epoch 40); at 1e-3 it stayed there all 64 epochs (benchmarks/results/recall-2026-11-29).
-    learning_rates: tuple = (5e-4, 1e-3)
-    vocabulary_size: int = 512
-    train_examples: int = 8192
-    test_examples: int = 1024
-    epochs: int = 64
-    batch_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 1  # Zoology's attention
-    weight_decay: float = 0.1
-    power_a: float = 0.01
-    random_non_queries: bool = True
-    seed: int = 0
-
-    def __post_init__(self):
-        from elita_tf.data.mqar import check_mqar  # NumPy: a command's --help loads none
-
-        for sequence_length, num_pairs in self.settings:
-            check_mqar(self.vocabulary_size, sequence_length, num_pairs, self.power_a)
-        for width in self.widths:
-            if width % self.num_heads:
-                raise ValueError(
-                    f"Every width must split into {self.num_heads} heads. Received: widths={list(self.widths)}"
-                )
-
-
-# `--quick`'s settings (`RecallSettings(**QUICK)`): two designs' worth of seconds, for CI.
-QUICK = dict(
-    widths=(16,),
-    settings=((16, 2),),
-    learning_rates=(3e-3,),
-    vocabulary_size=32,
-    train_examples=128,
-    test_examples=64,
-    epochs=1,
-    batch_size=32,
-    num_layers=2,
-    num_heads=2,
-)
+from elita_tf.training.recall_settings import DESIGNS, QUICK, SOLVED, RecallSettings  # noqa: F401 (this module's API)
 
 
 def cell_path(output_dir, architecture, sequence_length, num_pairs, width, learning_rate):
@@ -114,32 +48,42 @@ def cell_cost(settings, sequence_length, width):
     return 3 * settings.epochs * settings.train_examples * sequence_length * per_token
 
 
-def _accuracy_function(model):
-    import tensorflow as tf
-
-    backbone = model.backbone
-
-    @tf.function(reduce_retracing=True)
-    def hits(inputs, targets, weights):
-        # The head only at the queries: [M, d] -> [M, V].
-        hidden = backbone.hidden_states(inputs["token_ids"], tf.cast(inputs["padding_mask"], tf.bool))
-        where = tf.where(weights > 0)
-        logits = backbone.logits(tf.gather_nd(hidden, where))
-        predicted = tf.argmax(logits, axis=-1, output_type=tf.int32)
-        correct = tf.cast(tf.equal(predicted, tf.gather_nd(targets, where)), tf.float32)
-        return tf.reduce_sum(correct), tf.cast(tf.shape(where)[0], tf.float32)
-
-    return hits
-
-
 def recall_accuracy(model, dataset):
-    """The share of `dataset`'s queries (weight > 0) whose argmax is their value."""
-    hits = _accuracy_function(model)
-    correct = total = 0.0
-    for inputs, targets, weights in dataset:
-        c, n = hits(inputs, targets, weights)
-        correct, total = correct + float(c), total + float(n)
+    """The share of `dataset`'s queries (weight > 0) whose argmax is their value, on any Keras backend."""
+    correct = total = 0
+    for inputs, targets, weights in dataset.as_numpy_iterator():
+        logits = np.asarray(model.predict_on_batch(inputs))  # [B, T, V]
+        queries = weights > 0
+        correct += int(np.sum(np.argmax(logits[queries], axis=-1) == targets[queries]))
+        total += int(np.sum(queries))
     return correct / total
+
+
+def read_cell(path):
+    """A finished cell's record from its json, or a `ValueError` naming the file."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except ValueError as error:
+        reason = f"not json: {error}"
+    else:
+        if isinstance(record, dict) and {"accuracy", "settings"} <= record.keys():
+            return record
+        reason = "no accuracy and settings in it"
+    raise ValueError(f"{path} is not a finished cell's record ({reason}): delete it to train the cell again")
+
+
+def check_cell_settings(path, recorded, settings):
+    """Raises `ValueError` in one line unless a cell's `recorded` settings are `settings`' (`cell_settings`)."""
+    wanted = settings.cell_settings()
+    differ = sorted(name for name in wanted if recorded.get(name) != wanted[name])
+    if differ:
+        then = ", ".join(f"{name}={recorded.get(name)!r}" for name in differ)
+        now = ", ".join(f"{name}={wanted[name]!r}" for name in differ)
+        raise ValueError(
+            f"{path} was trained with {then}; these settings have {now}. Give another --output-dir, or delete the "
+            "cell to train it again"
+        )
 
 
 def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, settings, log=None, checkpoint_dir=None):
@@ -169,6 +113,8 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     if progress_path is not None and os.path.exists(progress_path):
         with open(progress_path) as f:
             progress = json.load(f)
+        if "settings" in progress:  # written since the settings are checked
+            check_cell_settings(checkpoint_dir, progress["settings"], settings)
         by_epoch, losses, seconds = progress["accuracy_by_epoch"], progress["loss_by_epoch"], progress["seconds"]
         # Written before progress.json: the checkpoint of its last epoch is there.
         model = load_checkpoint(checkpoint_path(checkpoint_dir, len(by_epoch)))
@@ -194,7 +140,8 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
             weighted_metrics=None,
             # Keras leaves XLA off on a CPU; at these sizes it speeds linear and additive attention up most.
-            jit_compile=True,
+            # PyTorch's compiler costs more than it saves there (docs/benchmarks.md).
+            jit_compile=keras.backend.backend() != "torch",
         )
     test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
     test = mqar_dataset(test_arrays, settings.batch_size, shuffle=False)
@@ -209,6 +156,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         if checkpoint_dir is not None:
             save_checkpoint(model, checkpoint_dir, len(by_epoch), keep=2)
             progress = {"accuracy_by_epoch": by_epoch, "loss_by_epoch": losses, "seconds": time.perf_counter() - start}
+            progress["settings"] = settings.cell_settings()
             write_json(progress_path, progress)
         if log is not None:
             log(
@@ -229,6 +177,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         "steps": int(model.optimizer.iterations.numpy()),
         "seconds": time.perf_counter() - start,
         "jit_compile": bool(model.jit_compile),
+        "backend": keras.backend.backend(),
         "settings": dataclasses.asdict(settings),
     }
 
@@ -264,12 +213,16 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
         architecture(name)  # unknown names fail before any training
     cells = [  # cell_path's arguments
         (name, sequence_length, num_pairs, width, learning_rate)
-        for sequence_length, num_pairs in settings.settings
+        for sequence_length, num_pairs in settings.tasks
         for name in architectures
         for width in settings.widths
         for learning_rate in settings.learning_rates
     ]
     todo = [cell for cell in cells if not os.path.exists(cell_path(output_dir, *cell))]
+    for cell in cells:  # every finished cell read and checked before any training
+        if cell not in todo:
+            path = cell_path(output_dir, *cell)
+            check_cell_settings(path, read_cell(path)["settings"], settings)
     total = sum(cell_cost(settings, cell[1], cell[3]) for cell in todo)
     log(
         f"{len(cells)} cells, {len(cells) - len(todo)} done, {len(todo)} to train: at most {total / 1e12:.1f} "
@@ -290,11 +243,7 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
             f"{record['accuracy']:.3f} in {record['steps']} steps, {record['seconds']:.0f} s; "
             f"elapsed {_hours(elapsed)}, at most {_hours(elapsed / done_cost * (total - done_cost))} left"
         )
-    records = []
-    for cell in cells:
-        with open(cell_path(output_dir, *cell)) as f:
-            records.append(json.load(f))
-    return write_report(output_dir, records)
+    return write_report(output_dir, [read_cell(cell_path(output_dir, *cell)) for cell in cells])
 
 
 def best_of_sweep(records):

@@ -59,3 +59,27 @@ def test_compare_trains_every_architecture_on_this_backend_and_tables_them(tmp_p
     for name in ("elita", "transformer"):  # each run trained here, in its own process
         results = json.loads((out / name / "seed-0" / "results.json").read_text())
         assert results["software"]["keras_backend"] == BACKEND and results["steps"] == 2
+
+
+_RECALL_ON_TENSORFLOW = """
+import json, sys
+from elita_tf.data.mqar import mqar_arrays, mqar_dataset
+from elita_tf.training.checkpoints import load_checkpoint
+from elita_tf.training.recall import QUICK, RecallSettings, recall_accuracy
+settings = RecallSettings(**QUICK)
+task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=16, num_pairs=2)
+test = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
+print(json.dumps(recall_accuracy(load_checkpoint(sys.argv[1]), mqar_dataset(test, settings.batch_size, shuffle=False))))
+"""
+
+
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="elita-recall's own tests run on TensorFlow")
+def test_a_recall_cell_trains_here_and_tensorflow_scores_its_weights_alike(tmp_path):
+    from elita_tf.training.recall import QUICK, RecallSettings, train_cell
+    from elita_tf.training.run_files import checkpoint_path
+
+    partial = tmp_path / "cell.partial"  # its last epoch's checkpoint stays there
+    record = train_cell("elita", 16, 16, 2, 3e-3, RecallSettings(**QUICK), checkpoint_dir=str(partial))
+    assert record["backend"] == BACKEND and record["steps"] == 4 and 0 <= record["accuracy"] <= 1
+    scored = run_on_backend("tensorflow", _RECALL_ON_TENSORFLOW, checkpoint_path(str(partial), 1))
+    assert json.loads(scored.strip().splitlines()[-1]) == record["accuracy"]

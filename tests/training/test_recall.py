@@ -124,10 +124,16 @@ def test_the_table_holds_the_best_learning_rate_of_each_cell():
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--settings", "64:40"], "Received: num_pairs=40"),
-        (["--settings", "64"], "Received: '64'"),
+        (["--tasks", "64:40"], "Received: num_pairs=40"),
+        (["--tasks", "64"], "Received: '64'"),
         (["--architectures", "nope"], "Received: name='nope'"),
         (["--widths", "30", "--num-heads", "4"], "Received: widths=[30]"),
+        (["--num-heads", "0"], "Received: num_heads=0"),
+        (["--batch-size", "0"], "Received: batch_size=0"),
+        (["--test-examples", "0"], "Received: test_examples=0"),
+        (["--train-examples", "10"], "at least batch_size = 64: a step an epoch. Received: train_examples=10"),
+        (["--widths", "-16"], "Received: widths=-16"),
+        (["--learning-rates", "0"], "Received: learning_rates=0.0"),
     ],
 )
 def test_bad_flags_end_in_one_line(flags, message, tmp_path, capsys):
@@ -136,3 +142,72 @@ def test_bad_flags_end_in_one_line(flags, message, tmp_path, capsys):
     assert stop.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith("elita-recall: error: ") and message in error and error.count("\n") == 1
+
+
+def test_every_flag_has_help_and_the_old_settings_flag_sets_tasks(capsys):
+    import dataclasses
+
+    from elita_tf.training.recall_settings import RecallSettings
+
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for field in dataclasses.fields(RecallSettings):
+        flag = "--" + field.name.replace("_", "-")
+        assert f"{flag} " in text and field.metadata["help"].split()[0].strip("`") in text, flag
+    assert "Default: 64:4 64:16 256:16 256:64" in text
+    _, _, settings = cli.parse_args(["--output-dir", "x", "--settings", "64:8"])
+    assert settings.tasks == ((64, 8),) and "--settings is deprecated: use --tasks" in capsys.readouterr().err
+    with pytest.warns(FutureWarning, match="use `tasks`"):
+        assert RecallSettings(settings=[(64, 8)]).tasks == ((64, 8),)
+
+
+def _quick_cell(output, **changes):
+    """Trains `--quick`'s ELiTA cell into `output` (with `changes` to its settings); returns the cell's path."""
+    import dataclasses
+
+    from elita_tf.training.recall import QUICK, RecallSettings, recall_grid
+
+    settings = dataclasses.replace(RecallSettings(**QUICK), **changes)
+    recall_grid(output, ["elita"], settings, log=lambda line: None)
+    return cell_path(output, "elita", 16, 2, 16, 3e-3), settings
+
+
+def test_a_cell_of_other_settings_is_refused_and_a_damaged_one_named(tmp_path):
+    import dataclasses
+
+    from elita_tf.training.recall import recall_grid
+
+    output = str(tmp_path / "recall")
+    path, settings = _quick_cell(output)
+    for changes, message in [
+        ({"epochs": 4, "vocabulary_size": 64}, "was trained with epochs=1, vocabulary_size=32; these settings have "
+         "epochs=4, vocabulary_size=64"),
+        ({"seed": 1}, "was trained with seed=0; these settings have seed=1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            recall_grid(output, ["elita"], dataclasses.replace(settings, **changes), log=lambda line: None)
+    # Another grid of the same cells' settings reuses them.
+    recall_grid(output, ["elita"], dataclasses.replace(settings, widths=(16,)), log=lambda line: None)
+    with open(path, "w") as f:
+        f.write("{")
+    with pytest.raises(ValueError, match=f"{path} is not a finished cell's record \\(not json"):
+        recall_grid(output, ["elita"], settings, log=lambda line: None)
+
+
+def test_a_partial_cell_of_other_settings_is_refused(tmp_path):
+    import dataclasses
+
+    from elita_tf.training.recall import QUICK, RecallSettings, train_cell
+
+    settings = dataclasses.replace(RecallSettings(**QUICK), epochs=2, train_examples=64)
+    partial = str(tmp_path / "cell.partial")
+
+    def stop_after_epoch_1(line):
+        if line.startswith("  epoch 1:"):
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        train_cell("linear", 16, 16, 2, 3e-3, settings, log=stop_after_epoch_1, checkpoint_dir=partial)
+    with pytest.raises(ValueError, match="cell.partial was trained with epochs=2; these settings have epochs=3"):
+        train_cell("linear", 16, 16, 2, 3e-3, dataclasses.replace(settings, epochs=3), checkpoint_dir=partial)
