@@ -23,6 +23,11 @@ def ordered(after, compute):
     return compute()
 
 
+def unlinked(outputs):
+    """The outputs as they are: a gradient function that keeps one holds no cycle here."""
+    return outputs
+
+
 def matmul(a, b, transpose_a=False, transpose_b=False):
     return jnp.matmul(jnp.swapaxes(a, -1, -2) if transpose_a else a, jnp.swapaxes(b, -1, -2) if transpose_b else b)
 
@@ -68,8 +73,3 @@ def segment_sum(data, segment_ids, num_segments):
 
 def no_gradient():
     return contextlib.nullcontext()
-
-
-def unlinked(outputs):
-    """The outputs as they are: a gradient function that keeps one holds no cycle here."""
-    return outputs
