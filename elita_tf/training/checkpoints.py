@@ -112,14 +112,18 @@ def load_latest_checkpoint(run_dir, compile=True):
     return load_checkpoint(path, compile=compile), path
 
 
-def _run_preprocessor(run_path):
-    """The run's tokenizer in a preprocessor whose `sequence_length` is the training length."""
+def run_preprocessor(proto, sequence_length):
+    """A run's one preprocessor: its SentencePiece tokenizer (`proto`, the bytes of `sentencepiece.model`) at
+    its training length. `prepare_run` builds it so for training, and `load_run_model` from the run's files."""
     from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer  # TensorFlow, once a model is built
 
+    return ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=sequence_length)
+
+
+def _run_preprocessor(run_path):
     with open(os.path.join(run_path, TOKENIZER_FILE), "rb") as f:
-        tokenizer = ElitaTokenizer(proto=f.read())
-    sequence_length = read_manifest(run_path)["training"]["sequence_length"]
-    return ElitaCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+        proto = f.read()
+    return run_preprocessor(proto, read_manifest(run_path)["training"]["sequence_length"])
 
 
 def load_run_model(run_path):

@@ -14,7 +14,8 @@ import keras
 from elita_tf.data import lm_dataset, load_corpus, sample_text, stream_steps_per_epoch, train_sentencepiece
 from elita_tf.data.token_files import FileSequences, TokenFile, cached_token_file
 from elita_tf.data.text_files import TextCorpus, data_kind
-from elita_tf.models import ElitaCausalLMPreprocessor, ElitaTokenizer
+from elita_tf.models import ElitaCausalLMPreprocessor
+from elita_tf.training.checkpoints import run_preprocessor
 from elita_tf.training.manifest import legacy_corpus_record, requested_manifest
 from elita_tf.training.model_settings import model_config, preset_tokenizer
 from elita_tf.training.run_directory import RunDirectoryError, read_manifest, write_atomically
@@ -101,7 +102,7 @@ def prepare_run(settings, run_dir, splits, data):
                 f"(sha256 {stored['tokenizer_sha256'][:12]}...). Restore it, or use --force-new."
             )
     # The run's one tokenizer: it writes the token files and goes into the final preset.
-    preprocessor = ElitaCausalLMPreprocessor(ElitaTokenizer(proto=proto), sequence_length=settings.sequence_length)
+    preprocessor = run_preprocessor(proto, settings.sequence_length)
     run_splits = {}
     bar = keras.utils.Progbar(None, unit_name="token") if settings.verbose == 1 else None
     for split in pairs:
