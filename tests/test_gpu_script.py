@@ -46,13 +46,15 @@ def test_the_gpu_script_runs_every_measurement_in_quick_mode(tmp_path):
         for r in rows
         if "architecture" in r
     }
+    has_torch = _imports(env.get("TORCH_PYTHON", "python3"), "torch")
     settings = [
         ("tensorflow", "mixed_bfloat16", False),
         ("tensorflow", "float32", True),
         ("jax", "mixed_bfloat16", False),
-    ]
+    ] + [("torch", "mixed_bfloat16", False)] * has_torch  # Keras on PyTorch, eager
     assert steps == {(name, *setting) for name in ("elita", "transformer") for setting in settings}, steps
-    assert all(r["jit_compile"] and r["step_s"] > 0 for r in rows if "architecture" in r)
+    keras_steps = [r for r in rows if "architecture" in r]
+    assert all(r["jit_compile"] == (r["backend"] != "torch") and r["step_s"] > 0 for r in keras_steps), keras_steps
 
     layers = [r for r in rows if "subject" in r and r.get("framework") != "pytorch"]
     assert {r["subject"] for r in layers} == {"kernel-factored", "kernel-direct", "attention2"}
@@ -65,9 +67,9 @@ def test_the_gpu_script_runs_every_measurement_in_quick_mode(tmp_path):
         assert profile["op_ms"] > 0 and profile["top"] and profile["mfu"] is None
     assert "Where ELiTA's step goes" in summary
 
-    has_torch = _imports(env.get("TORCH_PYTHON", "python3"), "torch")
-    # The Keras steps' rows at the seed size (two TensorFlow, one JAX), and the row against the PyTorch GPT.
-    assert summary.count("| seed | 32 | 2 |") == 4, summary
+    # The Keras steps' rows at the seed size (two TensorFlow, one JAX, one PyTorch), and the row against the GPT.
+    assert summary.count("| seed | 32 | 2 |") == 4 + has_torch, summary
+    assert ("| seed | 32 | 2 | torch | mixed_bfloat16 | no |" in summary) == has_torch, summary
     assert "seed, T=32, B=2: ELiTA on JAX / PyTorch GPT step: compiled not measured; JAX / TensorFlow" in summary
     if has_torch:
         gpt = {r["torch_gpt"]: r for r in rows if "torch_gpt" in r}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure the docs quote, as one prepared command, most important first: the correctness check; ELiTA's
 # XLA training step (25M, mixed_bfloat16) on TensorFlow and on JAX against a PyTorch GPT of the Transformer's shape
-# (SDPA causal, bfloat16 autocast, fused AdamW, torch.compile'd) at T = 8192 and 2048; the profile of the JAX step
+# (SDPA causal, bfloat16 autocast, fused AdamW, torch.compile'd) at T = 8192 and 2048, and ELiTA's and the
+# Transformer's Keras step on PyTorch (eager) there, each backend's peak memory beside; the profile of the JAX step
 # on the GPU's timeline; the attention ops alone at T = 8192 (Attention2 and its kernel against SDPA and fla's
 # chunk_linear_attn); the TensorFlow step's profile; T = 32768 steps and T = 65536 ops; the GPT eager; then ELiTA
 # against the Keras Transformer at 25M (both backends) and the seed size, in float32, and with XLA's command
@@ -12,7 +13,7 @@
 # PYTHON runs the TensorFlow side, JAX_PYTHON the same training step and profile on JAX (KERAS_BACKEND=jax,
 # without TensorFlow), TORCH_PYTHON (a Python with PyTorch and without TensorFlow) the PyTorch side; all default to
 # python3. Wheels in benchmarks/gpu/wheels (fetch_wheels.sh) are installed into scratch folders that only their
-# side sees: fla's for PyTorch, Keras' and keras-hub's (wheels/jax) for JAX. A side whose Python lacks its
+# side sees: fla's for PyTorch, Keras' and keras-hub's (wheels/jax) for JAX and for Keras on PyTorch. A side whose Python lacks its
 # framework is reported skipped, so a machine without TensorFlow still measures JAX against PyTorch.
 #
 # It writes OUTPUT_DIR/raw.jsonl (one JSON line per measurement, appended as each ends), OUTPUT_DIR/log.txt (each
@@ -77,6 +78,14 @@ jax_env+=(PYTHONPATH="$jax_path")
 if "${jax_env[@]}" "$jax_python" -c "import jax, keras_hub" 2>/dev/null; then jax=1; else
   jax=0; skip_side jax "jax or keras-hub does not import in $jax_python"
 fi
+# Keras on PyTorch (ELiTA's and the Transformer's step, eager): the PyTorch Python, with the JAX side's Keras and
+# keras-hub, without TensorFlow.
+keras_torch_env=("${jax_env[@]/KERAS_BACKEND=jax/KERAS_BACKEND=torch}")
+if [ $torch = 1 ] && "${keras_torch_env[@]}" "$torch_python" -c "import torch, keras_hub" 2>/dev/null; then
+  keras_torch=1
+else
+  keras_torch=0; skip_side keras-torch "torch or keras-hub does not import in $torch_python"
+fi
 if "$python" -c "import tensorflow" 2>/dev/null; then tf=1; else
   tf=0; skip_side tensorflow "tensorflow does not import in $python"
 fi
@@ -97,18 +106,23 @@ else
   profile=(--size 25m --sequence-length 8192 --batch-size 2 --warmup 2 --steps 5)
 fi
 
-side() {  # side tf|jax: sets $runner to that side's command, or fails where that side was skipped
+side() {  # side tf|jax|torch: sets $runner to that side's command, or fails where that side was skipped
   if [ "$1" = jax ]; then
     [ $jax = 1 ] && runner=("${jax_env[@]}" "$jax_python")
+  elif [ "$1" = torch ]; then
+    [ $keras_torch = 1 ] && runner=("${keras_torch_env[@]}" "$torch_python")
   else
     [ $tf = 1 ] && runner=(env KERAS_BACKEND=tensorflow "$python")
   fi
 }
 check() { side tf || return 0; "${runner[@]}" gpu/check.py "${check[@]}" --out "$raw"; }
-steps() {  # steps tf|jax SIZE DTYPE_POLICY "ARCHITECTURES" "LENGTHS" [XLA_FLAGS]: the compiled training step
+steps() {  # steps tf|jax|torch SIZE DTYPE_POLICY "ARCHITECTURES" "LENGTHS" [XLA_FLAGS]: the training step,
+  # compiled (XLA), or eager on PyTorch, where torch.compile of Keras' step costs more than it saves on a CPU
   side "$1" || return 0
+  local compile=(--jit-compile)
+  [ "$1" = torch ] && compile=()
   XLA_FLAGS="$(echo ${XLA_FLAGS:-} ${6:-})" "${runner[@]}" training_step.py --size "$2" "${size_flags[@]}" \
-    --jit-compile --dtype-policy "$3" --architectures $4 --sequence-lengths $5 "${step[@]}" --deadline "$deadline" \
+    "${compile[@]}" --dtype-policy "$3" --architectures $4 --sequence-lengths $5 "${step[@]}" --deadline "$deadline" \
     --out "$raw"
 }
 gpt() {  # gpt SIZE "LENGTHS" "MODES": the PyTorch GPT, torch.compile'd and/or eager
@@ -143,6 +157,7 @@ if [ $quick = 1 ]; then  # every function once, in two lanes: the script's every
   } >"$log.1" 2>&1 &
   {
     gpt seed 32 "compiled eager"
+    steps torch seed mixed_bfloat16 "elita transformer" 32
     attention_ops 64 128
     profile tf
     profile jax
@@ -160,6 +175,7 @@ else  # one at a time, the goals' figures first
   run steps tf 25m mixed_bfloat16 elita 2048
   run steps jax 25m mixed_bfloat16 elita 2048
   run gpt 25m 2048 compiled
+  run steps torch 25m mixed_bfloat16 "elita transformer" "8192 2048"
   run profile jax
   run layers 8192 16384
   run attention_ops 8192 16384

@@ -234,7 +234,7 @@ def main(path):
             f"checks on {checks[0]['device']}: {len(checks) - len(failed)} of {len(checks)} passed, "
             f"worst relative error {worst:.1e}" + (f"; FAILED: {failed}" if failed else "")
         )
-    sides = {"pytorch": "PyTorch peer", "jax": "JAX side", "tensorflow": "TensorFlow side"}
+    sides = {"pytorch": "PyTorch peer", "keras-torch": "Keras on PyTorch", "jax": "JAX side", "tensorflow": "TensorFlow side"}
     for r in rows:
         if r.get("skipped") in sides:
             print(f"{sides[r['skipped']]}: skipped ({r['reason']})")
