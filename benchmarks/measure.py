@@ -194,7 +194,8 @@ def torch_cpu_tensor_peak_mib(step):
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as trace:
         step()
-    events = sorted((e.start_ns(), e.nbytes()) for e in trace.profiler.kineto_results.events() if e.name() == "[memory]")
+    events = trace.profiler.kineto_results.events()
+    events = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
     live = peak = 0
     for _, size in events:
         live += size

@@ -148,8 +148,8 @@ def main():
         f"L={args.num_layers} H={args.num_heads} D={args.head_dim} "
         f"jit_compile={args.jit_compile} dtype_policy={args.dtype_policy} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
     )
-    header = "| backend | architecture | output head | T | B | params | step s | tokens/s | peak MiB | tensor peak MiB | "
-    print(header + "compile s |")
+    header = "| backend | architecture | output head | T | B | params | step s | tokens/s | peak MiB | "
+    print(header + "tensor peak MiB | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     results = {}
     for length in args.sequence_lengths:
@@ -204,7 +204,8 @@ def _print_ratios(results, base):
 
     for (backend, name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][3]):
         if name != base and (backend, base, head, length) in results:
-            print(f"{backend}, T={length}, {head} head: {name} / {base}: {ratios(r, results[backend, base, head, length])}")
+            other = results[backend, base, head, length]
+            print(f"{backend}, T={length}, {head} head: {name} / {base}: {ratios(r, other)}")
     for (backend, name, head, length), r in sorted(results.items(), key=lambda kv: kv[0][3]):
         if backend != "tensorflow" and ("tensorflow", name, head, length) in results:
             print(

@@ -78,7 +78,8 @@ def add_flags(parser, settings_class, exclude=(), defaults=True, default_help=No
         else:
             default = None if field.default is dataclasses.MISSING else field.default
             # A tuple field takes `nargs` values, each read by its `parse` (`setting(..., nargs="+", parse=int)`).
-            kind = field.metadata.get("parse") or {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
+            kind = {"int": int, "float": float}.get(getattr(field.type, "__name__", ""), str)
+            kind = field.metadata.get("parse") or kind
             today = parser.add_argument(
                 flag,
                 type=kind,

@@ -42,7 +42,9 @@ def parse_args(argv=None):
     def flag_value(value):  # as the flag takes it: `16`, `16:2`
         return " ".join(":".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in value)
 
-    quick = ", ".join(f"--{name.replace('_', '-')} {flag_value(v if isinstance(v, tuple) else (v,))}" for name, v in QUICK.items())
+    quick = ", ".join(
+        f"--{name.replace('_', '-')} {flag_value(v if isinstance(v, tuple) else (v,))}" for name, v in QUICK.items()
+    )
     parser.add_argument("--quick", action="store_true", help=f"A grid of seconds, for CI: its own defaults ({quick}).")
     add_flags(parser, RecallSettings, defaults=False)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)

@@ -117,7 +117,8 @@ class RecallSettings:
         True, "Random tokens between the queries (Zoology's default), or 0s (its figure 2's)."
     )
     seed: int = setting(
-        0, "Seeds the data, the weights and the shuffle.", check=functools.partial(check_integer, least=0, most=SEED_MAX)
+        0, "Seeds the data, the weights and the shuffle.",
+        check=functools.partial(check_integer, least=0, most=SEED_MAX),
     )
 
     def __post_init__(self):

@@ -39,12 +39,13 @@ def _custom_gradient_ops():
     from elita_tf.ops.pairwise_projection import pairwise_projection
 
     # Each takes `values [2, 40, 8]`.
+    labels, kernel, heads_kernel = ops.zeros([2, 40], "int32"), ops.ones([8, 50]), ops.ones([2, 3, 8])
     return {
         "layer norm": lambda v: unscaled_layer_norm(v),
         "causal mean": lambda v: causal_softmax_mean(v[None, ..., 0], v[None])[0],
-        "gated projection": lambda v: gated_output_projection(v[None], v[None] * 2.0, v[None, ..., 0], ops.ones([2, 3, 8])),
+        "gated projection": lambda v: gated_output_projection(v[None], 2 * v[None], v[None, ..., 0], heads_kernel),
         "pairwise projection": lambda v: pairwise_projection(v[0], v[1], ops.ones([8, 8, 3]), swish=True),
-        "cross-entropy": lambda v: chunked_cross_entropy(v, ops.ones([8, 50]), ops.zeros([2, 40], "int32"), chunk_size=16),
+        "cross-entropy": lambda v: chunked_cross_entropy(v, kernel, labels, chunk_size=16),
     }
 
 

@@ -128,7 +128,7 @@ def test_the_table_holds_the_best_learning_rate_of_each_cell():
         (["--tasks", "64"], "Received: '64'"),
         (["--architectures", "nope"], "Received: name='nope'"),
         (["--widths", "30", "--num-heads", "4"], "Received: widths=[30]"),
-        *[([f"--{flag}", "0"], f"Received: {flag.replace('-', '_')}=0") for flag in ("num-heads", "batch-size", "epochs")],
+        *[([f"--{f}", "0"], f"Received: {f.replace('-', '_')}=0") for f in ("num-heads", "batch-size", "epochs")],
         (["--train-examples", "10"], "at least batch_size = 64: a step an epoch. Received: train_examples=10"),
         (["--widths", "-16"], "Received: widths=-16"),
         (["--learning-rates", "0"], "Received: learning_rates=0.0"),
