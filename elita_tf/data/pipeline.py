@@ -1,17 +1,18 @@
 """The language-modelling `tf.data` pipeline.
 
-    lines --SentencePiece (in graph)--> ids --concatenate--> sequences of T + 1
-          --({"token_ids", "padding_mask"}, targets)--> shuffled with a seed per epoch --> batches --> prefetch
+    (line, starts_document) --SentencePiece, once--> token files --a sequence of T + 1 at a time-->
+          ({"token_ids", "padding_mask"}, targets) --shuffled with a seed per epoch--> batches --> prefetch
 
-Tokenising and cutting run once through `tf.data` (`token_sequences`); the
-sequences are small (WikiText-2 at T = 256 is ~13K of them), so they are held
-in memory, and batch `k` of the training stream is a pure function of
-`(seed, k)`: the same seed gives the same batches, and a resumed run starts
-exactly at its step (`lm_dataset(..., start_step=k)`).
+`elita-train` and `elita-evaluate` tokenize each split once into files (`token_files.cached_token_file`)
+and read them back a sequence at a time (`token_files.FileSequences`): `lm_dataset` turns those into
+batches, where batch `k` of the training stream is a pure function of `(seed, k)`, so the same seed
+gives the same batches and a resumed run starts exactly at its step (`lm_dataset(..., start_step=k)`).
+With packed documents (`elita-train --pack-documents`) the files' document starts ride along and the
+batches carry `document_starts` and weights; with a carried state (`--carry-state`) the split is one
+stream, read in segments (`stream_dataset`).
 
-With packed documents (`elita-train --pack-documents`) the split is first one
-stream of ids and document starts (`token_stream`), cut the same way
-(`packed_sequences`); the batches then carry `document_starts` and weights.
+`token_sequences`, `token_stream` and `packed_sequences` cut a small split the same way in memory (the
+same sequences as the files give), and `lm_dataset` takes their arrays too.
 """
 
 import numpy as np

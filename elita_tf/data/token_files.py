@@ -4,11 +4,10 @@
                                                           DIR/document_starts.bin  uint8, 1 at a document's first token
     sequence i of length W = tokens [i W, (i + 1) W): one positioned read of each file
 
-Training reads sequences in a seeded order without holding the split: memory
-stays flat however large the corpus is, and any sequence (so any batch, so a
-resumed step) is one read away. The sequences are those `token_sequences` cuts
-from the same stream, so a split read from its files trains exactly as it
-did in memory. Files are written once per (text, tokenizer) fingerprint under
+This is how `elita-train` and `elita-evaluate` read every split. Training reads sequences in a
+seeded order without holding the split: memory stays flat however large the corpus is, and any
+sequence (so any batch, so a resumed step) is one read away. The sequences are those that
+`pipeline.token_sequences` cuts in memory from the same stream. Files are written once per (text, tokenizer) fingerprint under
 a cache directory (`$ELITA_CACHE_DIR`, else `~/.cache/elita-tf`) and reused by
 every later run: another seed, architecture or sequence length. `index.json` records each
 file's size and CRC-32; a file that fails them is written again from the text (`write_token_file`).
