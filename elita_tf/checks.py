@@ -132,6 +132,19 @@ def check_positive_number(name, value, optional=False):
     return float(value)
 
 
+def check_non_negative_number(name, value):
+    """A number at least 0, returned as a float.
+
+    Example:
+    >>> check_non_negative_number("weight_decay", -1)
+    Traceback (most recent call last):
+    ValueError: `weight_decay` must be a non-negative number. Received: weight_decay=-1
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        fail(name, value, "a non-negative number")
+    return float(value)
+
+
 def check_choice(name, value, choices):
     """`value` when it is one of `choices`, else `fail` listing them.
 

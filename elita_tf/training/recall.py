@@ -219,10 +219,12 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
         for learning_rate in settings.learning_rates
     ]
     todo = [cell for cell in cells if not os.path.exists(cell_path(output_dir, *cell))]
-    for cell in cells:  # every finished cell read and checked before any training
+    records = {}  # every finished cell read and checked before any training
+    for cell in cells:
         if cell not in todo:
             path = cell_path(output_dir, *cell)
-            check_cell_settings(path, read_cell(path)["settings"], settings)
+            records[cell] = read_cell(path)
+            check_cell_settings(path, records[cell]["settings"], settings)
     total = sum(cell_cost(settings, cell[1], cell[3]) for cell in todo)
     log(
         f"{len(cells)} cells, {len(cells) - len(todo)} done, {len(todo)} to train: at most {total / 1e12:.1f} "
@@ -234,6 +236,7 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
         path = cell_path(output_dir, *cell)
         partial = path.removesuffix(".json") + ".partial"
         record = train_cell(name, width, sequence_length, num_pairs, learning_rate, settings, log, partial)
+        records[cell] = record
         write_json(path, record)
         shutil.rmtree(partial)
         done_cost += cell_cost(settings, sequence_length, width)
@@ -243,7 +246,7 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
             f"{record['accuracy']:.3f} in {record['steps']} steps, {record['seconds']:.0f} s; "
             f"elapsed {_hours(elapsed)}, at most {_hours(elapsed / done_cost * (total - done_cost))} left"
         )
-    return write_report(output_dir, [read_cell(cell_path(output_dir, *cell)) for cell in cells])
+    return write_report(output_dir, [records[cell] for cell in cells])
 
 
 def best_of_sweep(records):

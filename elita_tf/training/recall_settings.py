@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import functools
 
-from elita_tf.checks import SEED_MAX, check_integer, check_positive_number, fail
+from elita_tf.checks import SEED_MAX, check_integer, check_non_negative_number, check_positive_number, fail
 from elita_tf.renames import accepts_renamed_arguments
 from elita_tf.settings_fields import check_fields, setting, with_attributes
 
@@ -44,21 +44,9 @@ def _each(check):
 
 
 def _task(name, task):
-    from elita_tf.data.mqar import check_mqar  # NumPy, which `--help` loads only here
-
+    """A `(sequence_length, num_pairs)` pair; MQAR's rules on it (`check_mqar`) run with the vocabulary's."""
     if not (isinstance(task, tuple) and len(task) == 2):
         fail(name, task, "(sequence_length, num_pairs) pairs")
-    check_mqar(2**31 - 1, *task)  # the vocabulary's own rule is checked with the vocabulary below
-
-
-def _non_negative_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        fail(name, value, "a non-negative number")
-
-
-def _fraction(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        fail(name, value, "in (0, 1] (1 places queries uniformly)")
 
 
 # The fields that say what a cell is across its grid: a cell's own width, task and learning rate are its keys.
@@ -108,10 +96,10 @@ class RecallSettings:
     batch_size: int = setting(64, "Sequences a step.", check=check_integer)
     num_layers: int = setting(2, "Blocks.", check=check_integer)
     num_heads: int = setting(1, "Heads a block (Zoology's attention: one).", check=check_integer)
-    weight_decay: float = setting(0.1, "AdamW's weight decay.", check=_non_negative_number)
+    weight_decay: float = setting(0.1, "AdamW's weight decay.", check=check_non_negative_number)
     power_a: float = setting(
-        0.01, "The power law of the gaps before the queries: p(g) ∝ a (g + 1)^(a - 1) (Zoology's 0.01).",
-        check=_fraction,
+        0.01, "The power law of the gaps before the queries: p(g) ∝ a (g + 1)^(a - 1) (Zoology's 0.01), in (0, 1] "
+        "(checked with the tasks, by `check_mqar`).",
     )
     random_non_queries: bool = setting(
         True, "Random tokens between the queries (Zoology's default), or 0s (its figure 2's)."
