@@ -6,12 +6,14 @@ the users of a deprecated feature, shown by default) that names today's:
     kind          an old name                       what answers it
     flag          `--window-length`                 `add_flags` (`elita_tf.cli.flags`): hidden from `--help`,
                                                     one line on stderr
-    name          `elita_tf.data.packed_windows`    its package's `__getattr__` (`renamed_attribute`)
+    name          `elita_tf.layers.WideFeedForward` its package's `__getattr__` (`renamed_attribute`)
     argument      `FeedForward2(hidden_dim=...)`    `accepts_renamed_arguments` on the class or function
     result key    `evaluate(...)["windows"]`        `RenamedKeys`, the dict the function returns
 
 A config, checkpoint, `.keras` file or run directory that 0.1.0 wrote loads in today's names without
-a word (`upgrade_arguments`): nothing in it is its user's to change. No TensorFlow here: every
+a word (`upgrade_arguments`): nothing in it is its user's to change. A name that went with no successor
+(`REMOVED`: the in-memory cutters, whose work the token files do) is answered with one line saying what
+does its work. No TensorFlow here: every
 package, the command lines' too, reads this table.
 """
 
@@ -34,8 +36,6 @@ RENAMED = {
     "flag": {"--window-length": "--sequence-length", "--documents": "--document-separator", "--settings": "--tasks"},
     # Public names, by the package that exported them: today's may live in another module.
     "name": {
-        "elita_tf.data.packed_windows": "elita_tf.data.packed_sequences",
-        "elita_tf.data.token_windows": "elita_tf.data.token_sequences",
         "elita_tf.layers.WideFeedForward": "elita_tf.layers.FeedForward",
         "elita_tf.ops.empty_state": "elita_tf.ops.empty_softmax_mean_state",
         "elita_tf.ops.DEFAULT_CHUNK_SIZE": "elita_tf.ops.causal_softmax_mean.SOFTMAX_MEAN_CHUNK_SIZE",
@@ -60,7 +60,6 @@ RENAMED = {
         "PositionEmbedding.call": _DOCUMENT_STARTS,
         "DecoderBlock.call": _DOCUMENT_STARTS,
         "ElitaBackbone.hidden_states": _DOCUMENT_STARTS,
-        "packed_sequences": _DOCUMENT_STARTS,
         "stream_dataset": _DOCUMENT_STARTS,
         "lm_dataset": _SEQUENCES,
         "steps_per_epoch": _SEQUENCES,
@@ -72,6 +71,18 @@ RENAMED = {
     # Keys of the dicts a function returns, by the function. (`evaluate`'s `trained_sequence_length` was
     # `sequence_length`, which is now the evaluation's length: a key that changed meaning cannot be read both ways.)
     "result key": {"evaluate": {"window_length": "sequence_length", "windows": "sequences"}},
+}
+
+
+_TOKEN_FILES = "write the split's token files (tokens = elita_tf.data.token_files.write_token_file(...)) and read them"
+_SEQUENCES_OF = _TOKEN_FILES + ": FileSequences(tokens, T + 1) for lm_dataset"
+# Public names that went without a successor of their own, by the package that exported them: what does their work.
+REMOVED = {
+    "elita_tf.data.token_sequences": _SEQUENCES_OF,
+    "elita_tf.data.token_windows": _SEQUENCES_OF,
+    "elita_tf.data.packed_sequences": _SEQUENCES_OF + " with document_starts=True",
+    "elita_tf.data.packed_windows": _SEQUENCES_OF + " with document_starts=True",
+    "elita_tf.data.token_stream": _TOKEN_FILES + ": tokens.stream()",
 }
 
 
@@ -145,8 +156,11 @@ def accepts_renamed_arguments(function):
 
 def renamed_attribute(package, name):
     """Today's object for an old public name `package.name` (`RENAMED["name"]`), with a `FutureWarning`: a
-    package's `__getattr__`. Any other name raises Python's `AttributeError`."""
+    package's `__getattr__`. A removed name (`REMOVED`) raises an `AttributeError` saying what does its work;
+    any other name Python's own."""
     new = RENAMED["name"].get(f"{package}.{name}")
+    if f"{package}.{name}" in REMOVED:
+        raise AttributeError(f"`{package}.{name}` was removed: {REMOVED[f'{package}.{name}']}.")
     if new is None:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     warn_renamed(f"`{package}.{name}`", f"`{new}`", stacklevel=3)  # the line that names it, past `__getattr__`

@@ -8,6 +8,7 @@ if os.environ.get("KERAS_BACKEND") == "jax":  # float64 references and inputs, a
     jax.config.update("jax_enable_x64", True)
 
 import keras  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 
@@ -121,6 +122,33 @@ def policy():
     previous = keras.config.dtype_policy()
     yield keras.config.set_dtype_policy
     keras.config.set_dtype_policy(previous)
+
+
+def token_file(lines, tokenizer, directory, vocabulary_size=None):
+    """A split's token files, written as `elita-train` writes them, from a `tf.data.Dataset` of lines or of
+    `(line, starts_document)` pairs: a `TokenFile`."""
+    import tensorflow as tf
+
+    from elita_tf.data.token_files import write_token_file
+
+    if not isinstance(lines.element_spec, tuple):
+        lines = lines.map(lambda line: (line, tf.constant(False)))
+    return write_token_file(lines, tokenizer, str(directory), vocabulary_size)
+
+
+class ArraySequences:
+    """A test's own sequences `[N, T + 1]` (and their document starts), read as `lm_dataset` reads
+    `FileSequences`."""
+
+    def __init__(self, ids, starts=None):
+        self.ids, self.starts = ids, np.zeros(ids.shape, bool) if starts is None else starts
+        self.length = ids.shape[1]
+
+    def __len__(self):
+        return len(self.ids)
+
+    def rows(self, indices):
+        return self.ids[indices], self.starts[indices]
 
 
 def write_tiny_wikitext(directory, lines_per_split=(400, 60, 60), seed=0):

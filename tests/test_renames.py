@@ -12,7 +12,7 @@ import pytest
 import elita_tf
 from elita_tf.cli.errors import ArgumentParser
 from elita_tf.cli.flags import add_flags
-from elita_tf.renames import RENAMED, RenamedKeys
+from elita_tf.renames import REMOVED, RENAMED, RenamedKeys
 from elita_tf.training.evaluate_settings import EvaluateSettings
 from elita_tf.training.settings import TrainSettings
 
@@ -60,6 +60,14 @@ def test_an_old_public_name_is_todays_with_a_warning(old, new):
     assert name not in dir(importlib.import_module(package))
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
         getattr(importlib.import_module(package), "no_such_name")
+
+
+@pytest.mark.parametrize("old", sorted(REMOVED))
+def test_a_removed_public_name_says_what_does_its_work(old):
+    package, _, name = old.rpartition(".")
+    with pytest.raises(AttributeError, match=rf"^`{old}` was removed: write the split's token files .*write_token_file"):
+        getattr(importlib.import_module(package), name)
+    assert name not in dir(importlib.import_module(package))
 
 
 def test_old_layer_arguments_build_todays_layers():

@@ -11,14 +11,12 @@ With packed documents (`elita-train --pack-documents`) the files' document start
 batches carry `document_starts` and weights; with a carried state (`--carry-state`) the split is one
 stream, read in segments (`stream_dataset`).
 
-`token_sequences`, `token_stream` and `packed_sequences` cut a small split the same way in memory (the
-same sequences as the files give), and `lm_dataset` takes their arrays too.
+Tests and your own code write a split's files with `token_files.write_token_file` and read them the same way.
 """
 
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.checks import check_sequence_length
 from elita_tf.renames import accepts_renamed_arguments
 
 
@@ -33,40 +31,6 @@ def line_ids(tokenizer, lines):
     return tf.concat([pieces, tf.RaggedTensor.from_tensor(ends)], axis=1)
 
 
-def token_sequences(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
-    """All sequences of `sequence_length + 1` consecutive tokens of a split, in order.
-
-    Args:
-        lines: `tf.data.Dataset` of `tf.string` lines.
-        tokenizer: the run's `ElitaTokenizer`.
-        sequence_length: int `T >= 2`, the model's input length.
-        vocabulary_size: optional int, the model's: every id must be below it
-            (a tokenizer with more pieces than the model would feed it ids it
-            has no row for).
-
-    Returns:
-        int32 numpy array `[N, T + 1]` (the last partial sequence is dropped).
-
-    Raises:
-        ValueError: for `sequence_length < 2`, a corpus shorter than one sequence, or an
-            id outside `[0, vocabulary_size)`.
-    """
-    check_sequence_length("sequence_length", sequence_length)
-    ids = lines.batch(lines_per_batch).map(lambda text: line_ids(tokenizer, text).flat_values).unbatch()
-    sequences = ids.batch(sequence_length + 1, drop_remainder=True).batch(4096)
-    chunks = list(sequences.as_numpy_iterator())
-    if not chunks:
-        raise ValueError(f"The corpus is shorter than one sequence of {sequence_length + 1} tokens.")
-    sequences = np.concatenate(chunks).astype(np.int32)
-    if vocabulary_size is not None and (sequences.min() < 0 or sequences.max() >= vocabulary_size):
-        raise ValueError(
-            f"The tokenizer produced ids in [{sequences.min()}, {sequences.max()}], outside the model's vocabulary "
-            f"[0, {vocabulary_size}): its vocabulary is larger than the model's. "
-            f"Received: vocabulary_size={vocabulary_size}"
-        )
-    return sequences
-
-
 @accepts_renamed_arguments
 def steps_per_epoch(sequences, batch_size):
     steps = len(sequences) // batch_size
@@ -79,7 +43,7 @@ def steps_per_epoch(sequences, batch_size):
 
 @accepts_renamed_arguments
 def lm_dataset(
-    sequences, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1, document_starts=None
+    sequences, batch_size, seed=0, shuffle=True, epochs=1, start_step=0, shard=0, num_shards=1, document_starts=False
 ):
     """Batches of `({"token_ids": [B, T], "padding_mask": [B, T]}, targets [B, T])`, targets shifted by one.
 
@@ -90,9 +54,10 @@ def lm_dataset(
     shards of a step together are the single-process batch of that step.
 
     Args:
-        sequences: int array `[N, T + 1]` from `token_sequences`, or a split on
-            disk (`token_files.FileSequences`), read a batch at a time: the
-            same sequences give the same batches either way.
+        sequences: the split's sequences of `T + 1` tokens on disk
+            (`token_files.FileSequences`), read a batch at a time: anything
+            with `len()`, `length` (`T + 1`) and `rows(indices)` giving
+            `(ids int32 [n, T + 1], starts bool [n, T + 1])`.
         batch_size: int.
         seed: int. Same seed, same batches.
         shuffle: bool.
@@ -101,9 +66,8 @@ def lm_dataset(
         shard: int in `[0, num_shards)`. Which part of each batch to produce.
         num_shards: int. Parts each global batch is cut into; must divide
             `batch_size`.
-        document_starts: optional bool `[N, T + 1]` from `packed_sequences`
-            (or True with sequences on disk, which hold their own): packed
-            documents. The inputs then carry `document_starts` (the sequence's starts,
+        document_starts: bool. Packed documents: the sequences' own starts
+            ride along. The inputs then carry `document_starts` (the sequence's starts,
             and its first position), and a third element weighs each target:
             0 where the target starts a document, else 1.
 
@@ -119,19 +83,17 @@ def lm_dataset(
     count = len(sequences)
     per_epoch = steps_per_epoch(sequences, batch_size)
     if isinstance(sequences, np.ndarray):
-        table = tf.constant(sequences)
-        starts = None if document_starts is None else tf.constant(document_starts, tf.bool)
+        raise TypeError(
+            "lm_dataset reads sequences from a split's token files: write them with "
+            "elita_tf.data.token_files.write_token_file and pass FileSequences(tokens, T + 1). "
+            f"Received: sequences=<ndarray of shape {sequences.shape}>"
+        )
 
-        def rows(indices):
-            return tf.gather(table, indices), None if starts is None else tf.gather(starts, indices)
-
-    else:  # read from disk, a batch at a time
-
-        def rows(indices):
-            ids, sequence_starts = tf.numpy_function(sequences.rows, [indices], (tf.int32, tf.bool), stateful=False)
-            ids.set_shape([None, sequences.length])
-            sequence_starts.set_shape([None, sequences.length])
-            return ids, sequence_starts if document_starts else None
+    def rows(indices):  # a batch read from disk
+        ids, sequence_starts = tf.numpy_function(sequences.rows, [indices], (tf.int32, tf.bool), stateful=False)
+        ids.set_shape([None, sequences.length])
+        sequence_starts.set_shape([None, sequences.length])
+        return ids, sequence_starts if document_starts else None
 
     def batch(order, position):
         first = position * batch_size + shard * rows_per_shard
@@ -177,56 +139,6 @@ def tokenized_lines(lines, tokenizer, lines_per_batch=1024):
     return lines.batch(lines_per_batch).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
-    """A split as one stream of token ids, with the positions where documents start.
-
-    Args:
-        lines: `tf.data.Dataset` of `(line, starts_document)` pairs
-            (`load_corpus(..., document_starts=True)`).
-        tokenizer: the run's `ElitaTokenizer`.
-        vocabulary_size: optional int: every id must be below it.
-
-    Returns:
-        `(ids, document_starts)`: int32 `[N]` and bool `[N]`, True at the first token
-        of each document's first line.
-    """
-    chunks = list(tokenized_lines(lines, tokenizer, lines_per_batch).as_numpy_iterator())
-    if not chunks:
-        raise ValueError("The corpus is empty: it has no line to read.")
-    ids = np.concatenate([ids for ids, _ in chunks]).astype(np.int32)
-    document_starts = np.concatenate([starts for _, starts in chunks]).astype(bool)
-    if vocabulary_size is not None and len(ids) and (ids.min() < 0 or ids.max() >= vocabulary_size):
-        raise ValueError(
-            f"The tokenizer produced ids in [{ids.min()}, {ids.max()}], outside the model's vocabulary "
-            f"[0, {vocabulary_size}): its vocabulary is larger than the model's. "
-            f"Received: vocabulary_size={vocabulary_size}"
-        )
-    return ids, document_starts
-
-
-@accepts_renamed_arguments
-def packed_sequences(ids, document_starts, sequence_length):
-    """Sequences of `sequence_length + 1` consecutive tokens of a stream, and where documents start in them.
-
-    Documents lie back to back across sequences (packed); `lm_dataset` turns
-    the starts into the model's `document_starts` and into weights that leave out
-    the first token of each document, which nothing in its document predicts.
-
-    Args:
-        ids, document_starts: int32 `[N]` and bool `[N]`, from `token_stream`.
-        sequence_length: int `T >= 2`.
-
-    Returns:
-        `(sequences, starts)`: int32 and bool `[N // (T + 1), T + 1]`.
-    """
-    check_sequence_length("sequence_length", sequence_length)
-    count = len(ids) // (sequence_length + 1)
-    if count == 0:
-        raise ValueError(f"The corpus is shorter than one sequence of {sequence_length + 1} tokens.")
-    cut = count * (sequence_length + 1)
-    return ids[:cut].reshape(count, -1), document_starts[:cut].reshape(count, -1)
-
-
 def stream_steps_per_epoch(length, batch_size, sequence_length):
     """Steps of `stream_dataset` in one pass over a stream of `length` tokens."""
     steps = (length // batch_size - 1) // sequence_length
@@ -246,10 +158,10 @@ def stream_dataset(ids, document_starts, batch_size, sequence_length, epochs=1, 
     is the `k`-th segment of `sequence_length` tokens of every row, so the state a
     model carries from step `k` continues into step `k + 1`. Each epoch reads
     the rows again from their start, which is marked as a reset, as is every
-    article start (`token_stream`).
+    document start.
 
     Args:
-        ids: int32 `[N]`, `document_starts`: bool `[N]`, from `token_stream`.
+        ids: int32 `[N]`, `document_starts`: bool `[N]`: a split's whole stream (`TokenFile.stream()`).
         batch_size: int `B`, the parallel rows.
         sequence_length: int `T`.
         epochs: int, or None to repeat forever.

@@ -6,9 +6,8 @@
 
 This is how `elita-train` and `elita-evaluate` read every split. Training reads sequences in a
 seeded order without holding the split: memory stays flat however large the corpus is, and any
-sequence (so any batch, so a resumed step) is one read away. The sequences are those that
-`pipeline.token_sequences` cuts in memory from the same stream. Files are written once per (text, tokenizer) fingerprint under
-a cache directory (`$ELITA_CACHE_DIR`, else `~/.cache/elita-tf`) and reused by
+sequence (so any batch, so a resumed step) is one read away. Files are written once per (text,
+tokenizer) fingerprint under a cache directory (`$ELITA_CACHE_DIR`, else `~/.cache/elita-tf`) and reused by
 every later run: another seed, architecture or sequence length. `index.json` records each
 file's size and CRC-32; a file that fails them is written again from the text (`write_token_file`).
 """
@@ -149,8 +148,8 @@ class TokenFile:
 class FileSequences:
     """The sequences of `length` tokens of a `TokenFile`, as `lm_dataset` reads them: `len()` and `rows(indices)`.
 
-    Sequence `i` is tokens `[i * length, (i + 1) * length)`, as `token_sequences`
-    cuts a split held in memory.
+    Sequence `i` is tokens `[i * length, (i + 1) * length)`: the split's stream cut back to back, the last
+    partial sequence dropped.
     """
 
     def __init__(self, tokens, length):

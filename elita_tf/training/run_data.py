@@ -42,7 +42,7 @@ class RunSplit:
 
     def dataset(self, batch_size, **kwargs):
         """`lm_dataset` of the examples (packed, they carry their documents' starts)."""
-        return lm_dataset(self.examples, batch_size, document_starts=True if self.packed else None, **kwargs)
+        return lm_dataset(self.examples, batch_size, document_starts=self.packed, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,14 +10,14 @@ from elita_tf.data import (
     lm_dataset,
     load_wikitext,
     split_files,
-    token_sequences,
     train_sentencepiece,
 )
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.pipeline import line_ids
+from elita_tf.data.token_files import FileSequences
 from elita_tf.data.tokenizer import MAX_SENTENCE_BYTES, MIN_BYTE_FALLBACK_VOCABULARY, cut_long_line
 from elita_tf.models import ElitaTokenizer
-from tests.conftest import WORDS, rare_character_lines, write_tiny_wikitext
+from tests.conftest import WORDS, rare_character_lines, token_file, write_tiny_wikitext
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,12 @@ def proto(splits):
 @pytest.fixture(scope="module")
 def tokenizer(proto):
     return ElitaTokenizer(proto=proto)
+
+
+@pytest.fixture(scope="module")
+def sequences(splits, tokenizer, tmp_path_factory):
+    """The training split's sequences of 17 tokens, on disk as `elita-train` reads them."""
+    return FileSequences(token_file(splits["train"], tokenizer, tmp_path_factory.mktemp("tokens") / "train"), 17)
 
 
 def test_builder_reads_local_files_in_order(splits, tiny_wikitext):
@@ -117,23 +123,22 @@ def test_vocabulary_too_large_and_empty_corpus():
         train_sentencepiece(["", "  "], vocabulary_size=10)
 
 
-def test_windows_and_batches(splits, tokenizer, proto):
-    sequences = token_sequences(splits["train"], tokenizer, sequence_length=16)
-    assert sequences.shape[1] == 17 and sequences.dtype == np.int32
+def test_windows_and_batches(splits, sequences, proto):
+    first, _ = sequences.rows([0])
+    assert first.shape == (1, 17) and first.dtype == np.int32
     pieces = sentencepiece.SentencePieceProcessor(model_proto=proto)
     lines = [line.decode() for line in splits["train"].take(3).as_numpy_iterator()]
     ids = np.concatenate([pieces.encode(line) + [pieces.eos_id()] for line in lines])
-    np.testing.assert_array_equal(sequences[0], ids[:17])  # concatenated in order, eos per line
+    np.testing.assert_array_equal(first[0], ids[:17])  # concatenated in order, eos per line
     x, y = next(iter(lm_dataset(sequences, batch_size=4, seed=0)))
     assert x["token_ids"].shape == (4, 16) and y.shape == (4, 16)
     np.testing.assert_array_equal(x["padding_mask"], np.ones((4, 16)))
     np.testing.assert_array_equal(x["token_ids"][:, 1:], y[:, :-1])
-    with pytest.raises(ValueError, match="sequence_length=1"):
-        token_sequences(splits["train"], tokenizer, sequence_length=1)
+    with pytest.raises(TypeError, match=r"write_token_file .* Received: sequences=<ndarray of shape \(1, 17\)>$"):
+        lm_dataset(first, batch_size=1)
 
 
-def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
-    sequences = token_sequences(splits["train"], tokenizer, sequence_length=16)
+def test_batches_are_deterministic_and_resume_exactly(sequences):
     stream = lambda **kw: [x["token_ids"].numpy() for x, _ in lm_dataset(sequences, 4, epochs=3, **kw)]  # noqa: E731
     a, b, other = stream(seed=1), stream(seed=1), stream(seed=2)
     assert all(np.array_equal(p, q) for p, q in zip(a, b))
@@ -143,14 +148,13 @@ def test_batches_are_deterministic_and_resume_exactly(splits, tokenizer):
     per_epoch = len(sequences) // 4
     first, second = a[:per_epoch], a[per_epoch : 2 * per_epoch]
     assert not all(np.array_equal(p, q) for p, q in zip(first, second))  # reshuffled each epoch
-    available = collections.Counter(bytes(row) for row in sequences[:, :-1])
+    available = collections.Counter(bytes(row) for row in sequences.rows(range(len(sequences)))[0][:, :-1])
     for epoch in (first, second):  # each sequence at most once an epoch
         used = collections.Counter(bytes(row) for row in np.concatenate(epoch))
         assert sum(used.values()) == per_epoch * 4 and not used - available
 
 
-def test_shards_of_a_step_make_up_its_global_batch(splits, tokenizer):
-    sequences = token_sequences(splits["train"], tokenizer, sequence_length=16)
+def test_shards_of_a_step_make_up_its_global_batch(sequences):
     stream = lambda **kw: [  # noqa: E731
         x["token_ids"].numpy() for x, _ in lm_dataset(sequences, 6, seed=3, epochs=2, start_step=2, **kw)
     ]

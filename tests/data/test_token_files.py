@@ -1,21 +1,16 @@
-"""Splits tokenized once into files on disk: the same sequences and batches as in memory, reused, never loaded whole."""
+"""Splits tokenized once into files on disk: SentencePiece's own stream, cut and batched as NumPy would, reused,
+never loaded whole."""
 
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
-from elita_tf.data import (
-    lm_dataset,
-    load_corpus,
-    packed_sequences,
-    token_stream,
-    token_sequences,
-    train_sentencepiece,
-)
+from elita_tf.data import lm_dataset, load_corpus, train_sentencepiece
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.data.token_files import FileSequences, TokenFile, fingerprint, write_token_file
 from elita_tf.models import ElitaTokenizer
-from tests.conftest import write_documents
+from tests.conftest import ArraySequences, write_documents
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +23,18 @@ def corpus(tmp_path_factory):
     return splits, ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=50))
 
 
+def _reference_stream(split, tokenizer):
+    """`(ids, starts)` of a split by SentencePiece itself: each line's pieces and its end-of-line id, in order,
+    True at the first token of each line that starts a document."""
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=tokenizer.proto)
+    ids, starts = [], []
+    for line, starts_document in split.as_numpy_iterator():
+        line_ids = pieces.encode(line.decode()) + [pieces.eos_id()]
+        ids += line_ids
+        starts += [bool(starts_document)] + [False] * (len(line_ids) - 1)
+    return np.array(ids, np.int32), np.array(starts)
+
+
 def _batches(dataset):
     return [tuple(np.asarray(part) if not isinstance(part, dict) else part["token_ids"] for part in batch)
             for batch in dataset.as_numpy_iterator()]  # fmt: skip
@@ -37,7 +44,7 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
     splits, tokenizer = corpus
     tokens = write_token_file(splits["train"], tokenizer, str(tmp_path / "train"), vocabulary_size=50,
                               lines_per_batch=7)  # fmt: skip
-    ids, starts = token_stream(splits["train"], tokenizer)
+    ids, starts = _reference_stream(splits["train"], tokenizer)
     documents = sum(int(start) for _, start in splits["train"].as_numpy_iterator())
     assert len(tokens) == len(ids) and starts.sum() == documents > 30  # 40 documents, a few held out
     got_ids, got_starts = tokens.read(0, len(tokens))
@@ -45,11 +52,12 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
     np.testing.assert_array_equal(got_starts, starts)
     np.testing.assert_array_equal(tokens.read(100, 17)[0], ids[100:117])
 
-    lines = splits["train"].map(lambda line, _: line)
-    in_memory = token_sequences(lines, tokenizer, 15)
+    count = len(ids) // 16  # sequences of 16 tokens, back to back, the last partial one dropped
+    in_memory = ArraySequences(ids[: count * 16].reshape(count, 16), starts[: count * 16].reshape(count, 16))
     on_disk = FileSequences(tokens, 16)
-    assert len(on_disk) == len(in_memory)
-    np.testing.assert_array_equal(on_disk.rows([3, 0, len(in_memory) - 1])[0], in_memory[[3, 0, -1]])
+    assert len(on_disk) == count
+    for got, want in zip(on_disk.rows([3, 0, count - 1]), in_memory.rows([3, 0, count - 1])):
+        np.testing.assert_array_equal(got, want)
     # Batches, a resumed stream and a worker's shard: the same either way.
     for kwargs in [{"epochs": 2}, {"epochs": 2, "start_step": 7}, {"shard": 1, "num_shards": 2}]:
         memory = _batches(lm_dataset(in_memory, 8, seed=5, **kwargs))
@@ -58,9 +66,8 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
         for a, b in zip(memory, disk):
             for x, y in zip(a, b):
                 np.testing.assert_array_equal(x, y)
-    # Packed documents: the files' starts, as `packed_sequences` cuts them in memory.
-    sequences, sequence_starts = packed_sequences(ids, starts, 15)
-    memory = list(lm_dataset(sequences, 8, seed=5, document_starts=sequence_starts).as_numpy_iterator())
+    # Packed documents: the files' starts ride along.
+    memory = list(lm_dataset(in_memory, 8, seed=5, document_starts=True).as_numpy_iterator())
     disk = list(lm_dataset(on_disk, 8, seed=5, document_starts=True).as_numpy_iterator())
     for (x1, y1, w1), (x2, y2, w2) in zip(memory, disk):
         np.testing.assert_array_equal(x1["document_starts"], x2["document_starts"])
@@ -129,7 +136,7 @@ def test_files_stay_readable_when_the_cache_is_removed_during_a_run(corpus, tmp_
     for path in directory.iterdir():
         path.unlink()
     directory.rmdir()
-    ids, starts = token_stream(splits["train"], tokenizer)
+    ids, starts = _reference_stream(splits["train"], tokenizer)
     got_ids, got_starts = tokens.read(5, 9)  # the files were opened, and checked, before
     np.testing.assert_array_equal(got_ids, ids[5:14])
     np.testing.assert_array_equal(got_starts, starts[5:14])

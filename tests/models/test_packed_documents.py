@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elita_tf.data import lm_dataset, packed_sequences
+from elita_tf.data import lm_dataset
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
+from tests.conftest import ArraySequences
 
 SIZE = {"vocabulary_size": 30, "hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8}
 # Every recipe but the one whose positions move with the sequence's length; additive also windowed.
@@ -62,8 +63,9 @@ def test_the_loss_leaves_out_each_documents_first_token():
     ids = np.random.default_rng(2).integers(0, 30, size=82).astype("int32")
     starts = np.zeros(82, bool)
     starts[[0, 5, 6, 30, 41, 50, 79]] = True  # 41 is the first token of the second sequence
-    sequences, sequence_starts = packed_sequences(ids, starts, 40)
-    (x, labels, weights) = next(iter(lm_dataset(sequences, 2, shuffle=False, document_starts=sequence_starts)))
+    sequences, sequence_starts = ids[:82].reshape(2, 41), starts[:82].reshape(2, 41)  # packed, back to back
+    packed = ArraySequences(sequences, sequence_starts)
+    (x, labels, weights) = next(iter(lm_dataset(packed, 2, shuffle=False, document_starts=True)))
     np.testing.assert_array_equal(x["document_starts"][:, 0], True)
     np.testing.assert_array_equal(weights.numpy() == 0, sequence_starts[:, 1:])
 

@@ -7,16 +7,12 @@ import numpy as np
 import pytest
 
 from elita_tf.cli.train import parse_args
-from elita_tf.data import (
-    load_corpus,
-    stream_dataset,
-    token_stream,
-    train_sentencepiece,
-)
+from elita_tf.data import load_corpus, stream_dataset, train_sentencepiece
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.models import ElitaTokenizer
 from elita_tf.training import latest_checkpoint, train
 from elita_tf.training.run_directory import RunDirectoryError
+from tests.conftest import token_file
 from tests.training.test_cli import Interrupt, _args
 
 # 128 rows of the tiny corpus hold 13 segments of 16 tokens: 16 steps cross an epoch boundary.
@@ -29,7 +25,7 @@ def test_the_stream_marks_article_starts_and_segments_continue_each_other(tiny_w
     )
     lines = (line.decode() for line, _ in splits["train"].as_numpy_iterator())
     tokenizer = ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=60))
-    ids, document_starts = token_stream(splits["train"], tokenizer, vocabulary_size=60)
+    ids, document_starts = token_file(splits["train"], tokenizer, tmp_path / "train", vocabulary_size=60).stream()
     # The tiny corpus has a ` = Heading k = ` article title every 20 lines: 20 in its 400 lines.
     assert document_starts.sum() == 20
     heading = np.asarray(tokenizer.tokenize("= Heading 3 ="))  # the line's pieces, before its end-of-line id

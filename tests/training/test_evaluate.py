@@ -8,11 +8,12 @@ import tensorflow as tf
 
 from elita_tf.cli.evaluate import main as evaluate_main
 from elita_tf.cli.train import parse_args
-from elita_tf.data import load_corpus, token_stream
+from elita_tf.data import load_corpus
 from elita_tf.data.corpus_settings import CorpusSettings
 from elita_tf.models import ElitaCausalLM
 from elita_tf.training import EvaluateSettings, evaluate, preset_of, train
 from elita_tf.training.evaluation import position_buckets
+from tests.conftest import token_file
 from tests.training.test_cli import _args
 
 
@@ -55,13 +56,13 @@ def test_clamped_positions_read_the_same_weights_past_the_training_length(elita_
     assert clamped["loss_by_position"][1]["loss"] != pytest.approx(past, rel=1e-6)
 
 
-def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_run):
+def test_the_carried_stream_equals_one_forward_pass_over_the_whole_split(elita_run, tmp_path):
     run, data = elita_run
     result = evaluate(EvaluateSettings(run, sequence_length=16, carry_state=True, **data))
     # The same stream in one parallel pass: segments of 16 with carried states give the same losses.
     causal_lm = ElitaCausalLM.from_preset(preset_of(run))
     splits, _ = load_corpus(CorpusSettings(**data), document_starts=True)
-    stream, _ = token_stream(splits["test"], causal_lm.preprocessor.tokenizer)
+    stream, _ = token_file(splits["test"], causal_lm.preprocessor.tokenizer, tmp_path / "test").stream()
     ids = tf.constant(stream[None, :-1])
     logits = causal_lm({"token_ids": ids, "padding_mask": tf.ones_like(ids)})
     per_token = tf.nn.sparse_softmax_cross_entropy_with_logits(stream[None, 1:], logits)[0].numpy()

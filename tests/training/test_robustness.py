@@ -17,7 +17,6 @@ import pytest
 from elita_tf.cli.train import main, parse_args
 from elita_tf.data import (
     load_wikitext,
-    token_sequences,
     train_sentencepiece,
 )
 from elita_tf.models import ElitaCausalLM, ElitaTokenizer
@@ -32,7 +31,7 @@ from elita_tf.training import (
     verify_checkpoint,
 )
 from elita_tf.training.model_settings import resolve_position_mode
-from tests.conftest import TINY_RUN, write_documents, write_tiny_wikitext
+from tests.conftest import TINY_RUN, token_file, write_documents, write_tiny_wikitext
 from tests.training.test_cli import REPO, Interrupt, _args
 
 
@@ -217,9 +216,9 @@ def test_the_pipeline_refuses_ids_the_model_has_no_row_for(tiny_wikitext, tmp_pa
     splits = load_wikitext("wikitext-2-v1", local_dir=tiny_wikitext, tfds_dir=str(tmp_path / "tfds"))
     lines = [line.decode() for line in splits["train"].as_numpy_iterator()]
     tokenizer = ElitaTokenizer(proto=train_sentencepiece(lines, vocabulary_size=60))
-    assert token_sequences(splits["train"], tokenizer, 16, vocabulary_size=60).max() < 60
+    assert token_file(splits["train"], tokenizer, tmp_path / "60", vocabulary_size=60).index["max_id"] < 60
     with pytest.raises(ValueError, match=r"outside the model's vocabulary \[0, 40\)"):
-        token_sequences(splits["train"], tokenizer, 16, vocabulary_size=40)
+        token_file(splits["train"], tokenizer, tmp_path / "40", vocabulary_size=40)
 
 
 def test_every_architecture_takes_an_empty_sequence():
