@@ -46,6 +46,7 @@ ON_JAX = (
     "tests/ops/test_gated_projection.py",
     "tests/ops/test_layer_norm.py",
     "tests/ops/test_linear_attention.py",
+    "tests/ops/test_short_convolution.py",
     "tests/ops/test_utils.py",
     "tests/layers/test_mixer_contract.py::test_prefill_chunks_and_steps_from_the_named_cache_equal_the_parallel_form",
     "tests/layers/test_mixer_contract.py::test_config_and_keras_file_round_trip",

@@ -19,6 +19,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "OuterEpsilonRMSNormalization": "outer_epsilon_rms_normalization",
         "PositionEmbedding": "position_embedding",
         "ShapedAttention": "shaped_attention",
+        "ShortConvolution": "short_convolution",
         "TokenEmbedding": "token_embedding",
         "TriLinearAttention": "tri_linear_attention",
         "UnscaledLayerNormalization": "unscaled_layer_norm",

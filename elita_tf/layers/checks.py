@@ -31,6 +31,16 @@ def input_width(inputs_shape):
     return width
 
 
+def get_activation(name, value):
+    """`keras.activations.get(value)`, or a one-line error naming the value Keras cannot read."""
+    try:
+        return keras.activations.get(value)
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be a Keras activation, its name (\"gelu\", \"silu\", ...) or None. Received: {name}={value!r}"
+        ) from None
+
+
 def take_arguments_as_given(layer):
     """Makes `layer` (a token mixer or a block) take its call's arguments unconverted, and pass the Keras mask on.
 

@@ -6,6 +6,7 @@ from elita_tf.layers.checks import as_sequence, check_sequence_call, take_argume
 from elita_tf.layers.options import NORMS, RESIDUALS
 from elita_tf.layers.outer_epsilon_rms_normalization import OuterEpsilonRMSNormalization
 from elita_tf.layers.renamed_arguments import upgrade_arguments
+from elita_tf.layers.short_convolution import ShortConvolution
 from elita_tf.layers.unscaled_layer_norm import UnscaledLayerNormalization
 from elita_tf.private_apis import global_state
 from elita_tf.renames import accepts_renamed_arguments
@@ -23,6 +24,10 @@ class DecoderBlock(keras.layers.Layer):
         "parallel"    y = g_M M(n(x)) + g_F F(n(x))          (no skip: SAS-P)
         "sequential"  h = g_M M(n(x));          y = h + g_F F(n2(h))   (SAS)
 
+With `short_convolution` (a `ShortConvolution`, `S`) the mixer reads
+`M(S(n(x)))`: each position sees its last few neighbours first, as Based
+and the recurrent models that recall do it; the FFN still reads `n(x)`.
+
     The skip-less forms are the Simplified Transformer's: the identity path
     lives inside shaped attention (its `α I`), and `g_F` starts small.
     Without `ffn` the second half is left out. Dropout, when set, is applied
@@ -37,7 +42,8 @@ class DecoderBlock(keras.layers.Layer):
 
     `ffn` may be one layer shared by several blocks (the One Wide FFN):
     Keras then holds its weights once, also through `.keras` save and load.
-    The block's decoding cache is its mixer's.
+    The block's decoding cache is its mixer's, with the short convolution's
+    `convolution_inputs` beside it.
 
     Args:
         mixer: a `CausalMixer` (`Attention2`, `LinearAttention`, ...).
@@ -53,6 +59,8 @@ class DecoderBlock(keras.layers.Layer):
             each joins the residual stream. Defaults to `0.0`.
         mixer_gain: float. Initial `g_M` (skip-less forms). Defaults to `1.0`.
         ffn_gain: float. Initial `g_F` (skip-less forms). Defaults to `0.1`.
+        short_convolution: optional `ShortConvolution` before the mixer.
+            Defaults to `None`.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -83,6 +91,7 @@ class DecoderBlock(keras.layers.Layer):
         dropout=0.0,
         mixer_gain=1.0,
         ffn_gain=0.1,
+        short_convolution=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -90,6 +99,11 @@ class DecoderBlock(keras.layers.Layer):
         if not isinstance(mixer, CausalMixer):
             raise TypeError(
                 f"`mixer` must be a CausalMixer layer (Attention2, LinearAttention, ...). Received: mixer={mixer!r}"
+            )
+        if short_convolution is not None and not isinstance(short_convolution, ShortConvolution):
+            raise TypeError(
+                f"`short_convolution` must be a ShortConvolution layer or None. "
+                f"Received: short_convolution={short_convolution!r}"
             )
         if ffn is not None and not isinstance(ffn, keras.layers.Layer):
             raise TypeError(f"`ffn` must be a Keras layer or None. Received: ffn={ffn!r}")
@@ -104,6 +118,7 @@ class DecoderBlock(keras.layers.Layer):
         self.dropout = float(dropout)
         self.mixer_gain = float(mixer_gain)
         self.ffn_gain = float(ffn_gain)
+        self.short_convolution = short_convolution
 
     def __call__(self, inputs, *args, **kwargs):
         return super().__call__(as_sequence(inputs), *args, **kwargs)
@@ -131,6 +146,8 @@ class DecoderBlock(keras.layers.Layer):
             if self.ffn is not None and self.residual != "parallel":
                 self.ffn_norm = self._make_norm("ffn_norm")
                 self.ffn_norm.build(inputs_shape)
+        if self.short_convolution is not None and not self.short_convolution.built:
+            self.short_convolution.build(inputs_shape)
         if not self.mixer.built:
             self.mixer.build(inputs_shape)
         if self.ffn is not None and not self.ffn.built:  # a shared FFN is built once
@@ -151,10 +168,22 @@ class DecoderBlock(keras.layers.Layer):
         inputs, padding_mask = check_sequence_call(self, inputs, mask if padding_mask is None else padding_mask)
         normed = self.mixer_norm(inputs) if self.mixer_norm is not None else inputs
         extra = {} if document_starts is None else {"document_starts": document_starts}
+        mixer_inputs, convolution_cache = normed, {}
+        if self.short_convolution is not None and cache is None:
+            mixer_inputs = self.short_convolution(normed, padding_mask=padding_mask, **extra)
+        elif self.short_convolution is not None:
+            names, convolution_cache = self.short_convolution.cache_names, cache  # not a dict: refused by its check
+            if isinstance(cache, dict):
+                convolution_cache = {name: value for name, value in cache.items() if name in names}
+                cache = {name: value for name, value in cache.items() if name not in names}
+            mixer_inputs, convolution_cache = self.short_convolution(
+                normed, padding_mask=padding_mask, cache=convolution_cache, **extra
+            )
         if cache is None:
-            mixed = self.mixer(normed, padding_mask=padding_mask, training=training, **extra)
+            mixed = self.mixer(mixer_inputs, padding_mask=padding_mask, training=training, **extra)
         else:
-            mixed, cache = self.mixer(normed, padding_mask=padding_mask, cache=cache, training=training, **extra)
+            mixed, cache = self.mixer(mixer_inputs, padding_mask=padding_mask, cache=cache, training=training, **extra)
+            cache = {**cache, **convolution_cache}
         mixed = self.branch_dropout(mixed, training=training)
 
         if self.residual == "pre_norm":
@@ -172,11 +201,20 @@ class DecoderBlock(keras.layers.Layer):
                 outputs = outputs + self.ffn_scale * self.branch_dropout(self.ffn(ffn_inputs), training=training)
         return outputs if cache is None else (outputs, cache)
 
+    @property
+    def cache_names(self):
+        """The names of the decoding cache's tensors: the mixer's, then the short convolution's."""
+        convolution = () if self.short_convolution is None else self.short_convolution.cache_names
+        return (*self.mixer.cache_names, *convolution)
+
     def get_initial_cache(self, batch_size, dtype=None):
-        """The mixer's cache (`mixer.get_initial_cache`)."""
+        """The mixer's cache (`mixer.get_initial_cache`), and the short convolution's."""
         if not self.mixer.built:
             raise ValueError(f"Layer '{self.name}' needs its input width: build or call it before `get_initial_cache`.")
-        return self.mixer.get_initial_cache(batch_size, dtype)
+        cache = self.mixer.get_initial_cache(batch_size, dtype)
+        if self.short_convolution is not None:
+            cache.update(self.short_convolution.get_initial_cache(batch_size, dtype))
+        return cache
 
     def _serialized_ffn(self):
         if self.ffn is None:
@@ -201,6 +239,9 @@ class DecoderBlock(keras.layers.Layer):
                 "dropout": self.dropout,
                 "mixer_gain": self.mixer_gain,
                 "ffn_gain": self.ffn_gain,
+                "short_convolution": None
+                if self.short_convolution is None
+                else keras.saving.serialize_keras_object(self.short_convolution),
             }
         )
         return config
@@ -214,8 +255,9 @@ class DecoderBlock(keras.layers.Layer):
             getattr(package, name)
         config = upgrade_arguments(cls.__name__, config)  # a `.keras` file of elita-tf 0.1.0
         config["mixer"] = keras.saving.deserialize_keras_object(config["mixer"])
-        if config.get("ffn") is not None:
-            config["ffn"] = keras.saving.deserialize_keras_object(config["ffn"])
+        for part in ("ffn", "short_convolution"):
+            if config.get(part) is not None:
+                config[part] = keras.saving.deserialize_keras_object(config[part])
         return cls(**config)
 
     def compute_mask(self, inputs, mask=None):

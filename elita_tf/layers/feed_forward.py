@@ -1,7 +1,7 @@
 import keras
 
 from elita_tf.checks import check_integer
-from elita_tf.layers.checks import check_sequence_call, input_width
+from elita_tf.layers.checks import check_sequence_call, get_activation, input_width
 from elita_tf.layers.initializers import clone_initializer
 from elita_tf.layers.renamed_arguments import UpgradesRenamedArguments
 
@@ -60,7 +60,7 @@ class FeedForward(UpgradesRenamedArguments, keras.layers.Layer):
         check_integer("shared_by", shared_by)
         self.intermediate_dim = intermediate_dim
         self.shared_by = shared_by
-        self.activation = keras.activations.get(activation)
+        self.activation = get_activation("activation", activation)
         self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

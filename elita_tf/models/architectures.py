@@ -37,6 +37,9 @@ ARCHITECTURES = {
     "simplified": {"blocks": "simplified", "ffn": "mlp", "position_embedding": True},
     "simplified-wide": {"blocks": "simplified", "ffn": "wide", "position_embedding": True},
     "linear": {"blocks": "linear", "ffn": "mlp", "position_embedding": True},
+    # A short convolution (`ShortConvolution(4)`) before every mixer: the token shift of the linear models that recall.
+    "elita-conv": {"blocks": "elita", "ffn": "feedforward2", "short_convolution": 4},
+    "linear-conv": {"blocks": "linear", "ffn": "mlp", "position_embedding": True, "short_convolution": 4},
     "3lin": {"blocks": "3lin", "ffn": "none"},
     "additive": {"blocks": "additive", "ffn": "mlp", "position_embedding": True},
     "additive-reference": {
@@ -134,6 +137,7 @@ ARGUMENT_CHECKS = {
     "ffn_bias": _flag,
     "ffn_init_stddev": _optional(check_positive_number),
     "first_value_projection": _flag,
+    "short_convolution": _optional(check_integer),
 }
 # The arguments every saved config holds, elita-tf 0.1.0's too: the vocabulary, the size, the length and the
 # blocks, without which a preset's weights cannot be placed.

@@ -18,6 +18,7 @@ from elita_tf.layers import (
     LinearAttention,
     PositionEmbedding,
     ShapedAttention,
+    ShortConvolution,
     TokenEmbedding,
     TriLinearAttention,
 )
@@ -150,6 +151,9 @@ def _make_block(config, index, shared_ffn, dtype):
         layer_norm_epsilon=epsilon if config["layer_norm_epsilon"] is None else config["layer_norm_epsilon"],
         residual=residual,
         dropout=config["dropout"],
+        short_convolution=None
+        if config["short_convolution"] is None
+        else ShortConvolution(config["short_convolution"], name="short_convolution", dtype=dtype),
         name=f"block_{index}",
         dtype=dtype,
     )

@@ -178,6 +178,9 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         first_value_projection: bool. A learned value projection with gains in
             the first `"simplified"` block, as the Simplified Transformer's
             official configuration. Defaults to `False`.
+        short_convolution: int `K` or None. A `ShortConvolution` of kernel
+            size `K` before the mixer of every block (`M(S(n(x)))`), the
+            token shift that linear models need to recall. Defaults to `None`.
         lora_rank: int or None. Start with LoRA adapters of this rank on every
             projection (`enable_lora`); an adapted model's config records it,
             so it saves and loads with its adapters. Defaults to `None`.
@@ -228,6 +231,7 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         ffn_bias=True,
         ffn_init_stddev=None,
         first_value_projection=False,
+        short_convolution=None,
         lora_rank=None,
         dtype=None,
         **kwargs,

@@ -307,6 +307,9 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
         """keras-hub's `compile`; `weighted_metrics=None` (and no `metrics`) trains on the loss alone.
 
+        The `"auto"` loss is keras-hub's, the cross-entropy of the logits, averaged over the weighted
+        tokens: a padded position, or a packed document's first token, weighs 0 and counts for nothing.
+
         Raises:
             ValueError: for a `sampler` that names no keras-hub sampler.
         """
@@ -316,6 +319,8 @@ class ElitaCausalLM(ChunkedLossTraining, keras_hub.models.CausalLM):
                 "`sampler` must be a keras_hub.samplers.Sampler or the name of one: 'beam', 'contrastive', "
                 f"'greedy', 'random', 'top_k' or 'top_p'. Received: sampler={sampler!r}"
             )
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
         super().compile(optimizer, loss, weighted_metrics=weighted_metrics, sampler=resolved, **kwargs)
         if weighted_metrics is None and kwargs.get("metrics") is None:
             # Keras keeps the metrics of an earlier compile (keras-hub compiles every task when made).

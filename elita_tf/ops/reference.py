@@ -120,3 +120,21 @@ def banded_attention_reference(
     null = ops.zeros_like(logits[..., :1])
     weights = ops.softmax(ops.concatenate([null, logits], axis=-1), axis=-1)[..., 1:]
     return ops.einsum("bhij,bhjd->bhid", weights, values)
+
+
+def short_convolution_reference(inputs, kernel, bias=None, mask=None, document_starts=None):
+    """`short_convolution` by its definition: a `[T, T]` matrix per channel, `w_{K-1-(i-j)}` where row `i` sees
+    input `j` (`0 <= i - j < K`, `j` real and of `i`'s document)."""
+    length, size = ops.shape(inputs)[1], kernel.shape[0]
+    lag = ops.arange(length, dtype="int32")[:, None] - ops.arange(length, dtype="int32")[None, :]  # [T, T], i - j
+    seen = ops.logical_and(lag >= 0, lag < size)[None]  # [1, T, T]
+    if document_starts is not None:
+        document = ops.cumsum(ops.cast(document_starts, "int32"), axis=1)
+        seen = ops.logical_and(seen, ops.equal(document[:, :, None], document[:, None, :]))
+    if mask is not None:
+        seen = ops.logical_and(seen, ops.cast(mask, "bool")[:, None, :])
+    weights = ops.take(kernel, ops.clip(size - 1 - lag, 0, size - 1), axis=0)  # [T, T, d]
+    weights = ops.where(seen[..., None], weights[None], ops.zeros((), weights.dtype))
+    weights = ops.broadcast_to(weights, (ops.shape(inputs)[0], *ops.shape(weights)[1:]))
+    outputs = ops.einsum("bijd,bjd->bid", weights, inputs)
+    return outputs if bias is None else outputs + bias

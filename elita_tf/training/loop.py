@@ -143,8 +143,6 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
                 model.enable_carried_state(settings.batch_size)
             model.compile(
                 optimizer=elita_adam() if settings.optimizer == "adam" else three_lin_sgd(total),
-                # Averaged over the weighted tokens: packed documents weigh each document's first token out.
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                 weighted_metrics=None,  # the loss alone: fit takes it a chunk of tokens at a time
             )
         elif settings.optimizer == "normalized-sgd":

@@ -136,9 +136,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         schedule = keras.optimizers.schedules.CosineDecay(learning_rate, settings.epochs * steps_per_epoch)
         model.compile(
             optimizer=keras.optimizers.AdamW(schedule, weight_decay=settings.weight_decay),
-            # Averaged over the queries: every other position weighs 0.
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
-            weighted_metrics=None,
+            weighted_metrics=None,  # the loss, averaged over the queries: every other position weighs 0
             # Keras leaves XLA off on a CPU; at these sizes it speeds linear and additive attention up most.
             # PyTorch's compiler costs more than it saves there (docs/benchmarks.md).
             jit_compile=keras.backend.backend() != "torch",

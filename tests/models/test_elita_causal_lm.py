@@ -390,7 +390,12 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
     # Every block's projections get adapters; only they (and, as Keras does, their biases) train.
     assert {w.path.rsplit("/", 1)[0] for w in lora.trainable_weights} == adapted
     assert all(w.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b", "bias") for w in lora.trainable_weights)
-    projections = {p.rsplit("/", 1)[0] for p in matrices if p.endswith("kernel") and not p.startswith("logits")}
+    # A short convolution's `[K, d]` kernel is no projection: it is frozen with the rest.
+    projections = {
+        p.rsplit("/", 1)[0]
+        for p in matrices
+        if p.endswith("kernel") and not p.startswith("logits") and "short_convolution" not in p
+    }
     assert adapted == projections
     np.testing.assert_allclose(lora(x), want, rtol=1e-6, atol=1e-6)  # B starts at zero: the same function
     # Trained adapters merge into plain weights, W + A B: the same function, without adapters.
@@ -409,7 +414,9 @@ def test_int8_and_lora_cover_every_projection(name, tmp_path):
     head = set() if backbone.tie_word_embeddings else {"logits"}  # a tied head is the embedding
     assert projections | head | {"token_embedding"} <= int8
     got = backbone(x)
-    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()  # close, and not the float model
+    # Close (int8 round-off through every block: 5.4% of the largest logit at most, elita-conv's), and not the
+    # float model.
+    assert np.abs(got - want).max() < 0.08 * np.abs(want).max()
     assert not np.array_equal(got, want)
     # The int8 lookup keeps the id checks: an error eagerly, NaN where XLA drops the assertion.
     with pytest.raises(ValueError, match=r"Token ids must be in \[0, vocabulary_size=40\).*=99"):

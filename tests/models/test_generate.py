@@ -65,10 +65,12 @@ def test_mixed_precision_greedy_equals_the_parallel_forward(name, policy_name):
         assert new == list(_parallel_argmax(backbone, prompt + new)[len(prompt) - 1 : -1])
 
 
-@pytest.mark.parametrize("name", ["elita", "linear", "additive"])
-def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_never_meet(name):
+@pytest.mark.parametrize(
+    "name, overrides", [("elita", {}), ("linear", {}), ("additive", {}), ("elita", {"short_convolution": 3})]
+)
+def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_never_meet(name, overrides):
     # Linear and additive attention keep constant-size states once their learned positions are off.
-    backbone = _backbone(name, position_embedding=False)
+    backbone = _backbone(name, position_embedding=False, **overrides)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 30, size=(2, 70)).astype("int32")
     document_starts = np.zeros((2, 70), bool)
@@ -95,6 +97,15 @@ def test_a_stream_in_segments_with_carried_caches_equals_one_pass_and_documents_
             alone = backbone({"token_ids": alone, "padding_mask": np.ones_like(alone)}).numpy()[0]
             np.testing.assert_allclose(whole[row, start:stop], alone, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(cache["position"], [20, 6])  # positions restart at each document
+
+
+@pytest.mark.parametrize("name", ["elita", "linear", "transformer"])
+def test_a_short_convolution_before_every_mixer_generates_what_the_parallel_forward_predicts(name):
+    backbone = _backbone(name, short_convolution=4)
+    assert backbone.get_layer("block_0").short_convolution.kernel_size == 4
+    prompts = [[3, 4, 5, 6, 7, 8, 9], [9, 1]]  # rows of other lengths: right padding, then decoding
+    for prompt, new in zip(prompts, _generate(backbone, prompts, 8)):
+        assert new == list(_parallel_argmax(backbone, prompt + new)[len(prompt) - 1 : -1])
 
 
 def test_a_carried_stream_with_document_starts_is_refused_by_models_with_finite_buffers():
