@@ -4,38 +4,43 @@ from keras import ops
 
 from elita_tf.layers import DecoderBlock, LinearAttention, ShortConvolution
 from elita_tf.ops.reference import short_convolution_reference
-from tests.backend_utils import compiled, numpy, tensor
+from tests.backend_utils import numpy, tensor
 from tests.layers.reference_check import assert_matches_reference
+from tests.ops.documents import random_document_starts
 
 WIDTH = 6
 
 
-def _layer(dtype="float32", **kwargs):
-    layer = ShortConvolution(**{"kernel_size": 4, "use_bias": True, **kwargs}, dtype=dtype)
+def _layer():
+    """A float64 layer with a bias, its weights drawn around zero (the bias starts at zero)."""
+    layer = ShortConvolution(kernel_size=4, use_bias=True, dtype="float64")
     layer.build((None, None, WIDTH))
     rng = np.random.default_rng(0)
-    for var in layer.weights:
-        var.assign(rng.normal(size=var.shape) * 0.5)
+    layer.kernel.assign(rng.normal(size=layer.kernel.shape) * 0.5)
+    layer.bias.assign(rng.normal(size=layer.bias.shape) * 0.5)
     return layer
 
 
-def reference(layer, x):
+def reference(layer, x, document_starts=None):
     """The `[T, T]` definition of each channel's convolution, then SiLU, in float64."""
     kernel, bias = (ops.cast(v.value, "float64") for v in (layer.kernel, layer.bias))
-    return ops.silu(short_convolution_reference(ops.cast(x, "float64"), kernel, bias))
+    return ops.silu(short_convolution_reference(ops.cast(x, "float64"), kernel, bias, document_starts=document_starts))
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("length", [1, 63, 100, 257])
-def test_outputs_and_gradients_match_reference(length):
-    layer = _layer("float64")
+def test_outputs_and_gradients_match_reference(length, packed):
+    layer = _layer()
     x = tensor(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
-    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=1e-10, atol=1e-10)
-
-
-def test_the_same_weights_give_the_same_outputs_compiled():
-    layer = _layer("float64")
-    x = tensor(np.random.default_rng(1).normal(size=(2, 100, WIDTH)))
-    np.testing.assert_allclose(numpy(compiled(layer)(x)), numpy(layer(x)), rtol=1e-10, atol=1e-10)
+    starts = tensor(random_document_starts(2, length)) if packed else None
+    assert_matches_reference(
+        lambda x: layer(x, document_starts=starts),
+        lambda x: reference(layer, x, starts),
+        x,
+        layer.weights,
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 def test_the_default_kernel_is_pytorchs_depthwise_initialization():
