@@ -20,8 +20,10 @@ rather than reused. A cell in training keeps its last epoch beside it (`w{W}-lr{
 `.keras` checkpoint, model and optimizer, and the epochs' figures), so an interrupted cell resumes at
 its last finished epoch, as if never stopped (each epoch's data and shuffle depend only on the seed
 and the epoch). Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the best of each
-sweep and every cell) and `OUTPUT_DIR/recall.png` (accuracy against width, one panel a task, one line
-a design, as Zoology's figure 2) are written.
+sweep and every cell), `OUTPUT_DIR/recall.png` (accuracy against width, one panel a task, one line
+a design, as Zoology's figure 2) and `OUTPUT_DIR/recall-state.png` (accuracy against the bytes of a
+sequence's decoding state at the task's length, as Based's figure of recall against state size) are
+written.
 """
 
 import dataclasses
@@ -46,6 +48,30 @@ def cell_cost(settings, sequence_length, width):
     blocks = settings.num_layers * (12 * width * width + 2 * sequence_length * width)
     per_token = blocks + width * settings.vocabulary_size
     return 3 * settings.epochs * settings.train_examples * sequence_length * per_token
+
+
+def recall_backbone(architecture, width, sequence_length, settings):
+    """A cell's untrained `ElitaBackbone`; `settings` is a `RecallSettings` as a dict (a cell's record holds one)."""
+    from elita_tf.models import ElitaBackbone
+
+    return ElitaBackbone.from_architecture(
+        architecture,
+        vocabulary_size=settings["vocabulary_size"],
+        hidden_dim=width,
+        num_layers=settings["num_layers"],
+        num_heads=settings["num_heads"],
+        head_dim=width // settings["num_heads"],
+        max_sequence_length=sequence_length,
+    )
+
+
+def decoding_state_bytes(backbone):
+    """The bytes of one sequence's decoding cache (`get_initial_cache(1)`): a constant for ELiTA, linear and
+    additive blocks, `max_sequence_length` positions for a key/value cache."""
+    import keras
+
+    tensors = keras.tree.flatten(backbone.get_initial_cache(1))
+    return sum(int(np.prod(t.shape)) * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize for t in tensors)
 
 
 def recall_accuracy(model, dataset):
@@ -101,7 +127,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     import keras
 
     from elita_tf.data.mqar import mqar_arrays, mqar_dataset
-    from elita_tf.models import ElitaBackbone, ElitaCausalLM
+    from elita_tf.models import ElitaCausalLM
     from elita_tf.training.checkpoints import load_checkpoint, save_checkpoint
     from elita_tf.training.run_files import checkpoint_path
 
@@ -122,16 +148,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
             log(f"  resumed after epoch {len(by_epoch)} (accuracy {by_epoch[-1]:.3f}), from {checkpoint_dir}")
     else:
         by_epoch, losses, seconds = [], [], 0.0
-        backbone = ElitaBackbone.from_architecture(
-            architecture,
-            vocabulary_size=settings.vocabulary_size,
-            hidden_dim=width,
-            num_layers=settings.num_layers,
-            num_heads=settings.num_heads,
-            head_dim=width // settings.num_heads,
-            max_sequence_length=sequence_length,
-        )
-        model = ElitaCausalLM(backbone)
+        model = ElitaCausalLM(recall_backbone(architecture, width, sequence_length, dataclasses.asdict(settings)))
         steps_per_epoch = settings.train_examples // settings.batch_size
         schedule = keras.optimizers.schedules.CosineDecay(learning_rate, settings.epochs * steps_per_epoch)
         model.compile(
@@ -258,13 +275,20 @@ def best_of_sweep(records):
 
 
 def write_report(output_dir, records):
-    """Writes `recall.md`, `recall.json` and `recall.png` of the cells' records; returns the json's content."""
-    from elita_tf.training.recall_report import plot_recall, recall_table  # matplotlib, once there is a grid
+    """Writes `recall.md`, `recall.json`, `recall.png` and `recall-state.png` of the cells' records; returns the
+    json's content."""
+    # matplotlib, once there is a grid
+    from elita_tf.training.recall_report import plot_frontier, plot_recall, recall_table, state_table
 
     best = best_of_sweep(records)
+    for record in best:  # the recall-state frontier: a design's state at the task's length, beside its accuracy
+        if "state_bytes" not in record:
+            backbone = recall_backbone(record["architecture"], record["width"], record["sequence_length"], record["settings"])
+            record["state_bytes"] = decoding_state_bytes(backbone)
     report = {"best": best, "cells": records}
     write_json(os.path.join(output_dir, "recall.json"), report)
     with open(os.path.join(output_dir, "recall.md"), "w") as f:
-        f.write(recall_table(best))
+        f.write(recall_table(best) + "\nDecoding state per sequence, bytes:\n\n" + state_table(best))
     plot_recall(best, os.path.join(output_dir, "recall.png"))
+    plot_frontier(best, os.path.join(output_dir, "recall-state.png"))
     return report

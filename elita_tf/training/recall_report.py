@@ -1,4 +1,5 @@
-"""The MQAR recall table and plot (`elita_tf.training.recall`): accuracy against width, one line a design."""
+"""The MQAR recall tables and plots (`elita_tf.training.recall`): accuracy against width, and against the bytes
+of a sequence's decoding state, one line a design."""
 
 import matplotlib
 
@@ -32,6 +33,40 @@ def recall_table(best):
             row.append("" if record is None else f"{record['accuracy']:.3f} (lr {record['learning_rate']:g})")
         lines.append(f"| {name} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def state_table(best):
+    """A markdown table of each design's decoding state per sequence, in bytes, at each setting and width."""
+    settings, widths, architectures, cells = _grid(best)
+    columns = [(t, p, w) for t, p in settings for w in widths]
+    lines = ["| model | " + " | ".join(f"T={t} P={p} d={w}" for t, p, w in columns) + " |"]
+    lines.append("|" + "---|" * (len(columns) + 1))
+    for name in architectures:
+        row = [f"{cells[(name, t, p, w)]['state_bytes']:,}" if (name, t, p, w) in cells else "" for t, p, w in columns]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_frontier(best, path):
+    """Based's frontier: a panel per setting, MQAR accuracy against the bytes of a sequence's decoding state
+    (log scale), a line per design through its widths."""
+    settings, widths, architectures, cells = _grid(best)
+    fig, axes = plt.subplots(1, len(settings), figsize=(3.6 * len(settings), 3.8), dpi=120, squeeze=False)
+    for ax, (t, p) in zip(axes[0], settings):
+        ax.axhline(1 / p, color="0.5", linestyle=":", linewidth=1, label="chance, 1 / pairs")
+        for name in architectures:
+            points = [cells[(name, t, p, w)] for w in widths if (name, t, p, w) in cells]
+            ax.plot([r["state_bytes"] for r in points], [r["accuracy"] for r in points], marker="o", label=name)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"Sequence length {t}, {p} pairs", fontsize=9)
+        ax.set_xlabel("Decoding state per sequence (bytes)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("MQAR accuracy")
+    axes[0][0].legend(fontsize=6, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot_recall(best, path):

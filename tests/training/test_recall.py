@@ -1,19 +1,21 @@
 """`elita-recall` (`elita_tf.training.recall`): the quick grid end to end, resuming, the table and the errors."""
 
+import dataclasses
 import json
 import os
 
 import pytest
 
 from elita_tf.cli import recall as cli
-from elita_tf.training.recall import best_of_sweep, cell_path, recall_accuracy
+from elita_tf.training.recall import best_of_sweep, cell_path, decoding_state_bytes, recall_accuracy, recall_backbone
+from elita_tf.training.recall_settings import QUICK, RecallSettings
 from elita_tf.training.recall_report import recall_table
 
 
 def test_quick_grid_writes_cells_table_and_plot_and_resumes(tmp_path, capsys):
     output = str(tmp_path / "recall")
     assert cli.main(["--quick", "--output-dir", output]) == 0
-    for name in ("recall.md", "recall.json", "recall.png"):
+    for name in ("recall.md", "recall.json", "recall.png", "recall-state.png"):
         assert os.path.getsize(os.path.join(output, name)) > 0
     with open(os.path.join(output, "recall.json")) as f:
         report = json.load(f)
@@ -37,12 +39,20 @@ def test_quick_grid_writes_cells_table_and_plot_and_resumes(tmp_path, capsys):
     assert os.stat(cell).st_mtime_ns == before
 
 
+def test_the_decoding_state_grows_with_the_length_for_attention_alone():
+    settings = dataclasses.asdict(RecallSettings(**QUICK))
+    size = lambda name, length: decoding_state_bytes(recall_backbone(name, 16, length, settings))  # noqa: E731
+    assert size("elita", 32) == size("elita", 16) == size("elita", 4096)
+    # Keys and values of 16 more positions (width 16, float32) and their valid flags, in each of the 2 blocks.
+    assert size("transformer", 32) - size("transformer", 16) == 2 * 16 * (2 * 16 * 4 + 1)
+    assert size("elita-conv", 16) - size("elita", 16) == 2 * 3 * 16 * 4  # the last 3 inputs a block
+
+
 class _Interrupt(Exception):
     pass
 
 
 def test_an_interrupted_cell_resumes_at_its_last_epoch_as_if_never_stopped(tmp_path):
-    import dataclasses
 
     from elita_tf.training.recall import QUICK, RecallSettings, train_cell
 
@@ -143,7 +153,6 @@ def test_bad_flags_end_in_one_line(flags, message, tmp_path, capsys):
 
 
 def test_every_flag_has_help_and_the_old_settings_flag_sets_tasks(capsys):
-    import dataclasses
 
     from elita_tf.training.recall_settings import RecallSettings
 
@@ -162,7 +171,6 @@ def test_every_flag_has_help_and_the_old_settings_flag_sets_tasks(capsys):
 
 def _quick_cell(output, **changes):
     """Trains `--quick`'s ELiTA cell into `output` (with `changes` to its settings); returns the cell's path."""
-    import dataclasses
 
     from elita_tf.training.recall import QUICK, RecallSettings, recall_grid
 
@@ -172,7 +180,6 @@ def _quick_cell(output, **changes):
 
 
 def test_a_cell_of_other_settings_is_refused_and_a_damaged_one_named(tmp_path):
-    import dataclasses
 
     from elita_tf.training.recall import recall_grid
 
@@ -194,7 +201,6 @@ def test_a_cell_of_other_settings_is_refused_and_a_damaged_one_named(tmp_path):
 
 
 def test_a_partial_cell_of_other_settings_is_refused(tmp_path):
-    import dataclasses
 
     from elita_tf.training.recall import QUICK, RecallSettings, train_cell
 
