@@ -40,6 +40,9 @@ ARCHITECTURES = {
     # A short convolution (`ShortConvolution(4)`) before every mixer: the token shift of the linear models that recall.
     "elita-conv": {"blocks": "elita", "ffn": "feedforward2", "short_convolution": 4},
     "linear-conv": {"blocks": "linear", "ffn": "mlp", "position_embedding": True, "short_convolution": 4},
+    # ELiTA with a Transformer block (softmax attention over every position, no learned positions) in every 3,
+    # the top one among them: the hybrid of linear-time models with a few global attention layers.
+    "elita-hybrid": {"blocks": "elita", "ffn": "feedforward2", "attention_interval": 3},
     "3lin": {"blocks": "3lin", "ffn": "none"},
     "additive": {"blocks": "additive", "ffn": "mlp", "position_embedding": True},
     "additive-reference": {
@@ -138,6 +141,7 @@ ARGUMENT_CHECKS = {
     "ffn_init_stddev": _optional(check_positive_number),
     "first_value_projection": _flag,
     "short_convolution": _optional(check_integer),
+    "attention_interval": _optional(check_integer),
 }
 # The arguments every saved config holds, elita-tf 0.1.0's too: the vocabulary, the size, the length and the
 # blocks, without which a preset's weights cannot be placed.
@@ -159,6 +163,11 @@ def check_architecture(config):
         config["blocks"] = config["blocks"] * num_layers
     if len(config["blocks"]) != num_layers:
         fail("blocks", config["blocks"], f"one block type, or one per layer ({num_layers})")
+    interval = config["attention_interval"]
+    if interval is not None:  # the last block and every `interval`-th below it: the top always attends
+        config["blocks"] = [
+            "transformer" if (num_layers - 1 - i) % interval == 0 else block for i, block in enumerate(config["blocks"])
+        ]
     sizes = config["sliding_window_sizes"]
     if sizes is not None and len(sizes) != num_layers:
         fail("sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})")
