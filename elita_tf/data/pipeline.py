@@ -11,7 +11,8 @@ With packed documents (`elita-train --pack-documents`) the files' document start
 batches carry `document_starts` and weights; with a carried state (`--carry-state`) the split is one
 stream, read in segments (`stream_dataset`).
 
-Tests and your own code write a split's files with `token_files.write_token_file` and read them the same way.
+To batch a split of your own, write its token files (`token_files.write_token_file`) and pass
+`FileSequences(tokens, T + 1)` to `lm_dataset`: one way to cut a split, the same for every run.
 """
 
 import numpy as np

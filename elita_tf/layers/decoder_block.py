@@ -24,9 +24,9 @@ class DecoderBlock(keras.layers.Layer):
         "parallel"    y = g_M M(n(x)) + g_F F(n(x))          (no skip: SAS-P)
         "sequential"  h = g_M M(n(x));          y = h + g_F F(n2(h))   (SAS)
 
-With `short_convolution` (a `ShortConvolution`, `S`) the mixer reads
-`M(S(n(x)))`: each position sees its last few neighbours first, as Based
-and the recurrent models that recall do it; the FFN still reads `n(x)`.
+    With `short_convolution` (a `ShortConvolution`, `S`) the mixer reads
+    `M(S(n(x)))`: each position sees its last few neighbours first, as Based
+    and the recurrent models that recall do it; the FFN still reads `n(x)`.
 
     The skip-less forms are the Simplified Transformer's: the identity path
     lives inside shaped attention (its `α I`), and `g_F` starts small.
