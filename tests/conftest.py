@@ -58,26 +58,36 @@ ON_JAX = (
 
 
 # What the version of TensorFlow (and of tensorflow-text and keras-hub, which move with it) can change: the data
-# pipeline, the exports, training and its commands (tf.distribute among them), keras-hub's harness, the notebook, and
-# every test marked tf_only. On the oldest supported TensorFlow CI runs these (`-m tensorflow_version`,
-# docs/install.md); the rest runs on the newest TensorFlow, and on JAX and PyTorch where it is in EVERY_BACKEND: the
-# ops' and layers' numerics (the same `keras.ops` code on every backend), a run directory's locks and its recovery
-# from kill -9 and damaged files (Python's and the file system's), the GPU scripts and the benchmarks.
+# pipeline and tensorflow-text, the SavedModel and LiteRT exports, tf.distribute (a mirrored run and the workers),
+# one `elita-train` run end to end with its exact resumption, keras-hub's harness, the notebook, and every test
+# marked tf_only. On the oldest supported TensorFlow CI runs these (`-m tensorflow_version`, docs/install.md); the
+# rest runs on the newest TensorFlow, and on JAX and PyTorch where it is in EVERY_BACKEND: the ops' and layers'
+# numerics (the same `keras.ops` code on every backend), the commands' own checks and settings (Python's), a run
+# directory's locks and its recovery from kill -9 and damaged files (Python's and the file system's), `elita-recall`,
+# the GPU scripts and the benchmarks.
 TENSORFLOW_VERSION = (
     "tests/data/",
     "tests/export/",
-    "tests/training/test_backend_resume.py",
-    "tests/training/test_carry_state.py",
-    "tests/training/test_cli.py",
-    "tests/training/test_errors.py",
-    "tests/training/test_evaluate.py",
-    "tests/training/test_fine_tuning.py",
+    "tests/training/test_cli.py::test_train_end_to_end_and_exact_resumption",
+    "tests/training/test_cli.py::test_mirrored_strategy_over_two_cpu_devices",
     "tests/training/test_multiworker.py",
-    "tests/training/test_other_backends.py",
-    "tests/training/test_own_text.py",
-    "tests/training/test_recall.py",
     "tests/models/test_keras_hub_harness.py",
     "tests/test_notebook.py",
+)
+
+
+# Where a stage repeats per architecture what another stage tests in full, it runs one architecture per design. The
+# variants (a design's original settings, `-reference`, `-wide`, or designs combined, `-conv`, `-hybrid`) are
+# `keras.ops` code of the designs' layers on every backend: every architecture runs on the newest TensorFlow and on
+# PyTorch, the designs alone on JAX (without ELITA_JAX_TESTS=all) and on the oldest TensorFlow.
+DESIGNS = ("3lin", "additive", "elita", "linear", "simplified", "transformer")
+# What test_every_backend.py runs per architecture and TensorFlow's own tests run there per architecture in more depth
+# (test_elita_causal_lm.py: training compiled and not, every weight moving, greedy decoding, LoRA and int8 on every
+# projection): on TensorFlow these run ELiTA alone.
+DEEPER_ON_TENSORFLOW = (
+    "tests/models/test_every_backend.py::test_fit_lowers_the_loss_and_moves_every_weight",
+    "tests/models/test_every_backend.py::test_greedy_generate_is_the_argmax_of_the_parallel_forward",
+    "tests/models/test_every_backend.py::test_lora_trains_only_its_adapters_and_merges_and_int8_stays_close",
 )
 
 
@@ -85,25 +95,38 @@ def _path(config, item):
     return os.path.relpath(str(item.path), str(config.rootpath)).replace(os.sep, "/")
 
 
+def _variant(item):
+    """Whether `item` is a variant's case of a sweep over the architectures (a `name` parametrization that includes
+    every design; a test of chosen architectures, such as the three output heads, runs all of its cases)."""
+    sweep = next((m.args[1] for m in item.iter_markers("parametrize") if m.args[0] == "name"), ())
+    name = getattr(item, "callspec", None) and item.callspec.params.get("name")
+    return set(DESIGNS) <= set(sweep) and name not in DESIGNS
+
+
+def _deselect(config, items, keep):
+    deselected = [item for item in items if not keep(item)]
+    config.hook.pytest_deselected(items=deselected)
+    items[:] = [item for item in items if keep(item)]
+
+
 def pytest_collection_modifyitems(config, items):
     backend = keras.backend.backend()
     if backend == "tensorflow":
+        deeper = DEEPER_ON_TENSORFLOW
+        _deselect(config, items, lambda item: "[elita]" in item.nodeid or not item.nodeid.startswith(deeper))
         for item in items:
-            if "tf_only" in item.keywords or _path(config, item).startswith(TENSORFLOW_VERSION):
+            if ("tf_only" in item.keywords or item.nodeid.startswith(TENSORFLOW_VERSION)) and not _variant(item):
                 item.add_marker(pytest.mark.tensorflow_version)
         return
-    kept, deselected = [], []
-    for item in items:
-        every = _path(config, item).startswith(EVERY_BACKEND)
-        if backend == "jax" and os.environ.get("ELITA_JAX_TESTS") != "all":
-            every = item.nodeid.startswith(ON_JAX)
-        (kept if every else deselected).append(item)
-    config.hook.pytest_deselected(items=deselected)
-    items[:] = kept
+    if backend == "jax" and os.environ.get("ELITA_JAX_TESTS") != "all":
+        _deselect(config, items, lambda item: item.nodeid.startswith(ON_JAX) and not _variant(item))
+    else:
+        _deselect(config, items, lambda item: _path(config, item).startswith(EVERY_BACKEND))
     skip = pytest.mark.skip(reason=f"TensorFlow by nature; Keras runs on {backend}")
     for item in items:
         if "tf_only" in item.keywords:
             item.add_marker(skip)
+
 
 # The files of a keras-hub preset of an ElitaCausalLM with its preprocessor, and nothing else.
 PRESET_FILES = ["assets", "config.json", "metadata.json", "model.weights.h5", "preprocessor.json", "task.json"]
