@@ -11,10 +11,10 @@ the users of a deprecated feature, shown by default) that names today's:
     result key    `evaluate(...)["windows"]`        `RenamedKeys`, the dict the function returns
 
 A config, checkpoint, `.keras` file or run directory that 0.1.0 wrote loads in today's names without
-a word (`upgrade_arguments`): nothing in it is its user's to change. A name that went with no successor
-(`REMOVED`: the in-memory cutters, whose work the token files do) is answered with one line saying what
-does its work. No TensorFlow here: every
-package, the command lines' too, reads this table.
+a word (`upgrade_arguments`): nothing in it is its user's to change. A name that goes with no successor
+of its own (`DEPRECATED`: the in-memory cutters, whose work the token files do) works for one more
+release too, with a `FutureWarning` saying what does its work. No TensorFlow here: every package, the
+command lines' too, reads this table.
 """
 
 import functools
@@ -67,6 +67,7 @@ RENAMED = {
         "list_checkpoints": {"run_dir": "run_path"},
         "compare": {"budget_s": "budget_seconds"},
         "RecallSettings": {"settings": "tasks"},
+        "packed_sequences": _DOCUMENT_STARTS,
     },
     # Keys of the dicts a function returns, by the function. (`evaluate`'s `trained_sequence_length` was
     # `sequence_length`, which is now the evaluation's length: a key that changed meaning cannot be read both ways.)
@@ -76,14 +77,18 @@ RENAMED = {
 
 _TOKEN_FILES = "write the split's token files (tokens = elita_tf.data.token_files.write_token_file(...)) and read them"
 _SEQUENCES_OF = _TOKEN_FILES + ": FileSequences(tokens, T + 1) for lm_dataset"
-# Public names that went without a successor of their own, by the package that exported them: what does their work.
-REMOVED = {
-    "elita_tf.data.token_sequences": _SEQUENCES_OF,
-    "elita_tf.data.token_windows": _SEQUENCES_OF,
-    "elita_tf.data.packed_sequences": _SEQUENCES_OF + " with document_starts=True",
-    "elita_tf.data.packed_windows": _SEQUENCES_OF + " with document_starts=True",
-    "elita_tf.data.token_stream": _TOKEN_FILES + ": tokens.stream()",
+_CUTTERS = "elita_tf.data.deprecated"
+# Public names that go with the next release, without a successor of their own, by the package that exported them:
+# (what still answers them, what does their work).
+DEPRECATED = {
+    "elita_tf.data.token_sequences": (f"{_CUTTERS}.token_sequences", _SEQUENCES_OF),
+    "elita_tf.data.token_windows": (f"{_CUTTERS}.token_sequences", _SEQUENCES_OF),
+    "elita_tf.data.packed_sequences": (f"{_CUTTERS}.packed_sequences", _SEQUENCES_OF + " with document_starts=True"),
+    "elita_tf.data.packed_windows": (f"{_CUTTERS}.packed_sequences", _SEQUENCES_OF + " with document_starts=True"),
+    "elita_tf.data.token_stream": (f"{_CUTTERS}.token_stream", _TOKEN_FILES + ": tokens.stream()"),
 }
+# `lm_dataset`'s NumPy sequences, deprecated with the cutters that made them.
+ARRAY_SEQUENCES = f"`lm_dataset`'s NumPy sequences are deprecated and go in the next release: {_SEQUENCES_OF}."
 
 
 def deprecation(old, new, received=None):
@@ -155,15 +160,18 @@ def accepts_renamed_arguments(function):
 
 
 def renamed_attribute(package, name):
-    """Today's object for an old public name `package.name` (`RENAMED["name"]`), with a `FutureWarning`: a
-    package's `__getattr__`. A removed name (`REMOVED`) raises an `AttributeError` saying what does its work;
-    any other name Python's own."""
-    new = RENAMED["name"].get(f"{package}.{name}")
-    if f"{package}.{name}" in REMOVED:
-        raise AttributeError(f"`{package}.{name}` was removed: {REMOVED[f'{package}.{name}']}.")
-    if new is None:
+    """Today's object for an old public name `package.name` (`RENAMED["name"]`), or the one that still answers a
+    deprecated name (`DEPRECATED`), with a `FutureWarning`: a package's `__getattr__`. Any other name raises Python's
+    own `AttributeError`."""
+    old = f"{package}.{name}"
+    if old in DEPRECATED:
+        new, work = DEPRECATED[old]
+        warnings.warn(f"`{old}` is deprecated and goes in the next release: {work}.", FutureWarning, stacklevel=3)
+    elif old in RENAMED["name"]:
+        new = RENAMED["name"][old]
+        warn_renamed(f"`{old}`", f"`{new}`", stacklevel=3)  # the line that names it, past `__getattr__`
+    else:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
-    warn_renamed(f"`{package}.{name}`", f"`{new}`", stacklevel=3)  # the line that names it, past `__getattr__`
     module, _, attribute = new.rpartition(".")
     return getattr(importlib.import_module(module), attribute)
 

@@ -160,21 +160,6 @@ def token_file(lines, tokenizer, directory, vocabulary_size=None):
     return write_token_file(lines, tokenizer, str(directory), vocabulary_size)
 
 
-class ArraySequences:
-    """A test's own sequences `[N, T + 1]` (and their document starts), read as `lm_dataset` reads
-    `FileSequences`."""
-
-    def __init__(self, ids, starts=None):
-        self.ids, self.starts = ids, np.zeros(ids.shape, bool) if starts is None else starts
-        self.length = ids.shape[1]
-
-    def __len__(self):
-        return len(self.ids)
-
-    def rows(self, indices):
-        return self.ids[indices], self.starts[indices]
-
-
 def write_tiny_wikitext(directory, lines_per_split=(400, 60, 60), seed=0):
     """A small corpus in WikiText's layout: headings, blank lines, sentences with structure to learn."""
     import random

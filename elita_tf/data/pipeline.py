@@ -13,12 +13,15 @@ stream, read in segments (`stream_dataset`).
 
 To batch a split of your own, write its token files (`token_files.write_token_file`) and pass
 `FileSequences(tokens, T + 1)` to `lm_dataset`: one way to cut a split, the same for every run.
+Sequences you already hold in memory read the same way through `ArraySequences(ids, starts)`.
 """
+
+import warnings
 
 import numpy as np
 import tensorflow as tf
 
-from elita_tf.renames import accepts_renamed_arguments
+from elita_tf.renames import ARRAY_SEQUENCES, accepts_renamed_arguments
 
 
 def line_ids(tokenizer, lines):
@@ -30,6 +33,27 @@ def line_ids(tokenizer, lines):
     pieces = tokenizer.tokenize(lines)
     ends = tf.fill([tf.shape(lines)[0], 1], tf.constant(tokenizer.end_token_id, pieces.dtype))
     return tf.concat([pieces, tf.RaggedTensor.from_tensor(ends)], axis=1)
+
+
+class ArraySequences:
+    """Sequences you hold in memory, `ids` `[N, T + 1]` (and their document starts), read as `FileSequences` is.
+
+    Example:
+    >>> sequences = ArraySequences(np.arange(12, dtype=np.int32).reshape(3, 4))
+    >>> len(sequences), sequences.length, sequences.rows([2])[0].tolist()
+    (3, 4, [[8, 9, 10, 11]])
+    """
+
+    def __init__(self, ids, starts=None):
+        self.ids, self.starts = ids, np.zeros(ids.shape, bool) if starts is None else starts
+        self.length = ids.shape[1]
+
+    def __len__(self):
+        return len(self.ids)
+
+    def rows(self, indices):
+        """`(ids int32 [n, length], starts bool [n, length])` of sequences `indices`."""
+        return self.ids[indices], self.starts[indices]
 
 
 @accepts_renamed_arguments
@@ -56,9 +80,11 @@ def lm_dataset(
 
     Args:
         sequences: the split's sequences of `T + 1` tokens on disk
-            (`token_files.FileSequences`), read a batch at a time: anything
-            with `len()`, `length` (`T + 1`) and `rows(indices)` giving
-            `(ids int32 [n, T + 1], starts bool [n, T + 1])`.
+            (`token_files.FileSequences`) or in memory (`ArraySequences`),
+            read a batch at a time: anything with `len()`, `length` (`T + 1`)
+            and `rows(indices)` giving `(ids int32 [n, T + 1], starts bool
+            [n, T + 1])`. (0.1.0's int array `[N, T + 1]`, with its starts as
+            `document_starts`, works for one more release, with a warning.)
         batch_size: int.
         seed: int. Same seed, same batches.
         shuffle: bool.
@@ -80,15 +106,14 @@ def lm_dataset(
             f"The global batch must split evenly into {num_shards} shards, and the shard must be one of them. "
             f"Received: batch_size={batch_size}, shard={shard}, num_shards={num_shards}"
         )
+    if isinstance(sequences, np.ndarray):  # 0.1.0's arrays, for one more release
+        warnings.warn(ARRAY_SEQUENCES, FutureWarning, stacklevel=3)  # the caller's line, past the renames' wrapper
+        packed = isinstance(document_starts, np.ndarray)
+        sequences = ArraySequences(sequences, document_starts if packed else None)
+        document_starts = packed
     rows_per_shard = batch_size // num_shards
     count = len(sequences)
     per_epoch = steps_per_epoch(sequences, batch_size)
-    if isinstance(sequences, np.ndarray):
-        raise TypeError(
-            "lm_dataset reads sequences from a split's token files: write them with "
-            "elita_tf.data.token_files.write_token_file and pass FileSequences(tokens, T + 1). "
-            f"Received: sequences=<ndarray of shape {sequences.shape}>"
-        )
 
     def rows(indices):  # a batch read from disk
         ids, sequence_starts = tf.numpy_function(sequences.rows, [indices], (tf.int32, tf.bool), stateful=False)

@@ -108,9 +108,9 @@ class TokenFile:
                 f"The token cache {self.directory} cannot be read: {error.strerror} ({error.filename})."
             ) from None
 
-    def close(self):
+    def close(self, _close=os.close):  # bound at definition: `os` may be gone when the interpreter exits
         for fd in getattr(self, "_files", None) or ():
-            os.close(fd)
+            _close(fd)
         self._files = None
 
     def read(self, start, length):

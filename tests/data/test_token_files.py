@@ -8,9 +8,10 @@ import tensorflow as tf
 
 from elita_tf.data import lm_dataset, load_corpus, train_sentencepiece
 from elita_tf.data.corpus_settings import CorpusSettings
+from elita_tf.data.pipeline import ArraySequences
 from elita_tf.data.token_files import FileSequences, TokenFile, fingerprint, write_token_file
 from elita_tf.models import ElitaTokenizer
-from tests.conftest import ArraySequences, write_documents
+from tests.conftest import write_documents
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,37 @@ def test_files_hold_the_stream_and_give_the_batches_memory_gives(corpus, tmp_pat
         np.testing.assert_array_equal(x1["document_starts"], x2["document_starts"])
         np.testing.assert_array_equal(w1, w2)
         np.testing.assert_array_equal(y1, y2)
+
+
+def test_0_1_0_s_cutters_still_cut_through_the_files_for_a_release(corpus, tmp_path):
+    import elita_tf.data as data
+
+    splits, tokenizer = corpus
+    ids, starts = _reference_stream(splits["train"], tokenizer)
+    going = "is deprecated and goes in the next release: write the split's token files"
+    with pytest.warns(FutureWarning, match=rf"`elita_tf.data.token_stream` {going} .*tokens.stream\(\)"):
+        stream = data.token_stream(splits["train"], tokenizer, vocabulary_size=50)
+    np.testing.assert_array_equal(stream[0], ids)
+    np.testing.assert_array_equal(stream[1], starts)
+    count = len(ids) // 17
+    for old in ("token_sequences", "token_windows"):
+        with pytest.warns(FutureWarning, match=rf"`elita_tf.data.{old}` {going} .*FileSequences\(tokens, T \+ 1\)"):
+            sequences = getattr(data, old)(splits["train"].map(lambda line, _: line), tokenizer, 16)
+        np.testing.assert_array_equal(sequences, ids[: count * 17].reshape(count, 17))
+    for old in ("packed_sequences", "packed_windows"):
+        with pytest.warns(FutureWarning, match=rf"`elita_tf.data.{old}` {going} .*document_starts=True"):
+            packed, packed_starts = getattr(data, old)(ids, starts, 16)
+        np.testing.assert_array_equal(packed, ids[: count * 17].reshape(count, 17))
+        np.testing.assert_array_equal(packed_starts, starts[: count * 17].reshape(count, 17))
+    # lm_dataset takes their arrays for the same release: the batches the files give.
+    tokens = write_token_file(splits["train"], tokenizer, str(tmp_path / "train"))
+    want = _batches(lm_dataset(FileSequences(tokens, 17), 4, seed=3, document_starts=True))
+    with pytest.warns(FutureWarning, match="`lm_dataset`'s NumPy sequences are deprecated"):
+        got = _batches(lm_dataset(packed, 4, seed=3, document_starts=packed_starts))
+    assert len(got) == len(want) == count // 4
+    for got_batch, want_batch in zip(got, want):
+        for g, w in zip(got_batch, want_batch):
+            np.testing.assert_array_equal(g, w)
 
 
 def test_written_files_are_reused_and_checked_against_the_vocabulary(corpus, tmp_path):

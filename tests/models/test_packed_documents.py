@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 from elita_tf.data import lm_dataset
+from elita_tf.data.pipeline import ArraySequences
 from elita_tf.models import ARCHITECTURES, ElitaBackbone, ElitaCausalLM
-from tests.conftest import ArraySequences
 
 SIZE = {"vocabulary_size": 30, "hidden_dim": 16, "num_layers": 2, "num_heads": 2, "head_dim": 8}
 # Every recipe but the one whose positions move with the sequence's length; additive also windowed.
