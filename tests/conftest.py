@@ -104,9 +104,9 @@ def _variant(item):
 
 
 def _deselect(config, items, keep):
-    deselected = [item for item in items if not keep(item)]
-    config.hook.pytest_deselected(items=deselected)
-    items[:] = [item for item in items if keep(item)]
+    kept = {id(item) for item in items if keep(item)}
+    config.hook.pytest_deselected(items=[item for item in items if id(item) not in kept])
+    items[:] = [item for item in items if id(item) in kept]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -151,12 +151,8 @@ def policy():
 def token_file(lines, tokenizer, directory, vocabulary_size=None):
     """A split's token files, written as `elita-train` writes them, from a `tf.data.Dataset` of lines or of
     `(line, starts_document)` pairs: a `TokenFile`."""
-    import tensorflow as tf
-
     from elita_tf.data.token_files import write_token_file
 
-    if not isinstance(lines.element_spec, tuple):
-        lines = lines.map(lambda line: (line, tf.constant(False)))
     return write_token_file(lines, tokenizer, str(directory), vocabulary_size)
 
 

@@ -16,21 +16,12 @@ from elita_tf.data.token_files import FileSequences, write_token_file
 from elita_tf.renames import accepts_renamed_arguments
 
 
-def _tokens(lines, tokenizer, vocabulary_size, lines_per_batch, directory):
-    """The token files of `lines` (`tf.string` lines, or `(line, starts_document)` pairs) in `directory`."""
-    import tensorflow as tf
-
-    if not isinstance(lines.element_spec, tuple):
-        lines = lines.map(lambda line: (line, tf.constant(False)))
-    return write_token_file(lines, tokenizer, f"{directory}/split", vocabulary_size, lines_per_batch)
-
-
 def token_sequences(lines, tokenizer, sequence_length, vocabulary_size=None, lines_per_batch=1024):
     """All sequences of `sequence_length + 1` consecutive tokens of a split, in order: int32 `[N, T + 1]` (the last
     partial sequence dropped). Deprecated: `FileSequences(write_token_file(...), T + 1)`."""
     check_sequence_length("sequence_length", sequence_length)
     with tempfile.TemporaryDirectory() as directory:
-        tokens = _tokens(lines, tokenizer, vocabulary_size, lines_per_batch, directory)
+        tokens = write_token_file(lines, tokenizer, f"{directory}/split", vocabulary_size, lines_per_batch)
         sequences = FileSequences(tokens, sequence_length + 1)
         if not len(sequences):
             raise ValueError(f"The corpus is shorter than one sequence of {sequence_length + 1} tokens.")
@@ -43,7 +34,7 @@ def token_stream(lines, tokenizer, vocabulary_size=None, lines_per_batch=1024):
     """A split as one stream: `(ids int32 [N], document_starts bool [N])`, True at the first token of each document's
     first line. Deprecated: `write_token_file(...).stream()`."""
     with tempfile.TemporaryDirectory() as directory:
-        tokens = _tokens(lines, tokenizer, vocabulary_size, lines_per_batch, directory)
+        tokens = write_token_file(lines, tokenizer, f"{directory}/split", vocabulary_size, lines_per_batch)
         stream = tokens.stream()
         tokens.close()
     return stream

@@ -188,7 +188,8 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
 
     Args:
         lines: `tf.data.Dataset` of `(line, starts_document)` pairs
-            (`load_corpus(..., document_starts=True)`).
+            (`load_corpus(..., document_starts=True)`), or of lines alone
+            (no document starts).
         tokenizer: the run's `ElitaTokenizer`.
         directory: where the files go; an existing one is reused when it passes its checks,
             else written again (with a line on stderr naming it).
@@ -213,6 +214,8 @@ def write_token_file(lines, tokenizer, directory, vocabulary_size=None, lines_pe
             _check_ids(tokens.index["min_id"], tokens.index["max_id"], vocabulary_size)
             return tokens
 
+    if not isinstance(lines.element_spec, tuple):
+        lines = lines.map(lambda line: (line, tf.constant(False)))
     batches = tokenized_lines(lines, tokenizer, lines_per_batch)
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
