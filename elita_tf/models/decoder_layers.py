@@ -49,6 +49,12 @@ def _sliding_window_size(config, index, default):
     return default if sizes is None else sizes[index]
 
 
+def three_lin_dims(width):
+    """3Lin's `(query_dim, lowrank_dim)` at `width`: the reference's proportions (256: 128 and 64), the low rank a
+    multiple of 16."""
+    return max(16, width // 2), max(16, width // 4 // 16 * 16)
+
+
 def _make_mixer(config, index, dtype):
     block = config["blocks"][index]
     common = {"name": "mixer", "dtype": dtype}
@@ -91,11 +97,10 @@ def _make_mixer(config, index, dtype):
             **common,
         )
     slope, hyper, wide = alibi_v1(index)
-    width = config["hidden_dim"]
+    query_dim, lowrank_dim = three_lin_dims(config["hidden_dim"])
     return TriLinearAttention(
-        # The reference's proportions (dim 256: qdim 128, tt 64); tt a multiple of 16.
-        query_dim=max(16, width // 2),
-        lowrank_dim=max(16, width // 4 // 16 * 16),
+        query_dim=query_dim,
+        lowrank_dim=lowrank_dim,
         # 3Lin has no global form: a None entry is its default window too.
         sliding_window_size=_sliding_window_size(config, index, 64) or 64,
         slope=slope,

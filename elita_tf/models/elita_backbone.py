@@ -22,6 +22,7 @@ import inspect
 import keras
 import keras_hub
 
+from elita_tf.checks import fail
 from elita_tf.models import lora
 from elita_tf.models.architectures import (
     ARGUMENT_CHECKS,
@@ -36,6 +37,7 @@ from elita_tf.models.architectures import (
 )
 from elita_tf.models.decoder_layers import make_layers
 from elita_tf.models.dtype_policies import SavedPolicies
+from elita_tf.models.layouts import layout_map
 from elita_tf.models.presets import check_preset, saved_mixed_precision
 from elita_tf.ops.cross_entropy import chunked_cross_entropy
 from elita_tf.ops.utils.documents import document_positions, position_after
@@ -403,6 +405,12 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         """
         return cls(vocabulary_size=vocabulary_size, **{**architecture(name), **overrides})
 
+    @staticmethod
+    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch", *, config):
+        """keras-hub's `get_layout_map` for a backbone of `config` (`architecture_config(...)` or a `get_config()`):
+        heads or features and the vocabulary cut along the model axis (`elita_tf.models.layouts` has an example)."""
+        return layout_map(device_mesh, _checked(config), model_parallel_dim_name, data_parallel_dim_name)
+
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """keras-hub's `from_preset`: a preset directory or a `kaggle://` or `hf://` handle, checked first.
@@ -428,9 +436,13 @@ def architecture_config(name, **overrides):
     >>> architecture_config("transformer", vocabulary_size=100)["position_embedding"]
     True
     """
-    defaults = {
-        key: parameter.default
-        for key, parameter in inspect.signature(ElitaBackbone.__init__).parameters.items()
-        if key in ARGUMENT_CHECKS and parameter.default is not inspect.Parameter.empty
-    }
-    return check_architecture({**defaults, **architecture(name), **overrides})
+    return _checked({**architecture(name), **overrides})
+
+
+def _checked(arguments):
+    """The architecture in `arguments` (a config holds Keras' fields too), the rest defaults, checked."""
+    if not isinstance(arguments, dict):
+        fail("config", arguments, "a backbone's config, a dict (`architecture_config(...)` or `get_config()`)")
+    parameters = inspect.signature(ElitaBackbone.__init__).parameters.items()
+    defaults = {key: p.default for key, p in parameters if key in ARGUMENT_CHECKS and p.default is not p.empty}
+    return check_architecture({**defaults, **{key: arguments[key] for key in ARGUMENT_CHECKS if key in arguments}})
