@@ -28,17 +28,19 @@ EVERY_BACKEND = (
     "tests/models/test_keras_hub_harness.py",
     "tests/training/test_backend_resume.py",
     "tests/training/test_other_backends.py",
+    "tests/training/test_distribution.py",
     "tests/test_optimizers.py",
 )
 # Eager JAX on the CPU is an order slower than the other backends (the whole EVERY_BACKEND set ran past 55
 # minutes on 2 cores and did not finish; PyTorch's takes 7). By default JAX runs this part of it: the model,
-# elita-train and elita-evaluate, the optimizers, keras-hub's harness, .keras files across backends, the loss and
-# the smaller ops, every mixer's decoding and saving checks, a full decoding buffer under `jit`, and the GPU script's
-# JAX side (under 20 minutes on 2 cores). ELITA_JAX_TESTS=all runs all of it.
+# elita-train and elita-evaluate, keras.distribution over 4 host devices, the optimizers, keras-hub's harness, .keras
+# files across backends, the loss and the smaller ops, every mixer's decoding and saving checks, a full decoding
+# buffer under `jit`, and the GPU script's JAX side (under 20 minutes on 2 cores). ELITA_JAX_TESTS=all runs all of it.
 ON_JAX = (
     "tests/models/test_every_backend.py",
     "tests/training/test_backend_resume.py",
     "tests/training/test_other_backends.py",
+    "tests/training/test_distribution.py",
     "tests/test_optimizers.py",
     "tests/models/test_keras_hub_harness.py",
     "tests/layers/test_across_backends.py",

@@ -62,6 +62,7 @@ def test_a_field_without_help_is_refused_and_a_field_is_checked_by_its_own_check
     with pytest.raises(ValueError, match=r"`seeds` must be a non-negative integer. Received: seeds=-1"):
         check_field(TrainSettings, "seed", -1, shown_as="seeds")
     check_field(TrainSettings, "max_steps", None)  # None where None is the default
-    with pytest.raises(ValueError, match=r"`strategy` must be one of \['default', 'mirrored', 'multiworker'\]"):
+    choices = r"\['default', 'mirrored', 'multiworker', 'data-parallel'\]"
+    with pytest.raises(ValueError, match=rf"`strategy` must be one of {choices}"):
         TrainSettings("run", strategy="tpu")
     assert setting(CorpusSettings, "The text.").default_factory is CorpusSettings

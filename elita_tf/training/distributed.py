@@ -1,14 +1,29 @@
 """Training across devices and machines: the strategy, each worker's rows of a batch, Keras 3 workarounds.
 
-`train` makes the strategy first (`make_strategy`), feeds every replica its
-rows of the same deterministic global batches (`distributed_dataset`),
-checks that all workers train the same run from the same step
-(`check_workers_agree`) and, across several processes, patches the two
-places where Keras 3's `fit` fails under `MultiWorkerMirroredStrategy`
+On TensorFlow, `train` makes the `tf.distribute` strategy first (`make_strategy`),
+feeds every replica its rows of the same deterministic global batches
+(`distributed_dataset`), checks that all workers train the same run from the
+same step (`check_workers_agree`) and, across several processes, patches the
+two places where Keras 3's `fit` fails under `MultiWorkerMirroredStrategy`
 (`adapt_to_multi_worker`).
+
+On JAX, `join_processes` starts a run of several processes
+(`keras.distribution.initialize`, from Keras' `KERAS_DISTRIBUTION_*` environment
+variables) before anything else, and `make_distribution` makes the
+`keras.distribution` the model is built and trained under: `DataParallel` over
+every device, or `ModelParallel` on a mesh of `(devices / K, K)` with
+`ElitaBackbone.get_layout_map`. Each process reads its rows of every global batch
+(`distributed_dataset`) and Keras assembles them on the devices. Process 0 is the
+chief (`is_chief`), as TensorFlow's chief worker.
 """
 
+import os
+
+import keras
+import numpy as np
 import tensorflow as tf
+
+from elita_tf.models import ElitaBackbone
 
 
 class DistributedSetupError(RuntimeError):
@@ -37,6 +52,107 @@ def make_strategy(name):
     return tf.distribute.get_strategy()
 
 
+# Keras' variables of a run of several JAX processes (`keras.distribution.initialize`).
+PROCESS_VARIABLES = (
+    "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+    "KERAS_DISTRIBUTION_NUM_PROCESSES",
+    "KERAS_DISTRIBUTION_PROCESS_ID",
+)
+
+
+def join_processes(settings):
+    """On JAX, joins a run of several processes when Keras' variables name one (`PROCESS_VARIABLES`), before any op
+    runs; returns whether it did. Elsewhere they are refused: TensorFlow's workers read `TF_CONFIG`."""
+    given = [name for name in PROCESS_VARIABLES if name in os.environ]
+    if not given:
+        return False
+    if keras.config.backend() != "jax" or (settings.strategy == "default" and settings.model_parallel is None):
+        raise ValueError(
+            f"{', '.join(given)} join a run of several JAX processes: it needs KERAS_BACKEND=jax and "
+            f"--strategy data-parallel or --model-parallel. Received: backend={keras.config.backend()!r}, "
+            f"strategy={settings.strategy!r}"
+        )
+    keras.distribution.initialize()
+    return True
+
+
+def process_index():
+    """This process's index in a run of several JAX processes; 0 in a run of one."""
+    if keras.config.backend() != "jax":
+        return 0
+    import jax
+
+    return jax.process_index()
+
+
+def process_count():
+    """The processes of a run of several JAX processes; 1 otherwise (TensorFlow's workers count as their strategy's)."""
+    if keras.config.backend() != "jax":
+        return 1
+    import jax
+
+    return jax.process_count()
+
+
+def wait_for_every_process(name):
+    """In a run of several JAX processes, returns once every process has called this with `name`.
+
+    A process that is done waits for the chief's last writes: JAX's shutdown ends every
+    process that reaches it long before the others."""
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def is_chief(strategy):
+    """Whether this process writes the run directory: TensorFlow's chief worker, JAX's process 0, or the only one."""
+    return strategy.extended.should_checkpoint and process_index() == 0
+
+
+def make_distribution(settings, config):
+    """The `keras.distribution` of a run's `settings` (JAX's: `strategy="data-parallel"`, `model_parallel`), or None.
+
+    `config` is the run's backbone config, whose sizes the model axis must divide. A device count that
+    the model axis, or a global batch that the data axis, does not divide is refused in one line.
+    """
+    if settings.strategy != "data-parallel" and settings.model_parallel is None:
+        return None
+    devices = keras.distribution.list_devices()
+    model = settings.model_parallel or 1
+    if len(devices) % model:
+        raise ValueError(
+            f"The model axis must divide the {len(devices)} devices ({', '.join(devices)}). Received: "
+            f"model_parallel={model}"
+        )
+    data = len(devices) // model
+    if settings.batch_size % data:
+        raise ValueError(
+            f"The global batch must split evenly over the {data} devices of the data axis. Received: "
+            f"batch_size={settings.batch_size}"
+        )
+    local = len(devices) // process_count()
+    if local % model:
+        raise ValueError(
+            f"The model axis must divide the {local} devices of each process: a model replica lives in one. "
+            f"Received: model_parallel={model}"
+        )
+    # Each process reads its own rows of every batch (`distributed_dataset`): Keras need not cut the stream.
+    if model == 1:
+        return keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
+    mesh = keras.distribution.DeviceMesh((data, model), ("batch", "model"), devices)
+    layout_map = ElitaBackbone.get_layout_map(mesh, config=config)
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch", auto_shard_dataset=False)
+
+
+def replicas_and_devices(strategy):
+    """`(replicas, devices)` of a run: the model replicas that split each batch, and the devices they hold."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return strategy.num_replicas_in_sync, strategy.num_replicas_in_sync
+    return distribution.num_model_replicas, len(distribution.device_mesh.devices.flatten())
+
+
 def distributed_dataset(strategy, make_dataset, batch_size):
     """`make_dataset(shard, num_shards)`, a stream of global batches of `batch_size`, fed to `strategy`'s replicas.
 
@@ -44,8 +160,8 @@ def distributed_dataset(strategy, make_dataset, batch_size):
     of global batches and keeps only its own rows, so the replicas of a step
     together see exactly the single-process batch of that step.
     """
-    if strategy is tf.distribute.get_strategy():  # no strategy: one process, one replica
-        return make_dataset(0, 1)
+    if strategy is tf.distribute.get_strategy():  # no strategy: one process (or, on JAX, each process its rows)
+        return make_dataset(process_index(), process_count())
 
     def pipeline(context):
         data = make_dataset(context.input_pipeline_id, context.num_input_pipelines)
@@ -103,14 +219,19 @@ def check_workers_agree(strategy, facts):
     average their gradients without a word.
     """
     names = sorted(facts)
-    local = tf.constant([facts[name] for name in names], tf.int64)
-    gathered = strategy.gather(strategy.run(lambda: tf.identity(local)), axis=0)
-    table = tf.reshape(gathered, [-1, len(names)]).numpy()
+    local = np.array([facts[name] for name in names], np.int64)
+    if process_count() > 1:  # JAX's processes
+        from jax.experimental import multihost_utils
+
+        gathered = np.asarray(multihost_utils.process_allgather(local))
+    else:
+        gathered = strategy.gather(strategy.run(lambda: tf.identity(tf.constant(local))), axis=0).numpy()
+    table = gathered.reshape([-1, len(names)])
     differing = [name for i, name in enumerate(names) if len(set(table[:, i].tolist())) > 1]
     if differing:
         raise DistributedSetupError(
             "The workers disagree on "
-            + ", ".join(f"{name} (by replica: {table[:, names.index(name)].tolist()})" for name in differing)
+            + ", ".join(f"{name} (each replica's: {table[:, names.index(name)].tolist()})" for name in differing)
             + ". Launch every worker with the same arguments, and keep --output-dir on storage every worker "
             "reads: resuming workers load the chief's checkpoints from it."
         )

@@ -23,6 +23,7 @@ anything in it changes, unless that run saved nothing yet: then it starts over, 
 `elita-train` (`elita_tf.cli.train`) is the command line.
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -46,10 +47,16 @@ from elita_tf.training.distributed import (
     check_workers_agree,
     distributed_dataset,
     in_multi_worker_mode,
+    is_chief,
+    join_processes,
+    make_distribution,
     make_strategy,
+    process_count,
+    replicas_and_devices,
+    wait_for_every_process,
 )
 from elita_tf.training.manifest import requested_manifest
-from elita_tf.training.model_settings import check_carry_state, complete_settings, resolve_position_mode
+from elita_tf.training.model_settings import check_carry_state, complete_settings, model_config, resolve_position_mode
 from elita_tf.training.provenance import software_versions
 from elita_tf.training.run_data import load_settings_corpus, prepare_run, sha256
 from elita_tf.training.run_directory import (
@@ -72,8 +79,9 @@ def train(settings, callbacks=(), strategy=None):
     `settings.strategy` with a `tf.distribute` strategy made by the caller
     (a `TPUStrategy`, say).
 
-    With several workers (`TF_CONFIG`), every worker runs this with the same
-    settings. The chief writes the run directory; the others write into
+    With several workers (TensorFlow's `TF_CONFIG`, or JAX's processes joined by
+    `keras.distribution.initialize`), every worker runs this with the same
+    settings. The chief (JAX's process 0) writes the run directory; the others write into
     scratch directories they delete, and read the chief's checkpoints from
     `output_dir` when they resume, so `output_dir` must be storage every
     worker sees. Each worker trains the same tokenizer from the same seed.
@@ -87,14 +95,23 @@ def train(settings, callbacks=(), strategy=None):
     """
     if strategy is None:
         strategy = make_strategy(settings.strategy)  # first: collectives are configured before any op runs
+    join_processes(settings)  # JAX's, as early
     check_sources_outside(settings)
     settings = complete_settings(settings)
+    distribution = make_distribution(settings, model_config(settings))
+    with contextlib.nullcontext() if distribution is None else distribution.scope():
+        results = _train_in_directory(settings, strategy, callbacks)
+    wait_for_every_process("elita-train: the run is written")
+    return results
+
+
+def _train_in_directory(settings, strategy, callbacks):
     if settings.lora_rank is not None:  # refused before anything is read or written
         ElitaBackbone.from_preset(preset_of(settings.init_from), load_weights=False).check_lora_rank(settings.lora_rank)
-    if strategy.extended.should_checkpoint:
+    if is_chief(strategy):
         check_writable(settings.output_dir)  # before the data: minutes of preparation for nothing, otherwise
     corpus = load_settings_corpus(settings)  # before the run directory: bad text leaves nothing behind
-    if strategy.extended.should_checkpoint:  # the chief, or the only process
+    if is_chief(strategy):  # the chief, or the only process
         with RunDirectory(settings.output_dir, force_new=settings.force_new) as run_dir:
             return _train(settings, strategy, run_dir, run_dir.path, corpus, callbacks)
     with tempfile.TemporaryDirectory(prefix="elita-worker-") as scratch, RunDirectory(scratch) as run_dir:
@@ -104,12 +121,12 @@ def train(settings, callbacks=(), strategy=None):
 
 
 def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
-    chief = strategy.extended.should_checkpoint
+    chief = is_chief(strategy)
     settings = resolve_position_mode(settings, checkpoints)
     keras.utils.set_random_seed(settings.seed)
     if settings.carry_state:
         check_carry_state(settings)
-    replicas = strategy.num_replicas_in_sync
+    replicas, devices = replicas_and_devices(strategy)
     if settings.batch_size % replicas:
         raise ValueError(
             f"The global batch must split evenly over the {replicas} replicas. Received: "
@@ -157,7 +174,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             f"--max-steps and --epochs allow now. Allow {start} or more to go on with it, or use --force-new to "
             f"train {total} steps anew. Received: max_steps={settings.max_steps}, epochs={settings.epochs}"
         )
-    if in_multi_worker_mode(strategy):
+    if in_multi_worker_mode(strategy) or process_count() > 1:
         # Paths may differ from machine to machine; everything else must match.
         local = fields_marked("local")
         arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
@@ -186,8 +203,9 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     if finished is not None:
         if chief:
             print(f"{settings.output_dir} has finished its {total} steps already: nothing to train or evaluate.")
-            if not os.path.exists(run_dir.file(PRESET_DIR)):
-                _save_preset(model, prepared.preprocessor, settings, run_dir)
+        if not os.path.exists(os.path.join(checkpoints, PRESET_DIR)):  # the chief's: every worker decides alike
+            _save_preset(model, prepared.preprocessor, settings, run_dir)
+        if chief:
             _print_results(settings, run_dir)
         return finished
     if start == total and chief:
@@ -246,6 +264,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
         "trainable_params": sum(int(np.prod(w.shape)) for w in model.backbone.trainable_weights),
         "params_without_embeddings": model.backbone.count_params_without_embeddings(),
         "replicas": replicas,
+        "devices": devices,
         "data": data,
         "config": {"model": prepared.config, "settings": dataclasses.asdict(settings)},
         "software": software_versions(),
@@ -271,8 +290,9 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
     load = step_log.load or [os.getloadavg()[0]]
     results["load_average"] = {"mean": sum(load) / len(load), "max": max(load), "cpus": os.cpu_count()}
     write_atomically(run_dir.file(RESULTS_FILE), results_json(results))
+    # Every worker saves (a save may read variables collectively); only the chief's goes to the run.
+    _save_preset(model, prepared.preprocessor, settings, run_dir)
     if chief:
-        _save_preset(model, prepared.preprocessor, settings, run_dir)
         _print_results(settings, run_dir)
     return results
 

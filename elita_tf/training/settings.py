@@ -11,7 +11,22 @@ from elita_tf.layers.options import POSITION_MODES
 from elita_tf.models.architectures import ARCHITECTURES, DEFAULT_SEQUENCE_LENGTH, MODEL_SIZES
 from elita_tf.settings_fields import check_fields, setting, with_attributes
 
-STRATEGIES = ("default", "mirrored", "multiworker")
+STRATEGIES = ("default", "mirrored", "multiworker", "data-parallel")
+# Each Keras backend's strategies, and what to use instead of the others: tf.distribute's on TensorFlow,
+# keras.distribution's on JAX (`elita_tf.training.distributed`), none on PyTorch.
+BACKEND_STRATEGIES = {
+    "tensorflow": (
+        ("default", "mirrored", "multiworker"),
+        "'data-parallel' is keras.distribution's, on JAX (KERAS_BACKEND=jax); TensorFlow's is 'mirrored' on one "
+        "machine, 'multiworker' across machines",
+    ),
+    "jax": (
+        ("default", "data-parallel"),
+        "'mirrored' and 'multiworker' are TensorFlow's (tf.distribute); JAX's is 'data-parallel', on one machine "
+        "or across processes",
+    ),
+    "torch": (("default",), "Keras has no distribution on PyTorch: train on JAX or TensorFlow to use several devices"),
+}
 OPTIMIZERS = ("adam", "normalized-sgd")
 DTYPE_POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -150,8 +165,10 @@ class TrainSettings:
         None, "A cap on validation and test batches.", check=_count, default_help="every batch"
     )
     strategy: str = setting(
-        "default", "\"default\" (one device), \"mirrored\" (every GPU of this machine) or \"multiworker\" "
-        "(machines listed in TF_CONFIG).", choices=STRATEGIES,
+        "default", "\"default\" (one device). On TensorFlow, \"mirrored\" (every GPU of this machine) or "
+        "\"multiworker\" (machines listed in TF_CONFIG); on JAX, \"data-parallel\" (every device, of every process "
+        "that KERAS_DISTRIBUTION_* variables join): each device takes its rows of every global batch.",
+        choices=STRATEGIES,
     )
     verbose: int = setting(
         1, "Keras `fit` verbosity (0 silent, 1 a progress bar, 2 a line an epoch).", check=_verbosity, local=True
@@ -162,6 +179,11 @@ class TrainSettings:
         "Gemma's tokenizers), so that no text, a prompt's new characters included, becomes `<unk>`; needs a "
         "vocabulary of 261 pieces or more. Without it, byte pieces are there only where the vocabulary cannot "
         "hold every character of the train text.", run=True,
+    )
+    model_parallel: int = setting(
+        None, "On JAX, cut every block's heads (or hidden features) and the vocabulary over this many devices "
+        "(`ElitaBackbone.get_layout_map`); the others split the batch: a mesh of (devices / K, K).",
+        check=_count, default_help="none",
     )
 
     def __post_init__(self):
@@ -197,11 +219,27 @@ class TrainSettings:
             )
         if self.pack_documents and self.carry_state:
             fail("pack_documents", True, "False with carry_state: carried streams restart at every document already")
-        if self.carry_state and self.strategy != "default":
+        if self.carry_state and (self.strategy != "default" or self.model_parallel is not None):
             raise ValueError(
-                "A carried state is one batch of streams in one process: `carry_state` needs strategy='default'. "
-                f"Received: strategy={self.strategy!r}"
+                "A carried state is one batch of streams on one device: `carry_state` needs strategy='default' "
+                f"and no model_parallel. Received: strategy={self.strategy!r}, model_parallel={self.model_parallel}"
             )
+        self._check_backend()
+
+    def _check_backend(self):
+        """The strategy and model parallelism are the backend's (`BACKEND_STRATEGIES`)."""
+        import keras  # here, not at the top: `elita-train --help` answers without Keras
+
+        backend = keras.config.backend()
+        strategies, instead = BACKEND_STRATEGIES.get(backend, (("default",), f"Keras runs on {backend}"))
+        if self.strategy not in strategies:
+            raise ValueError(
+                f"On {backend}, `strategy` must be one of {list(strategies)}: {instead}. Received: "
+                f"strategy={self.strategy!r}"
+            )
+        if self.model_parallel is not None and backend != "jax":
+            expected = f"None on {backend}: model parallelism is keras.distribution's, on JAX"
+            fail("model_parallel", self.model_parallel, expected)
 
 
 def model_fields():
