@@ -18,6 +18,13 @@ compiles it there); `--jit-compile` compiles TensorFlow's with XLA and PyTorch's
 
     python benchmarks/training_step.py --sequence-lengths 256 --size seed --repeats 5 --backends tensorflow jax torch
 
+`--devices 1 2 4` measures JAX's step data parallel (`keras.distribution.DataParallel`) over that many devices
+(`--model-parallel K`: on a mesh of `(N / K, K)`, `ElitaBackbone.get_layout_map`), the same global batch, each
+count against one device. A CPU gets that many XLA host devices, which share its cores: it shows the overhead of
+the collectives, not a speed-up.
+
+    python benchmarks/training_step.py --backends jax --sequence-lengths 256 --devices 1 2 4
+
 `--size` takes a width, depth and head count from `elita_tf.models.MODEL_SIZES` ("seed", "25m",
 "100m"); `--hidden-dim` and the others set them one by one.
 """
@@ -53,11 +60,7 @@ def run_one(args):
     import keras  # after the baseline, which leaves the libraries out
 
     keras.utils.set_random_seed(0)  # the same weights in every process: its loss is comparable (`ab.py`)
-    model = training_model(
-        args.architecture,
-        args.output_head,
-        args.dtype_policy,
-        jit_compile=args.jit_compile or keras.backend.backend() == "jax",
+    size = dict(
         vocabulary_size=args.vocabulary_size,
         hidden_dim=args.hidden_dim,
         num_layers=args.num_layers,
@@ -65,15 +68,18 @@ def run_one(args):
         head_dim=args.head_dim,
         max_sequence_length=args.sequence_length,
     )
-    x, y = synthetic_batch(batch, args.sequence_length, args.vocabulary_size)
-    memory = tensor_memory()
-    times = []
-    for step in range(args.repeats + 1):
-        start = time.perf_counter()
-        loss = float(model.train_on_batch(x, y))
-        times.append(time.perf_counter() - start)
-        if step == 0 and memory:  # from here on, the allocator's peak is the steps' own tensors
-            memory.reset()
+    with _distribution(args, size):
+        jit_compile = args.jit_compile or keras.backend.backend() == "jax"
+        model = training_model(args.architecture, args.output_head, args.dtype_policy, jit_compile=jit_compile, **size)
+        x, y = synthetic_batch(batch, args.sequence_length, args.vocabulary_size)
+        memory = tensor_memory()
+        times = []
+        for step in range(args.repeats + 1):
+            start = time.perf_counter()
+            loss = float(model.train_on_batch(x, y))
+            times.append(time.perf_counter() - start)
+            if step == 0 and memory:  # from here on, the allocator's peak is the steps' own tensors
+                memory.reset()
     tensor_peak_mib = memory.peak_mib() if memory else None
     if tensor_peak_mib is None and keras.backend.backend() == "torch":
         tensor_peak_mib = torch_cpu_tensor_peak_mib(lambda: model.train_on_batch(x, y))
@@ -91,12 +97,33 @@ def run_one(args):
         "loss": loss,
         "size": args.size,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "devices": args.device_count,
+        "model_parallel": args.model_parallel,
         **environment(),
         "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base,
         # The most memory the steps' tensors held at once, without the process's libraries, graphs and caches.
         "tensor_peak_mib": tensor_peak_mib,
     }
     print(json.dumps(use_gpu_peak(result)))
+
+
+def _distribution(args, size):
+    """The scope of `--devices`' distribution (JAX's `keras.distribution`), or none."""
+    import contextlib
+
+    import keras
+
+    if args.device_count is None:
+        return contextlib.nullcontext()
+    devices = keras.distribution.list_devices()[: args.device_count]
+    if args.model_parallel == 1:
+        return keras.distribution.DataParallel(devices=devices).scope()
+    from elita_tf.models import ElitaBackbone, architecture_config
+
+    axes = (args.device_count // args.model_parallel, args.model_parallel)
+    mesh = keras.distribution.DeviceMesh(axes, ("batch", "model"), devices)
+    layout_map = ElitaBackbone.get_layout_map(mesh, config=architecture_config(args.architecture, **size))
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope()
 
 
 def main():
@@ -130,6 +157,11 @@ def main():
     )
     parser.add_argument("--out", help="also append the JSON lines to this file")
     parser.add_argument(
+        "--devices", nargs="+", type=int, help="JAX: data parallel over each of these numbers of devices in turn"
+    )
+    parser.add_argument("--model-parallel", type=int, default=1, help="with --devices: the mesh's model axis")
+    parser.add_argument("--device-count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--deadline", type=float, help="a Unix time: every measurement ends by it, none starts in the minute before it"
     )
     parser.add_argument("--architecture", help=argparse.SUPPRESS)
@@ -152,21 +184,30 @@ def main():
     print(header + "tensor peak MiB | compile s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     results = {}
+    if args.devices and args.backends != ["jax"]:
+        parser.error(f"--devices is keras.distribution's, on JAX: give --backends jax. Received: {args.backends}")
     for length in args.sequence_lengths:
         for head in args.output_heads:
             for backend in args.backends:
-                for name in args.architectures:
-                    r = _measure(args, name, head, length, backend)
-                    if r is not None:
-                        results[backend, name, head, length] = r
+                for devices in args.devices or [None]:
+                    for name in args.architectures:
+                        r = _measure(args, name, head, length, backend, devices)
+                        if r is not None:
+                            results[backend if devices is None else f"{backend} on {devices}", name, head, length] = r
     if results:
         print(describe_environment(next(iter(results.values()))))
     _print_ratios(results, args.architectures[-1])
+    for (label, name, head, length), r in results.items():
+        one = results.get((f"jax on {args.devices[0]}" if args.devices else None, name, head, length))
+        if args.devices and one is not None and r is not one:
+            ratio = r["step_s"] / one["step_s"]
+            print(f"{name}, T={length}: {label} / jax on {args.devices[0]}: step time {ratio:.2f}x")
 
 
-def _measure(args, name, head, length, backend):
-    """One (architecture, head, T) on one backend, in a process of its own: its row printed, its result returned."""
-    row = f"| {backend} | {name} | {head} | {length} |"
+def _measure(args, name, head, length, backend, devices=None):
+    """One (architecture, head, T) on one backend (and number of JAX devices), in a process of its own: its row
+    printed, its result returned."""
+    row = f"| {backend if devices is None else f'{backend} on {devices}'} | {name} | {head} | {length} |"
     timeout = time_left(args.deadline, args.timeout)
     if timeout is None:
         print(f"{row} | skipped: past the deadline | | | | | | |", flush=True)
@@ -176,8 +217,11 @@ def _measure(args, name, head, length, backend):
     for flag in ["tokens", "vocabulary_size", "hidden_dim", "num_layers", "num_heads", "head_dim", "repeats"]:
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     cmd += ["--dtype-policy", args.dtype_policy] + (["--jit-compile"] if args.jit_compile else [])
-    os.environ["KERAS_BACKEND"] = backend  # the child's backend
-    r, reason = run_measurement(cmd, timeout)
+    env = dict(os.environ, KERAS_BACKEND=backend)  # the child's backend
+    if devices is not None:  # on a CPU, that many XLA host devices (the flag leaves accelerators as they are)
+        cmd += ["--device-count", str(devices), "--model-parallel", str(args.model_parallel)]
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
+    r, reason = run_measurement(cmd, timeout, env)
     if r is None:
         print(f"{row} | {reason} | | | | | | |", flush=True)
         return None

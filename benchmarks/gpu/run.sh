@@ -140,6 +140,17 @@ attention_ops() {  # attention_ops T TOKENS: SDPA causal and fla, bfloat16
   "${torch_env[@]}" "$torch_python" gpu/torch_gpt.py ops --subjects sdpa fla \
     --sequence-lengths "$1" --tokens "$2" "${ops[@]}" --deadline "$deadline" --out "$raw"
 }
+data_parallel() {  # data_parallel SIZE T: ELiTA's JAX step on one device and data parallel over all of a machine's GPUs
+  # (over 2 host devices in the quick run, where that shows the path, not a speed-up)
+  side jax || return 0
+  local devices=2
+  if [ $quick = 0 ]; then
+    devices=$("${runner[@]}" -c "import jax; print(len(jax.devices('gpu')))" 2>/dev/null || echo 0)
+    if [ "${devices:-0}" -lt 2 ]; then echo "data parallel: skipped, ${devices:-0} GPU(s)"; return; fi
+  fi
+  "${runner[@]}" training_step.py --backends jax --size "$1" "${size_flags[@]}" --dtype-policy mixed_bfloat16 \
+    --architectures elita --sequence-lengths "$2" --devices 1 "$devices" "${step[@]}" --deadline "$deadline" --out "$raw"
+}
 profile() {  # profile tf|jax: where ELiTA's XLA step goes on the GPU's timeline (the host's without a GPU)
   side "$1" || return 0
   local left=$(( deadline - $(date +%s) ))
@@ -154,6 +165,7 @@ if [ $quick = 1 ]; then  # every function once, in two lanes: the script's every
     steps tf seed mixed_bfloat16 "elita transformer" 32
     steps jax seed mixed_bfloat16 "elita transformer" 32
     layers 64 128
+    data_parallel seed 32
   } >"$log.1" 2>&1 &
   {
     gpt seed 32 "compiled eager"
@@ -191,6 +203,7 @@ else  # one at a time, the goals' figures first
   run steps tf seed mixed_bfloat16 "elita transformer" "8192 2048"
   run steps tf 25m float32 "elita transformer" "8192 2048"
   run steps tf 25m mixed_bfloat16 "elita transformer" "8192 2048" "$command_buffers"
+  run data_parallel 25m 2048
 fi
 
 echo

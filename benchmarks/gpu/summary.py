@@ -210,6 +210,23 @@ def keras_steps(rows):
         )
 
 
+def data_parallel(rows):
+    """ELiTA's JAX step data parallel over several devices against one device, the same global batch."""
+    if not rows:
+        return
+    one = {(r["size"], r["T"]): r for r in rows if r["devices"] == 1}
+    print("\n### ELiTA's JAX step, data parallel (keras.distribution), the same global batch\n")
+    print("| devices | size | T | B | step ms | tokens/s | / one device | peak MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["size"], r["T"], r["devices"])):
+        base = one.get((r["size"], r["T"]))
+        ratio = f"{r['step_s'] / base['step_s']:.2f}x" if base else "-"
+        print(
+            f"| {r['devices']} | {r['size']} | {r['T']} | {r['B']} | {_ms(r)} | {_tokens(r)} | {ratio} | "
+            f"{r['peak_mib']:,.0f} |"
+        )
+
+
 def goals(step_ratios, attention_ratios):
     print("\n### Issue #48's goals, from this run\n")
     for what, length, bound in GOALS:
@@ -238,10 +255,13 @@ def main(path):
     for r in rows:
         if r.get("skipped") in sides:
             print(f"{sides[r['skipped']]}: skipped ({r['reason']})")
+    spread = [r for r in rows if r.get("devices") is not None]  # apart: every other table is one device's
+    rows = [r for r in rows if r.get("devices") is None]
     step_ratios = peer_steps(rows)
     attention_ratios = layers(rows)
     profiles(rows)
     keras_steps(rows)
+    data_parallel(spread)
     goals(step_ratios, attention_ratios)
 
 
