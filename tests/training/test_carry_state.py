@@ -85,7 +85,11 @@ def test_carry_state_trains_checkpoints_its_state_and_resumes_exactly(tiny_wikit
         (["--architecture", "transformer"], "Carrying the state over a stream needs blocks that keep a constant-size"),
         (["--architecture", "linear"], "position_embedding=True"),
         (["--architecture", "elita-reference"], "position_mode='length'"),
-        (["--strategy", "mirrored"], "`carry_state` needs strategy='default'. Received: strategy='mirrored'"),
+        (
+            ["--strategy", "mirrored"],
+            "`carry_state` needs strategy='default' and no model_parallel. Received: strategy='mirrored', "
+            "model_parallel=None",
+        ),
     ],
 )
 def test_carry_state_refuses_what_cannot_carry_a_state(tiny_wikitext, tmp_path, capsys, extra, message):

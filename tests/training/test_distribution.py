@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from elita_tf.models.architectures import ARCHITECTURES
 from elita_tf.training.distributed import join_processes
 from elita_tf.training.settings import train_settings
 from tests.backend_utils import BACKEND, run_on_backend
@@ -74,7 +75,8 @@ for name in names:
 print(json.dumps(report))
 """
 
-_NAMES = [*DESIGNS, "elita-hybrid"]  # each block type, and two in one model
+# Each block type, and two in one model; every architecture with ELITA_JAX_TESTS=all (tests/conftest.py).
+_NAMES = list(ARCHITECTURES) if os.environ.get("ELITA_JAX_TESTS") == "all" else [*DESIGNS, "elita-hybrid"]
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution's model parallelism runs on JAX")
