@@ -98,6 +98,42 @@ def test_data_and_model_parallel_train_as_one_device_and_the_mesh_holds_its_part
     assert report["linear"]["cut"]["block_0/mixer/value/kernel"] == [None, "model", None]
 
 
+# ELiTA's training step on a (1, 4) mesh, with XLA's optimized programs written to a folder; a vocabulary (1000) that
+# no other size of the model shares.
+_LOGITS = """
+import os, sys
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=4 --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.* "
+    f"--xla_dump_to={sys.argv[1]}"
+)
+import keras, numpy as np
+from elita_tf.models import ElitaBackbone, ElitaCausalLM, architecture_config
+from elita_tf.schedules import elita_adam
+sizes = dict(vocabulary_size=1000, hidden_dim=32, num_layers=2, num_heads=4, head_dim=8, max_sequence_length=64)
+mesh = keras.distribution.DeviceMesh((1, 4), ("batch", "model"), keras.distribution.list_devices())
+layout_map = ElitaBackbone.get_layout_map(mesh, config=architecture_config("elita", **sizes))
+with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+    model = ElitaCausalLM(ElitaBackbone.from_architecture("elita", **sizes))
+    model.compile(optimizer=elita_adam(), weighted_metrics=None)
+    ids = np.random.default_rng(0).integers(0, 1000, (8, 64)).astype("int32")
+    model.train_on_batch({"token_ids": ids, "padding_mask": np.ones_like(ids)}, ids)
+"""
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution's model parallelism runs on JAX")
+def test_on_the_model_axis_no_device_gathers_the_logits(tmp_path):
+    run_on_backend("jax", _LOGITS, tmp_path)
+    (program,) = tmp_path.glob("*train_step*after_optimizations.txt")
+    collectives = re.findall(
+        r"= \(?([^=]*?)\)? (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(",
+        program.read_text(),
+    )
+    assert any(kind == "all-reduce" for _, kind in collectives)  # the partial sums of the cut layers meet
+    # No collective moves a tensor along the whole vocabulary: each device keeps its quarter of every logit row.
+    shapes = [shape for shape, _ in collectives]
+    assert not [shape for shape in shapes if re.search(r"[\[,]1000[\],]", shape)], shapes
+
+
 _TRAIN = _FOUR_DEVICES + """
 import io
 from elita_tf.cli.train import main
