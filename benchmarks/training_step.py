@@ -113,7 +113,7 @@ def _distribution(args, size):
 
     import keras
 
-    if args.device_count is None:
+    if args.device_count in (None, 1):  # one device as elita-train has it: no distribution
         return contextlib.nullcontext()
     devices = keras.distribution.list_devices()[: args.device_count]
     if args.model_parallel == 1:

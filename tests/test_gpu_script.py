@@ -57,7 +57,7 @@ def test_the_gpu_script_runs_every_measurement_in_quick_mode(tmp_path):
     assert all(r["jit_compile"] == (r["backend"] != "torch") and r["step_s"] > 0 for r in keras_steps), keras_steps
     # ELiTA's JAX step on one device and data parallel over two (host devices here), in a table of its own.
     assert sorted(r["devices"] for r in keras_steps if r.get("devices")) == [1, 2], keras_steps
-    assert "ELiTA's JAX step, data parallel" in summary and "| 2 | seed | 32 | 2 |" in summary, summary
+    assert "ELiTA's JAX step, data parallel" in summary and "| seed | 2 | 32 | 2 |" in summary, summary
 
     layers = [r for r in rows if "subject" in r and r.get("framework") != "pytorch"]
     assert {r["subject"] for r in layers} == {"kernel-factored", "kernel-direct", "attention2"}

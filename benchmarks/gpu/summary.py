@@ -216,13 +216,13 @@ def data_parallel(rows):
         return
     one = {(r["size"], r["T"]): r for r in rows if r["devices"] == 1}
     print("\n### ELiTA's JAX step, data parallel (keras.distribution), the same global batch\n")
-    print("| devices | size | T | B | step ms | tokens/s | / one device | peak MiB |")
+    print("| size | devices | T | B | step ms | tokens/s | / one device | peak MiB |")
     print("|---|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["size"], r["T"], r["devices"])):
         base = one.get((r["size"], r["T"]))
         ratio = f"{r['step_s'] / base['step_s']:.2f}x" if base else "-"
         print(
-            f"| {r['devices']} | {r['size']} | {r['T']} | {r['B']} | {_ms(r)} | {_tokens(r)} | {ratio} | "
+            f"| {r['size']} | {r['devices']} | {r['T']} | {r['B']} | {_ms(r)} | {_tokens(r)} | {ratio} | "
             f"{r['peak_mib']:,.0f} |"
         )
 
