@@ -66,7 +66,7 @@ def join_processes(settings):
     given = [name for name in PROCESS_VARIABLES if name in os.environ]
     if not given:
         return False
-    if keras.config.backend() != "jax" or (settings.strategy == "default" and settings.model_parallel is None):
+    if keras.config.backend() != "jax" or not _distributed(settings):
         raise ValueError(
             f"{', '.join(given)} join a run of several JAX processes: it needs KERAS_BACKEND=jax and "
             f"--strategy data-parallel or --model-parallel. Received: backend={keras.config.backend()!r}, "
@@ -105,6 +105,16 @@ def wait_for_every_process(name):
         multihost_utils.sync_global_devices(name)
 
 
+def several_workers(strategy):
+    """Whether this run spans several processes: TensorFlow's workers (`TF_CONFIG`) or JAX's."""
+    return in_multi_worker_mode(strategy) or process_count() > 1
+
+
+def _distributed(settings):
+    """Whether `settings` ask for a `keras.distribution` (`make_distribution`)."""
+    return settings.strategy == "data-parallel" or settings.model_parallel is not None
+
+
 def is_chief(strategy):
     """Whether this process writes the run directory: TensorFlow's chief worker, JAX's process 0, or the only one."""
     return strategy.extended.should_checkpoint and process_index() == 0
@@ -116,7 +126,7 @@ def make_distribution(settings, config):
     `config` is the run's backbone config, whose sizes the model axis must divide. A device count that
     the model axis, or a global batch that the data axis, does not divide is refused in one line.
     """
-    if settings.strategy != "data-parallel" and settings.model_parallel is None:
+    if not _distributed(settings):
         return None
     devices = keras.distribution.list_devices()
     model = settings.model_parallel or 1

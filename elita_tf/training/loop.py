@@ -46,13 +46,12 @@ from elita_tf.training.distributed import (
     adapt_to_multi_worker,
     check_workers_agree,
     distributed_dataset,
-    in_multi_worker_mode,
     is_chief,
     join_processes,
     make_distribution,
     make_strategy,
-    process_count,
     replicas_and_devices,
+    several_workers,
     wait_for_every_process,
 )
 from elita_tf.training.manifest import requested_manifest
@@ -174,7 +173,7 @@ def _train(settings, strategy, run_dir, checkpoints, corpus, callbacks):
             f"--max-steps and --epochs allow now. Allow {start} or more to go on with it, or use --force-new to "
             f"train {total} steps anew. Received: max_steps={settings.max_steps}, epochs={settings.epochs}"
         )
-    if in_multi_worker_mode(strategy) or process_count() > 1:
+    if several_workers(strategy):
         # Paths may differ from machine to machine; everything else must match.
         local = fields_marked("local")
         arguments = {k: v for k, v in dataclasses.asdict(settings).items() if k not in local}
