@@ -115,3 +115,31 @@ def run_on_backend(backend, script, *arguments):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     return run.stdout
+
+
+# Imports of TensorFlow fail, as on a GPU machine without it (JAX's and PyTorch's own Python).
+_NO_TENSORFLOW = """
+import sys
+
+class NoTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "tensorflow_text"):
+            raise ImportError(f"no {name} here")
+
+sys.meta_path.insert(0, NoTensorFlow())
+"""
+
+
+def without_tensorflow(folder, backend):
+    """An environment for subprocesses on the Keras `backend` in which `import tensorflow` fails (a
+    `sitecustomize.py` written to `folder`), checked: a test of it cannot pass with TensorFlow at hand."""
+    import os
+    import subprocess
+    import sys
+
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(_NO_TENSORFLOW)
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(folder), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    blocked = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
+    assert blocked.returncode and "no tensorflow here" in blocked.stderr, blocked.stderr[-2000:]
+    return env

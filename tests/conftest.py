@@ -53,9 +53,11 @@ ON_JAX = (
     "tests/layers/test_mixer_contract.py::test_prefill_chunks_and_steps_from_the_named_cache_equal_the_parallel_form",
     "tests/layers/test_mixer_contract.py::test_config_and_keras_file_round_trip",
     "tests/layers/test_mixer_contract.py::test_a_compiled_step_past_a_full_buffer_gives_nan_not_a_plausible_output",
-    # The GPU script's quick mode with its JAX side (the TensorFlow stages have no JAX), and that side alone.
+    # The GPU script's quick mode with its JAX side (the TensorFlow stages have no JAX), that side alone, and the
+    # Zoology recall grid's script.
     "tests/test_gpu_script.py::test_the_gpu_script_runs_every_measurement_in_quick_mode",
     "tests/test_gpu_script.py::test_the_jax_step_and_its_profile_run_without_tensorflow",
+    "tests/test_gpu_script.py::test_the_zoology_recall_grid_runs_on_jax_without_tensorflow",
 )
 
 

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.backend_utils import without_tensorflow
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARTS = {"token mixer kernel", "projections", "feed-forward", "norms", "output head and loss", "optimizer", "rest"}
 
@@ -101,28 +103,12 @@ def test_the_pytorch_side_runs_without_tensorflow():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-# Imports of TensorFlow fail, as on a lent GPU machine without its archive.
-NO_TENSORFLOW = """
-import sys
-
-class NoTensorFlow:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("tensorflow", "tensorflow_text"):
-            raise ImportError(f"no {name} here")
-
-sys.meta_path.insert(0, NoTensorFlow())
-"""
-
-
 def test_the_jax_step_and_its_profile_run_without_tensorflow(tmp_path):
     """The JAX side's step and profile, with TensorFlow unimportable: the batches, the model, the trace and the
     HLO names all come without it, and every part of the step gets its share of the time."""
     pytest.importorskip("jax")
-    (tmp_path / "sitecustomize.py").write_text(NO_TENSORFLOW)
-    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = without_tensorflow(tmp_path, "jax")
     env.pop("XLA_FLAGS", None)
-    blocked = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
-    assert blocked.returncode and "no tensorflow here" in blocked.stderr, blocked.stderr[-2000:]
     toy = ["--num-layers", "1", "--hidden-dim", "32", "--num-heads", "2", "--head-dim", "16"]
     toy += ["--vocabulary-size", "500", "--jit-compile", "--dtype-policy", "mixed_bfloat16"]
     out = tmp_path / "raw.jsonl"
@@ -154,3 +140,25 @@ def test_the_jax_step_and_its_profile_run_without_tensorflow(tmp_path):
         assert parts[part]["backward_ms"] > 0, (part, parts)
     total = sum(t["forward_ms"] + t["backward_ms"] for t in parts.values())
     assert parts["rest"]["forward_ms"] + parts["rest"]["backward_ms"] < 0.2 * total, parts
+
+
+def test_the_zoology_recall_grid_runs_on_jax_without_tensorflow(tmp_path):
+    """`recall.sh --quick`: elita-recall under Zoology's protocol on JAX, with TensorFlow unimportable (the script
+    runs JAX_PYTHON, here a Python whose every import of TensorFlow fails)."""
+    pytest.importorskip("jax")
+    env = without_tensorflow(tmp_path, "jax")
+    python = tmp_path / "python"  # the script sets PYTHONPATH to the repository's: the blocker goes first
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{tmp_path}:$PYTHONPATH" exec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks/gpu/recall.sh"), "--quick", str(out)],
+        env={**env, "JAX_PYTHON": str(python)}, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "recall" / "recall.json").read_text())
+    assert [r["architecture"] for r in report["best"]] == ["elita", "transformer"]
+    for record in report["cells"]:
+        assert record["backend"] == "jax" and record["settings"]["protocol"] == "zoology" and record["steps"] == 4
+    log = (out / "recall.log").read_text()
+    assert "wrote" in log and "tensorflow" not in log.lower() and "WARNING" not in log, log

@@ -61,20 +61,7 @@ else
   skip_side pytorch "torch does not import in $torch_python"
 fi
 
-# The JAX side: its own Python, without TensorFlow's folders and XLA flags (a flag its XLA does not know stops
-# it), Keras and keras-hub from the carried wheels.
-jax_python="${JAX_PYTHON:-python3}"
-jax_env=(env -u PYTHONPATH -u XLA_FLAGS KERAS_BACKEND=jax)
-if [ -n "${ELITA_LD_LIBRARY_PATH+set}" ]; then jax_env+=(LD_LIBRARY_PATH="$ELITA_LD_LIBRARY_PATH"); fi
-jax_path="$root"
-if compgen -G "$root/benchmarks/gpu/wheels/jax/*.whl" >/dev/null; then
-  jax_site="${TMPDIR:-/tmp}/elita-jax-site"
-  if "$jax_python" -m pip install -q --no-deps --no-index --no-compile --upgrade --target "$jax_site" \
-    "$root"/benchmarks/gpu/wheels/jax/*.whl >>"$log" 2>&1; then
-    jax_path="$jax_site:$root"
-  fi
-fi
-jax_env+=(PYTHONPATH="$jax_path")
+source "$(dirname "$0")/jax_side.sh"
 if "${jax_env[@]}" "$jax_python" -c "import jax, keras_hub" 2>/dev/null; then jax=1; else
   jax=0; skip_side jax "jax or keras-hub does not import in $jax_python"
 fi

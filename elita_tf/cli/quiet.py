@@ -4,8 +4,9 @@ Importing TensorFlow writes its C++ start-up lines (oneDNN, CPU instructions, CU
 once for each library that holds absl's logging, and before `TF_CPP_MIN_LOG_LEVEL` applies to
 them; finding no GPU adds `failed call to cuInit`, an error line on every machine without one.
 oneDNN adds an error line at the first int64 op, long after start-up. keras-hub imports grain
-where it is installed, which warns that it finds no jax profiler, and tensorflow-datasets warns of
-the custom config that WikiText from local files is.
+where it is installed, which warns that it finds no jax profiler (and grain warns of the options
+keras-hub reads NumPy arrays with on JAX and PyTorch), and tensorflow-datasets warns of the custom
+config that WikiText from local files is.
 
 Those C++ lines are written to the file descriptor, under Python's `sys.stderr`, so the commands'
 stderr runs through a filter process from TensorFlow's start to their end (`filter_stderr`). It
@@ -44,8 +45,10 @@ _CONTINUATION = b"To enable the following instructions"
 # A line left unfinished this long (seconds) is copied through as it is: absl writes each of its lines
 # at once, so such a line is another writer's (a progress bar), which should not wait for its end.
 _UNFINISHED_WAIT = 0.05
-# Python's warnings through absl's logger that the commands leave out.
+# Python's warnings through absl's logger that the commands leave out: keras-hub's fit of NumPy arrays on JAX
+# or PyTorch reads them through grain with options that grain warns of at every call.
 _PYTHON_NOISE = ("Failed to load jax profiler", "Using custom data configuration: WikitextConfig(")
+_PYTHON_NOISE += ("prefetch_buffer_size=8 is smaller than num_threads",)
 
 _filter = None  # (the filter process, the descriptor it writes to, the pipe's inode) once it runs
 

@@ -1,4 +1,4 @@
-"""Multi-query associative recall (MQAR): the synthetic recall task of Zoology, as NumPy arrays and `tf.data`.
+"""Multi-query associative recall (MQAR): the synthetic recall task of Zoology, as NumPy arrays (no TensorFlow).
 
 A sequence opens with `P` key-value pairs, then queries some of its keys; the model must emit each
 queried key's value. Keys come from `[1, V/2)` and values from `[V/2, V)`, every key of a sequence
@@ -102,25 +102,3 @@ def mqar_arrays(num_examples, vocabulary_size, sequence_length, num_pairs, seed,
         np.put_along_axis(block, queries, keys, axis=1)
         np.put_along_axis(targets[first : first + rows], queries, values, axis=1)
     return token_ids, targets, (targets > 0).astype(np.float32)
-
-
-def mqar_dataset(arrays, batch_size, seed=0, shuffle=True):
-    """Batches of `({"token_ids", "padding_mask"}, targets, weights)` for `ElitaCausalLM.fit` (keras-hub's format).
-
-    Args:
-        arrays: `(token_ids, targets, weights)` from `mqar_arrays`.
-        batch_size: int. The last partial batch is dropped when shuffling, kept otherwise.
-        seed: int. The shuffle's seed: each epoch a new order, the same for the same seed.
-        shuffle: bool.
-
-    Returns:
-        A `tf.data.Dataset`, prefetched.
-    """
-    import tensorflow as tf  # the arrays need no TensorFlow
-
-    token_ids, targets, weights = arrays
-    inputs = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
-    dataset = tf.data.Dataset.from_tensor_slices((inputs, targets, weights))
-    if shuffle:
-        dataset = dataset.shuffle(len(token_ids), seed=seed, reshuffle_each_iteration=True)
-    return dataset.batch(batch_size, drop_remainder=shuffle).prefetch(tf.data.AUTOTUNE)

@@ -3,22 +3,32 @@
     from elita_tf.training.recall import recall_grid
     recall_grid("runs/recall", ["elita", "transformer"])
 
-Zoology's figure 2 (Arora et al., 2023, https://arxiv.org/abs/2312.04927) at CPU size: each
-architecture with 2 layers at widths {64, 128, 256}, on the tasks of sequence length 64 with 4 and
-16 pairs and 256 with 16 and 64 (`elita_tf.data.mqar`, `RecallSettings`). As Zoology's `train.py`:
-AdamW (weight decay 0.1), a cosine schedule to 0 over the epochs, and training stops at the end of
-the first epoch whose test accuracy exceeds 0.99. Unlike Zoology's fixed 100,000 sequences, each
-epoch draws new ones: a fixed set of CPU size is memorised (the loss falls while test accuracy stays
-at 1/P). A cell's accuracy is the share of the test set's queries whose argmax is their value; a
-design's figure at a task and width is the best over the learning rates. Cells train and are scored
-on any Keras backend.
+Zoology's figure 2 (Arora et al., 2023, https://arxiv.org/abs/2312.04927; its
+`iclr24_zoology_figure2/configs.py`) under one of two protocols (`RecallSettings.protocol`):
+- `"zoology"`, Zoology's own: 2 blocks with no feed-forward network (its state mixer is the
+  identity), tied embeddings, dropout 0.1, learned absolute positions only for softmax attention;
+  vocabulary 8,192, one fixed set of 100,000 training sequences and 3,000 test ones with zeros
+  between the queries, batches of 512 up to T = 128 (256 at 256), widths 64 to 512, the tasks
+  T = 64 with 4 pairs, 128 with 8 and 256 with 16, learning rates `logspace(-4, -2, 4)` and 64
+  epochs (`ZOOLOGY`). Ours differs in three details: our dropout also acts on each block's output
+  (Zoology's on the embeddings and attention weights), our cosine schedule falls every step
+  (Zoology's every epoch), and the sequences are our own draws of the same distribution.
+- `"cpu"`, the default, at CPU size: each architecture as it is, with its feed-forward network and
+  positions, vocabulary 512, widths {64, 128, 256}, batches of 64, the tasks of length 64 with 4
+  and 16 pairs and 256 with 16 and 64, and new sequences every epoch: a fixed set of CPU size is
+  memorised (the loss falls while test accuracy stays at 1/P).
+Both as Zoology's `train.py`: AdamW (weight decay 0.1), a cosine schedule to 0 over the epochs, and
+training stops at the end of the first epoch whose test accuracy exceeds 0.99 (`elita_tf.data.mqar`
+has the task). A cell's accuracy is the share of the test set's queries whose argmax is their value;
+a design's figure at a task and width is the best over the learning rates. Cells train and are scored
+on any Keras backend, from NumPy arrays (no TensorFlow on JAX or PyTorch).
 
 Each trained cell is one json file, `OUTPUT_DIR/cells/ARCHITECTURE/T{T}-P{P}/w{W}-lr{LR}.json`,
 with every setting and seed: a finished cell is never trained again, so an interrupted grid resumes
 where it stopped, and a cell trained with other settings (`RecallSettings.cell_settings`) is refused
 rather than reused. A cell in training keeps its last epoch beside it (`w{W}-lr{LR}.partial/`: a
 `.keras` checkpoint, model and optimizer, and the epochs' figures), so an interrupted cell resumes at
-its last finished epoch, as if never stopped (each epoch's data and shuffle depend only on the seed
+its last finished epoch, as if never stopped (each epoch's data and order depend only on the seed
 and the epoch). Then `OUTPUT_DIR/recall.md` (the table), `OUTPUT_DIR/recall.json` (the best of each
 sweep and every cell), `OUTPUT_DIR/recall.png` (accuracy against width, one panel a task, one line
 a design, as Zoology's figure 2) and `OUTPUT_DIR/recall-state.png` (accuracy against the bytes of a
@@ -34,7 +44,8 @@ import time
 
 import numpy as np
 
-from elita_tf.training.recall_settings import DESIGNS, QUICK, SOLVED, RecallSettings  # noqa: F401 (this module's API)
+from elita_tf.data.mqar import mqar_arrays
+from elita_tf.training.recall_settings import DESIGNS, QUICK, SOLVED, ZOOLOGY, RecallSettings  # noqa: F401 (the API)
 
 
 def cell_path(output_dir, architecture, sequence_length, num_pairs, width, learning_rate):
@@ -51,9 +62,22 @@ def cell_cost(settings, sequence_length, width):
 
 
 def recall_backbone(architecture, width, sequence_length, settings):
-    """A cell's untrained `ElitaBackbone`; `settings` is a `RecallSettings` as a dict (a cell's record holds one)."""
-    from elita_tf.models import ElitaBackbone
+    """A cell's untrained `ElitaBackbone`; `settings` is a `RecallSettings` as a dict (a cell's record holds one).
 
+    Under `protocol="zoology"`, Zoology's figure-2 model: no feed-forward network, tied embeddings, dropout 0.1,
+    and learned positions only where the architecture has softmax attention (its mixers' own positions, as
+    ELiTA's, stay).
+    """
+    from elita_tf.models import ElitaBackbone
+    from elita_tf.models.architectures import architecture as named
+
+    overrides = {}
+    if settings.get("protocol", "cpu") == "zoology":
+        config = named(architecture)
+        blocks = config.get("blocks", "elita")
+        blocks = {blocks} if isinstance(blocks, str) else set(blocks)
+        attention = config.get("attention_interval") is not None or bool({"transformer", "simplified"} & blocks)
+        overrides = dict(ffn="none", tie_word_embeddings=True, dropout=0.1, position_embedding=attention)
     return ElitaBackbone.from_architecture(
         architecture,
         vocabulary_size=settings["vocabulary_size"],
@@ -62,6 +86,7 @@ def recall_backbone(architecture, width, sequence_length, settings):
         num_heads=settings["num_heads"],
         head_dim=width // settings["num_heads"],
         max_sequence_length=sequence_length,
+        **overrides,
     )
 
 
@@ -74,15 +99,32 @@ def decoding_state_bytes(backbone):
     return sum(int(np.prod(t.shape)) * np.dtype(keras.backend.standardize_dtype(t.dtype)).itemsize for t in tensors)
 
 
-def recall_accuracy(model, dataset):
-    """The share of `dataset`'s queries (weight > 0) whose argmax is their value, on any Keras backend."""
+def recall_accuracy(model, arrays, batch_size):
+    """The share of the queries (weight > 0) of MQAR `arrays` (`mqar_arrays`) whose argmax is their value, on any
+    Keras backend."""
     correct = total = 0
-    for inputs, targets, weights in dataset.as_numpy_iterator():
-        logits = np.asarray(model.predict_on_batch(inputs))  # [B, T, V]
+    for first in range(0, len(arrays[0]), batch_size):
+        token_ids, targets, weights = (a[first : first + batch_size] for a in arrays)
+        logits = np.asarray(model.predict_on_batch(_inputs(token_ids)))  # [B, T, V]
         queries = weights > 0
         correct += int(np.sum(np.argmax(logits[queries], axis=-1) == targets[queries]))
         total += int(np.sum(queries))
     return correct / total
+
+
+def _inputs(token_ids):
+    return {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+
+
+def epoch_arrays(settings, epoch, batch_size, fixed=None, **task):
+    """An epoch's training arrays, `steps × batch_size` rows in its order: new sequences (`protocol` cpu) or the
+    `fixed` set's (zoology), shuffled by the seed and the epoch alone, with no TensorFlow."""
+    arrays = fixed
+    if arrays is None:
+        arrays = mqar_arrays(settings.train_examples, seed=(settings.seed, 0, epoch), **task)
+    order = np.random.default_rng((settings.seed, 2, epoch)).permutation(len(arrays[0]))
+    order = order[: len(order) // batch_size * batch_size]  # whole batches: one compiled step
+    return tuple(a[order] for a in arrays)
 
 
 def read_cell(path):
@@ -102,9 +144,11 @@ def read_cell(path):
 def check_cell_settings(path, recorded, settings):
     """Raises `ValueError` in one line unless a cell's `recorded` settings are `settings`' (`cell_settings`)."""
     wanted = settings.cell_settings()
-    differ = sorted(name for name in wanted if recorded.get(name) != wanted[name])
+    # A field added since a cell was trained (`protocol`) meant its default's rules then.
+    recorded = {name: recorded.get(name, field.default) for name, field in RecallSettings.__dataclass_fields__.items()}
+    differ = sorted(name for name in wanted if recorded[name] != wanted[name])
     if differ:
-        then = ", ".join(f"{name}={recorded.get(name)!r}" for name in differ)
+        then = ", ".join(f"{name}={recorded[name]!r}" for name in differ)
         now = ", ".join(f"{name}={wanted[name]!r}" for name in differ)
         raise ValueError(
             f"{path} was trained with {then}; these settings have {now}. Give another --output-dir, or delete the "
@@ -126,13 +170,13 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     """
     import keras
 
-    from elita_tf.data.mqar import mqar_arrays, mqar_dataset
     from elita_tf.models import ElitaCausalLM
     from elita_tf.training.checkpoints import load_checkpoint, save_checkpoint
     from elita_tf.training.run_files import checkpoint_path
 
     task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=sequence_length, num_pairs=num_pairs)
     task.update(power_a=settings.power_a, random_non_queries=settings.random_non_queries)
+    batch_size = settings.batch_size_at(sequence_length)
     keras.backend.clear_session()
     keras.utils.set_random_seed(settings.seed)
     progress_path = None if checkpoint_dir is None else os.path.join(checkpoint_dir, "progress.json")
@@ -149,7 +193,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
     else:
         by_epoch, losses, seconds = [], [], 0.0
         model = ElitaCausalLM(recall_backbone(architecture, width, sequence_length, dataclasses.asdict(settings)))
-        steps_per_epoch = settings.train_examples // settings.batch_size
+        steps_per_epoch = settings.train_examples // batch_size
         schedule = keras.optimizers.schedules.CosineDecay(learning_rate, settings.epochs * steps_per_epoch)
         model.compile(
             optimizer=keras.optimizers.AdamW(schedule, weight_decay=settings.weight_decay),
@@ -158,16 +202,19 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
             # PyTorch's compiler costs more than it saves there (docs/benchmarks.md).
             jit_compile=keras.backend.backend() != "torch",
         )
-    test_arrays = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
-    test = mqar_dataset(test_arrays, settings.batch_size, shuffle=False)
+    test = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
+    fixed = None  # the cpu protocol's: new sequences every epoch
+    if settings.protocol == "zoology":
+        fixed = mqar_arrays(settings.train_examples, seed=(settings.seed, 0), **task)
     start = time.perf_counter() - seconds
     while len(by_epoch) < settings.epochs and not (by_epoch and by_epoch[-1] > SOLVED):
-        epoch = len(by_epoch)
-        train_arrays = mqar_arrays(settings.train_examples, seed=(settings.seed, 0, epoch), **task)
-        train = mqar_dataset(train_arrays, settings.batch_size, seed=settings.seed)
-        history = model.fit(train, epochs=1, verbose=0, shuffle=False)  # the dataset shuffles
+        token_ids, targets, weights = epoch_arrays(settings, len(by_epoch), batch_size, fixed, **task)
+        history = model.fit(
+            _inputs(token_ids), targets, sample_weight=weights, batch_size=batch_size, epochs=1, verbose=0,
+            shuffle=False,  # in epoch_arrays' order
+        )
         losses.append(float(history.history["loss"][-1]))
-        by_epoch.append(recall_accuracy(model, test))
+        by_epoch.append(recall_accuracy(model, test, batch_size))
         if checkpoint_dir is not None:
             save_checkpoint(model, checkpoint_dir, len(by_epoch), keep=2)
             progress = {"accuracy_by_epoch": by_epoch, "loss_by_epoch": losses, "seconds": time.perf_counter() - start}
@@ -209,7 +256,7 @@ def _hours(seconds):
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
 
 
-def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
+def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print, time_limit=None):
     """Trains every cell of the grid not yet in `output_dir`, then writes the table, the json and the plot.
 
     Args:
@@ -217,6 +264,8 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
         architectures: names from `elita_tf.models.ARCHITECTURES`.
         settings: `RecallSettings`; None for the defaults.
         log: callable taking a line of progress.
+        time_limit: optional seconds: no cell starts after them, and the report covers the finished cells
+            (the same call again goes on with the rest).
 
     Returns:
         `{"best": [...], "cells": [...]}` as written to `recall.json`.
@@ -246,7 +295,10 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
         "T multiply-adds (early stops cut it)"
     )
     start, done_cost = time.perf_counter(), 0
-    for cell in todo:
+    for count, cell in enumerate(todo):
+        if time_limit is not None and time.perf_counter() - start > time_limit:
+            log(f"time limit of {time_limit:g} s: {len(todo) - count} cells not started; the report has the rest")
+            break
         name, sequence_length, num_pairs, width, learning_rate = cell
         path = cell_path(output_dir, *cell)
         partial = path.removesuffix(".json") + ".partial"
@@ -261,7 +313,7 @@ def recall_grid(output_dir, architectures=DESIGNS, settings=None, log=print):
             f"{record['accuracy']:.3f} in {record['steps']} steps, {record['seconds']:.0f} s; "
             f"elapsed {_hours(elapsed)}, at most {_hours(elapsed / done_cost * (total - done_cost))} left"
         )
-    return write_report(output_dir, [records[cell] for cell in cells])
+    return write_report(output_dir, [records[cell] for cell in cells if cell in records])
 
 
 def best_of_sweep(records):
@@ -283,7 +335,8 @@ def write_report(output_dir, records):
     best = best_of_sweep(records)
     for record in best:  # the recall-state frontier: a design's state at the task's length, beside its accuracy
         if "state_bytes" not in record:
-            backbone = recall_backbone(record["architecture"], record["width"], record["sequence_length"], record["settings"])
+            cell = (record["architecture"], record["width"], record["sequence_length"], record["settings"])
+            backbone = recall_backbone(*cell)
             record["state_bytes"] = decoding_state_bytes(backbone)
     report = {"best": best, "cells": records}
     write_json(os.path.join(output_dir, "recall.json"), report)

@@ -15,6 +15,17 @@ from elita_tf.settings_fields import check_fields, setting, with_attributes
 DESIGNS = ("elita", "transformer", "simplified", "simplified-wide", "linear", "3lin", "additive")
 # Zoology's early stop: training ends once test accuracy passes it.
 SOLVED = 0.99
+# Zoology's sweep, `numpy.logspace(-4, -2, 4)`: 1e-4, 4.6e-4, 2.2e-3 and 1e-2.
+ZOOLOGY_LEARNING_RATES = tuple(10.0 ** (-4 + 2 * i / 3) for i in range(4))
+PROTOCOLS = ("cpu", "zoology")
+
+
+def zoology_batch_size(sequence_length):
+    """Zoology's batch size at a sequence length: 512 up to 128, 256 at 256, 128 at 512, 64 beyond."""
+    for longest, batch_size in ((128, 512), (256, 256), (512, 128)):
+        if sequence_length <= longest:
+            return batch_size
+    return 64
 
 
 def parse_task(text):
@@ -69,6 +80,14 @@ class RecallSettings:
     ValueError: `num_heads` must be a positive integer. Received: num_heads=0
     """
 
+    protocol: str = setting(
+        "cpu", "The model and data rules. `cpu`: each architecture as it is, new training sequences every epoch. "
+        "`zoology`: Zoology's figure 2, a model of no feed-forward network (the state mixer is the identity), "
+        "tied embeddings, dropout 0.1 and learned positions only where an architecture has softmax attention, on "
+        "one fixed set of training sequences; on the command line it also sets the other flags' defaults to "
+        "Zoology's (`elita_tf.training.recall`).",
+        choices=PROTOCOLS,
+    )
     widths: tuple = setting(
         (64, 128, 256), "The hidden widths `d`, each of `num_heads` heads of d / num_heads.",
         check=_each(check_integer), nargs="+", parse=int, default_help="64 128 256",
@@ -79,21 +98,26 @@ class RecallSettings:
         check=_each(_task), nargs="+", parse=parse_task, default_help="64:4 64:16 256:16 256:64",
     )
     learning_rates: tuple = setting(
-        (5e-4, 1e-3), "The sweep: each cell's figure is the best of these learning rates.",
-        check=_each(check_positive_number), nargs="+", parse=float, default_help="0.0005 0.001",
+        ZOOLOGY_LEARNING_RATES[1:3], "The sweep: each cell's figure is the best of these learning rates "
+        "(Zoology's two middle ones; it sweeps 1e-4 4.6e-4 2.2e-3 1e-2).",
+        check=_each(check_positive_number), nargs="+", parse=float, default_help="4.6e-4 2.2e-3",
     )
     vocabulary_size: int = setting(
         512, "MQAR's `V`: keys from [1, V/2), values from [V/2, V).", check=check_integer
     )
     train_examples: int = setting(
-        8192, "Training sequences an epoch, drawn anew every epoch: a fixed set this small is memorised (test "
-        "accuracy stays at chance while the loss falls).", check=check_integer,
+        8192, "Training sequences an epoch: with `protocol` cpu drawn anew every epoch (a fixed set this small is "
+        "memorised: test accuracy stays at chance while the loss falls), with zoology one fixed set.",
+        check=check_integer,
     )
     test_examples: int = setting(1024, "Test sequences, one set, none of the training draws.", check=check_integer)
     epochs: int = setting(
         64, "Epochs at most: a cell stops after the first epoch whose test accuracy passes 0.99.", check=check_integer
     )
-    batch_size: int = setting(64, "Sequences a step.", check=check_integer)
+    batch_size: int = setting(
+        64, "Sequences a step; None (`protocol` zoology's default) takes Zoology's by sequence length: 512 up to "
+        "128, 256 at 256, 128 at 512, 64 beyond.", check=functools.partial(check_integer, optional=True),
+    )
     num_layers: int = setting(2, "Blocks.", check=check_integer)
     num_heads: int = setting(1, "Heads a block (Zoology's attention: one).", check=check_integer)
     weight_decay: float = setting(0.1, "AdamW's weight decay.", check=check_non_negative_number)
@@ -123,8 +147,13 @@ class RecallSettings:
         for width in self.widths:
             if width % self.num_heads:
                 fail("widths", list(self.widths), f"divisible by num_heads = {self.num_heads}")
-        if self.train_examples < self.batch_size:
-            fail("train_examples", self.train_examples, f"at least batch_size = {self.batch_size}: a step an epoch")
+        largest = max(self.batch_size_at(sequence_length) for sequence_length, _ in self.tasks)
+        if self.train_examples < largest:
+            fail("train_examples", self.train_examples, f"at least batch_size = {largest}: a step an epoch")
+
+    def batch_size_at(self, sequence_length):
+        """The batch size of a task of this length: `batch_size`, or Zoology's where it is None."""
+        return zoology_batch_size(sequence_length) if self.batch_size is None else self.batch_size
 
     def cell_settings(self):
         """The fields that shape every cell, beyond its own width, task and learning rate: a finished cell is
@@ -133,6 +162,20 @@ class RecallSettings:
 
 
 RecallSettings.__init__ = accepts_renamed_arguments(RecallSettings.__init__)
+
+# `--protocol zoology`'s defaults: figure 2 of Zoology (its `iclr24_zoology_figure2/configs.py`), whole.
+ZOOLOGY = dict(
+    protocol="zoology",
+    widths=(64, 128, 256, 512),
+    tasks=((64, 4), (128, 8), (256, 16)),
+    learning_rates=ZOOLOGY_LEARNING_RATES,
+    vocabulary_size=8192,
+    train_examples=100_000,
+    test_examples=3_000,
+    epochs=64,
+    batch_size=None,
+    random_non_queries=False,
+)
 
 # `--quick`'s settings (`RecallSettings(**QUICK)`): two designs' worth of seconds, for CI.
 QUICK = dict(

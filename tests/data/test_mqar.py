@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from elita_tf.data.mqar import gap_probabilities, mqar_arrays, mqar_dataset
+from elita_tf.data.mqar import gap_probabilities, mqar_arrays
 
 V, T, P = 64, 32, 4
 
@@ -84,18 +84,3 @@ def test_queries_follow_the_power_law_over_the_gap():
 def test_bad_settings_name_the_value(overrides, name):
     with pytest.raises(ValueError, match=f"Received: {name}="):
         _arrays(**overrides)
-
-
-def test_dataset_batches_in_the_causal_lm_format():
-    arrays = _arrays(num_examples=10)
-    batches = list(mqar_dataset(arrays, 4, shuffle=False))
-    assert [len(b[1]) for b in batches] == [4, 4, 2]
-    inputs, targets, weights = batches[0]
-    assert sorted(inputs) == ["padding_mask", "token_ids"]
-    np.testing.assert_array_equal(inputs["token_ids"], arrays[0][:4])
-    np.testing.assert_array_equal(inputs["padding_mask"], np.ones((4, T)))
-    np.testing.assert_array_equal(targets, arrays[1][:4])
-    np.testing.assert_array_equal(weights, arrays[2][:4])
-    shuffled = [b[0]["token_ids"].numpy() for b in mqar_dataset(arrays, 4, seed=3)]
-    again = [b[0]["token_ids"].numpy() for b in mqar_dataset(arrays, 4, seed=3)]
-    assert len(shuffled) == 2 and all(np.array_equal(a, b) for a, b in zip(shuffled, again))

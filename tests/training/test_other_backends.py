@@ -63,13 +63,13 @@ def test_compare_trains_every_architecture_on_this_backend_and_tables_them(tmp_p
 
 _RECALL_ON_TENSORFLOW = """
 import json, sys
-from elita_tf.data.mqar import mqar_arrays, mqar_dataset
+from elita_tf.data.mqar import mqar_arrays
 from elita_tf.training.checkpoints import load_checkpoint
 from elita_tf.training.recall import QUICK, RecallSettings, recall_accuracy
 settings = RecallSettings(**QUICK)
 task = dict(vocabulary_size=settings.vocabulary_size, sequence_length=16, num_pairs=2)
 test = mqar_arrays(settings.test_examples, seed=(settings.seed, 1), **task)
-print(json.dumps(recall_accuracy(load_checkpoint(sys.argv[1]), mqar_dataset(test, settings.batch_size, shuffle=False))))
+print(json.dumps(recall_accuracy(load_checkpoint(sys.argv[1]), test, settings.batch_size)))
 """
 
 

@@ -79,7 +79,7 @@ def test_an_interrupted_cell_resumes_at_its_last_epoch_as_if_never_stopped(tmp_p
 def test_accuracy_is_the_share_of_queries_whose_argmax_is_their_value():
     import numpy as np
 
-    from elita_tf.data.mqar import mqar_arrays, mqar_dataset
+    from elita_tf.data.mqar import mqar_arrays
     from elita_tf.models import ElitaBackbone, ElitaCausalLM
 
     backbone = ElitaBackbone.from_architecture(
@@ -95,8 +95,8 @@ def test_accuracy_is_the_share_of_queries_whose_argmax_is_their_value():
     rigged[queries[1::2]] = (predicted.reshape(-1)[queries[1::2]] + 1) % 32
     # Everywhere else the targets are the predictions: only the queries may count.
     rigged[weights.reshape(-1) == 0] = predicted.reshape(-1)[weights.reshape(-1) == 0]
-    dataset = mqar_dataset((token_ids, rigged.reshape(targets.shape), weights), 16, shuffle=False)
-    assert recall_accuracy(model, dataset) == pytest.approx(0.5)
+    # Batches of 16, the last of 8.
+    assert recall_accuracy(model, (token_ids, rigged.reshape(targets.shape), weights), 16) == pytest.approx(0.5)
 
 
 def _record(architecture, width, learning_rate, accuracy, sequence_length=64, num_pairs=4):
@@ -142,6 +142,8 @@ def test_the_table_holds_the_best_learning_rate_of_each_cell():
         (["--train-examples", "10"], "at least batch_size = 64: a step an epoch. Received: train_examples=10"),
         (["--widths", "-16"], "Received: widths=-16"),
         (["--learning-rates", "0"], "Received: learning_rates=0.0"),
+        (["--time-limit", "0"], "Received: time_limit=0.0"),
+        (["--protocol", "gpu"], "invalid choice: 'gpu'"),
     ],
 )
 def test_bad_flags_end_in_one_line(flags, message, tmp_path, capsys):
@@ -163,7 +165,7 @@ def test_every_flag_has_help_and_the_old_settings_flag_sets_tasks(capsys):
         flag = "--" + field.name.replace("_", "-")
         assert f"{flag} " in text and field.metadata["help"].split()[0].strip("`") in text, flag
     assert "Default: 64:4 64:16 256:16 256:64" in text
-    _, _, settings = cli.parse_args(["--output-dir", "x", "--settings", "64:8"])
+    _, _, settings, _ = cli.parse_args(["--output-dir", "x", "--settings", "64:8"])
     assert settings.tasks == ((64, 8),) and "--settings is deprecated: use --tasks" in capsys.readouterr().err
     with pytest.warns(FutureWarning, match="use `tasks`"):
         assert RecallSettings(settings=[(64, 8)]).tasks == ((64, 8),)
@@ -215,3 +217,71 @@ def test_a_partial_cell_of_other_settings_is_refused(tmp_path):
         train_cell("linear", 16, 16, 2, 3e-3, settings, log=stop_after_epoch_1, checkpoint_dir=partial)
     with pytest.raises(ValueError, match="cell.partial was trained with epochs=2; these settings have epochs=3"):
         train_cell("linear", 16, 16, 2, 3e-3, dataclasses.replace(settings, epochs=3), checkpoint_dir=partial)
+
+
+def test_zoologys_protocol_sets_its_defaults_and_its_model():
+    from elita_tf.training.recall_settings import ZOOLOGY, ZOOLOGY_LEARNING_RATES
+
+    _, architectures, settings, time_limit = cli.parse_args(["--output-dir", "x", "--protocol", "zoology"])
+    assert settings == RecallSettings(**ZOOLOGY) and time_limit is None
+    assert [round(rate, 7) for rate in ZOOLOGY_LEARNING_RATES] == [1e-4, 4.642e-4, 2.1544e-3, 1e-2]
+    assert settings.learning_rates == ZOOLOGY_LEARNING_RATES and settings.widths == (64, 128, 256, 512)
+    assert [settings.batch_size_at(t) for t in (64, 128, 256, 512, 1024)] == [512, 512, 256, 128, 64]
+    assert RecallSettings().batch_size_at(256) == 64 and RecallSettings().learning_rates == ZOOLOGY_LEARNING_RATES[1:3]
+    # --quick's sizes under Zoology's rules; a flag given wins over both.
+    _, _, quick, _ = cli.parse_args(["--output-dir", "x", "--protocol", "zoology", "--quick", "--epochs", "2"])
+    assert quick == RecallSettings(**(QUICK | {"protocol": "zoology", "random_non_queries": False, "epochs": 2}))
+    # Zoology's model: no feed-forward network, tied embeddings, dropout, learned positions for softmax attention.
+    zoology, cpu = dataclasses.asdict(quick), dataclasses.asdict(RecallSettings(**QUICK))
+    for name, positions in [("transformer", True), ("simplified", True), ("elita-hybrid", True), ("elita", False)]:
+        config = recall_backbone(name, 16, 16, zoology).get_config()
+        assert (config["ffn"], config["tie_word_embeddings"], config["dropout"]) == ("none", True, 0.1), name
+        assert config["position_embedding"] is positions, name
+    for name in ("linear", "linear-conv", "additive"):  # learned positions under the cpu protocol, none here
+        assert recall_backbone(name, 16, 16, cpu).position_embedding
+        assert not recall_backbone(name, 16, 16, zoology).position_embedding
+    assert recall_backbone("transformer", 16, 16, cpu).get_config()["ffn"] == "mlp"
+
+
+def test_each_epoch_is_whole_batches_in_an_order_of_the_seed_and_the_epoch():
+    import numpy as np
+
+    from elita_tf.data.mqar import mqar_arrays
+    from elita_tf.training.recall import epoch_arrays
+
+    task = dict(vocabulary_size=32, sequence_length=16, num_pairs=2)
+    cpu = dataclasses.replace(RecallSettings(**QUICK), train_examples=100)
+    zoology = dataclasses.replace(cpu, protocol="zoology")
+    fixed = mqar_arrays(100, seed=(0, 0), **task)
+    first, again = epoch_arrays(zoology, 0, 32, fixed, **task), epoch_arrays(zoology, 0, 32, fixed, **task)
+    second = epoch_arrays(zoology, 1, 32, fixed, **task)
+    assert all(a.shape[0] == 96 and np.array_equal(a, b) for a, b in zip(first, again))  # 3 whole batches of 32
+    # Zoology's: the fixed set's rows, in another order each epoch.
+    rows = {tuple(row) for row in fixed[0]}
+    assert {tuple(row) for row in first[0]} <= rows and {tuple(row) for row in second[0]} <= rows
+    assert not np.array_equal(first[0], second[0])
+    # The cpu protocol's: new sequences each epoch.
+    new = epoch_arrays(cpu, 1, 32, **task)
+    assert not {tuple(row) for row in new[0]} & {tuple(row) for row in epoch_arrays(cpu, 0, 32, **task)[0]}
+
+
+def test_a_cell_recorded_before_protocols_is_the_cpu_protocols_and_a_time_limit_reports_what_is_done(tmp_path):
+    from elita_tf.training.recall import recall_grid
+
+    output = str(tmp_path / "recall")
+    path, settings = _quick_cell(output)
+    with open(path) as f:
+        record = json.load(f)
+    del record["settings"]["protocol"]  # as written before the field
+    with open(path, "w") as f:
+        json.dump(record, f)
+    lines = []
+    recall_grid(output, ["elita"], settings, log=lines.append)
+    assert lines[0].startswith("1 cells, 1 done, 0 to train")
+    with pytest.raises(ValueError, match="was trained with protocol='cpu'; these settings have protocol='zoology'"):
+        recall_grid(output, ["elita"], dataclasses.replace(settings, protocol="zoology"), log=lines.append)
+    # No cell starts after the limit; the report holds the finished ones.
+    lines = []
+    report = recall_grid(output, ["elita", "transformer"], settings, log=lines.append, time_limit=0)
+    assert [r["architecture"] for r in report["cells"]] == ["elita"]
+    assert "time limit of 0 s: 1 cells not started" in lines[-1]
