@@ -22,7 +22,7 @@ import dataclasses
 import sys
 
 # No TensorFlow until the arguments are parsed: `--help` and a bad flag answer at once.
-from elita_tf.checks import check_positive_number
+from elita_tf.checks import check_non_negative_number
 from elita_tf.cli.errors import DEBUG_HELP, ArgumentParser, run_command, split_debug
 from elita_tf.cli.flags import add_flags
 from elita_tf.cli.quiet import start_tensorflow
@@ -58,8 +58,8 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--time-limit", type=float, metavar="SECONDS",
-        help="Start no cell after this many seconds; the report covers the finished cells. The same command again "
-        "goes on with the rest.",
+        help="Start no cell after this many seconds; the report covers the finished cells (0: the report of what is "
+        "there, nothing trained). The same command again goes on with the rest.",
     )
     add_flags(parser, RecallSettings, defaults=False)
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
@@ -73,7 +73,7 @@ def parse_args(argv=None):
     try:
         settings = RecallSettings(**(defaults | given))
         if args.time_limit is not None:
-            check_positive_number("time_limit", args.time_limit)
+            check_non_negative_number("time_limit", args.time_limit)
     except ValueError as error:
         parser.error(str(error))
     architectures = args.architectures or (QUICK_ARCHITECTURES if args.quick else list(DESIGNS))

@@ -142,7 +142,7 @@ def test_the_table_holds_the_best_learning_rate_of_each_cell():
         (["--train-examples", "10"], "at least batch_size = 64: a step an epoch. Received: train_examples=10"),
         (["--widths", "-16"], "Received: widths=-16"),
         (["--learning-rates", "0"], "Received: learning_rates=0.0"),
-        (["--time-limit", "0"], "Received: time_limit=0.0"),
+        (["--time-limit", "-1"], "Received: time_limit=-1.0"),
         (["--protocol", "gpu"], "invalid choice: 'gpu'"),
     ],
 )
