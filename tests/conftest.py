@@ -82,8 +82,9 @@ TENSORFLOW_VERSION = (
 
 # Where a stage repeats per architecture what another stage tests in full, it runs one architecture per design. The
 # variants (a design's original settings, `-reference`, `-wide`, or designs combined, `-conv`, `-hybrid`) are
-# `keras.ops` code of the designs' layers on every backend: every architecture runs on the newest TensorFlow and on
-# PyTorch, the designs alone on JAX (without ELITA_JAX_TESTS=all) and on the oldest TensorFlow.
+# `keras.ops` code of the designs' layers, which every backend tests layer by layer: every architecture runs on the
+# newest TensorFlow, the designs alone on JAX and PyTorch (ELITA_JAX_TESTS=all, ELITA_TORCH_TESTS=all: every
+# architecture) and on the oldest TensorFlow.
 DESIGNS = ("3lin", "additive", "elita", "linear", "simplified", "transformer")
 # What test_every_backend.py runs per architecture and TensorFlow's own tests run there per architecture in more depth
 # (test_elita_causal_lm.py: training compiled and not, every weight moving, greedy decoding, LoRA and int8 on every
@@ -122,10 +123,12 @@ def pytest_collection_modifyitems(config, items):
             if ("tf_only" in item.keywords or item.nodeid.startswith(TENSORFLOW_VERSION)) and not _variant(item):
                 item.add_marker(pytest.mark.tensorflow_version)
         return
-    if backend == "jax" and os.environ.get("ELITA_JAX_TESTS") != "all":
+    every = os.environ.get(f"ELITA_{backend.upper()}_TESTS") == "all"
+    if backend == "jax" and not every:
         _deselect(config, items, lambda item: item.nodeid.startswith(ON_JAX) and not _variant(item))
     else:
-        _deselect(config, items, lambda item: _path(config, item).startswith(EVERY_BACKEND))
+        here = lambda item: _path(config, item).startswith(EVERY_BACKEND) and (every or not _variant(item))  # noqa: E731
+        _deselect(config, items, here)
     skip = pytest.mark.skip(reason=f"TensorFlow by nature; Keras runs on {backend}")
     for item in items:
         if "tf_only" in item.keywords:

@@ -43,6 +43,8 @@ ARCHITECTURES = {
     # ELiTA with a Transformer block (softmax attention over every position, no learned positions) in every 3,
     # the top one among them: the hybrid of linear-time models with a few global attention layers.
     "elita-hybrid": {"blocks": "elita", "ffn": "feedforward2", "attention_interval": 3},
+    # Both: the short convolution gives the attention blocks each position's predecessors to match on.
+    "elita-conv-hybrid": {"blocks": "elita", "ffn": "feedforward2", "short_convolution": 4, "attention_interval": 3},
     "3lin": {"blocks": "3lin", "ffn": "none"},
     "additive": {"blocks": "additive", "ffn": "mlp", "position_embedding": True},
     "additive-reference": {
