@@ -159,6 +159,7 @@ def test_the_zoology_recall_grid_runs_on_jax_without_tensorflow(tmp_path):
     report = json.loads((out / "recall" / "recall.json").read_text())
     assert [r["architecture"] for r in report["best"]] == ["elita", "transformer"]
     for record in report["cells"]:
-        assert record["backend"] == "jax" and record["settings"]["protocol"] == "zoology" and record["steps"] == 4
+        assert record["backend"] == "jax" and record["settings"]["protocol"] == "zoology"
+        assert (record["steps"], record["batch_size"]) == (4, 32)
     log = (out / "recall.log").read_text()
     assert "wrote" in log and "tensorflow" not in log.lower() and "WARNING" not in log, log

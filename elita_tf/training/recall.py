@@ -166,7 +166,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
 
     Returns:
         A dict: `accuracy` (the last epoch's test accuracy, in [0, 1]), `accuracy_by_epoch`, `solved`,
-        `params`, `steps`, `seconds`, and every setting and seed.
+        `params`, `steps`, `batch_size`, `seconds`, and every setting and seed.
     """
     import keras
 
@@ -237,6 +237,7 @@ def train_cell(architecture, width, sequence_length, num_pairs, learning_rate, s
         "loss_by_epoch": losses,
         "params": model.backbone.count_params(),
         "steps": int(model.optimizer.iterations.numpy()),
+        "batch_size": batch_size,
         "seconds": time.perf_counter() - start,
         "jit_compile": bool(model.jit_compile),
         "backend": keras.backend.backend(),
