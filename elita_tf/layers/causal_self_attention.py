@@ -24,6 +24,14 @@ class CausalSelfAttention(CausalMixer):
         row 1: x x . .      every earlier position (and itself)
         row 2: x x x .
 
+    With `sliding_window_size=W`, each position sees itself and the `W - 1`
+    before it (sliding-window attention, the local attention of Based's and
+    Mistral's hybrids; `W = 2` below):
+
+        row 0: x . . .
+        row 1: x x . .
+        row 2: . x x .
+
     The parallel form is `keras.layers.MultiHeadAttention` with a causal
     mask (built by comparing positions), so the baseline is Keras' own attention. Decoding keeps a
     key/value cache of fixed size `[B, max_sequence_length, H, D]` and each row's
@@ -37,6 +45,13 @@ class CausalSelfAttention(CausalMixer):
             Defaults to `0.0`.
         max_sequence_length: int, at least 2. Positions a decoding cache holds. Defaults to
             `DEFAULT_SEQUENCE_LENGTH` (256), the backbone's.
+        sliding_window_size: int or None. The positions each one attends,
+            itself included; None (the default) attends every earlier one. The
+            training form masks a `[T, T]` score matrix and the decoding cache
+            still holds `max_sequence_length` positions: the window changes
+            what is seen, not yet what is stored. A window counts positions
+            as the windowed additive attention's: a padded decoding step keeps
+            its place, a prefill's right padding ends its row's prompt.
         **kwargs: base `keras.layers.Layer` arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -63,16 +78,26 @@ class CausalSelfAttention(CausalMixer):
 
     cache_names = KV_CACHE_NAMES
 
-    def __init__(self, num_heads, head_dim=None, dropout=0.0, max_sequence_length=DEFAULT_SEQUENCE_LENGTH, **kwargs):
+    def __init__(
+        self,
+        num_heads,
+        head_dim=None,
+        dropout=0.0,
+        max_sequence_length=DEFAULT_SEQUENCE_LENGTH,
+        sliding_window_size=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         check_integer("num_heads", num_heads)
         check_integer("head_dim", head_dim, optional=True)
         check_sequence_length("max_sequence_length", max_sequence_length)
         check_dropout("dropout", dropout)
+        check_integer("sliding_window_size", sliding_window_size, optional=True)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.dropout = float(dropout)
         self.max_sequence_length = max_sequence_length
+        self.sliding_window_size = sliding_window_size
 
     def build(self, inputs_shape):
         width = input_width(inputs_shape)
@@ -91,14 +116,27 @@ class CausalSelfAttention(CausalMixer):
         if cache is None:
             # Causality, padding and documents in one mask. Not `use_causal_mask=True`: Keras builds that mask
             # from cumulative sums of ones, which XLA constant-folds position by position (minutes at T = 2048).
-            attention_mask = causal_visibility(ops.shape(inputs)[1], padding_mask, document_starts)[:, 0]
+            length = ops.shape(inputs)[1]
+            visible = causal_visibility(length, padding_mask, document_starts)
+            positions = ops.arange(length, dtype="int32")
+            attention_mask = self._in_window(visible, positions[None, :], positions)[:, 0]
             return attention(inputs, inputs, attention_mask=attention_mask, training=training)
-        # Decoding: the new positions are written into the cache, then attend over it.
-        cache, visible = update_kv_cache(
-            cache, attention.key_dense(inputs), attention.value_dense(inputs), padding_mask, name=self.name
-        )
+        # Decoding: the new positions are written into the cache (slot n holds position n), then attend over it.
+        queries = cache["position"][:, None] + ops.arange(ops.shape(inputs)[1], dtype="int32")[None, :]  # [B, T]
+        window = self.sliding_window_size is not None  # a window counts padded steps, as the windowed means do
+        key, value = attention.key_dense(inputs), attention.value_dense(inputs)
+        cache, visible = update_kv_cache(cache, key, value, padding_mask, name=self.name, padded_steps_count=window)
+        visible = self._in_window(visible, queries, ops.arange(self.max_sequence_length, dtype="int32"))
         context = softmax_attention(attention.query_dense(inputs), cache["key"], cache["value"], visible)
         return attention.output_dense(ops.cast(context, self.compute_dtype)), cache
+
+    def _in_window(self, visible, queries, keys):
+        """`visible [B, 1, T, S]` and, with a window, `query - key < sliding_window_size` (`queries [B or 1, T]`
+        and `keys [S]`: positions)."""
+        if self.sliding_window_size is None:
+            return visible
+        near = (queries[:, :, None] - keys[None, None, :]) < self.sliding_window_size
+        return ops.logical_and(visible, near[:, None])
 
     def initial_state(self, batch_size, dtype=None):
         """`(key [B, L, H, D], value [B, L, H, D], valid [B, L] bool, position [B])`, `L = max_sequence_length`."""
@@ -115,6 +153,7 @@ class CausalSelfAttention(CausalMixer):
                 "head_dim": self.head_dim,
                 "dropout": self.dropout,
                 "max_sequence_length": self.max_sequence_length,
+                "sliding_window_size": self.sliding_window_size,
             }
         )
         return config

@@ -86,6 +86,7 @@ def _make_mixer(config, index, dtype):
             head_dim=config["head_dim"],
             dropout=config["dropout"],
             max_sequence_length=config["max_sequence_length"],
+            sliding_window_size=_sliding_window_size(config, index, None),
             **common,
         )
     if block == "simplified":

@@ -150,9 +150,10 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         position_dim: int. Sinusoid components of ELiTA's position terms. Defaults to `16`.
         position_embedding: bool. Add learned absolute position embeddings. Defaults to `False`.
         sliding_window_sizes: None or one size (int or None) per layer: the
-            positions an additive or 3Lin block sees; a None entry makes an
-            additive block global and gives a 3Lin block 64. None picks the originals'
-            defaults: `4 * 2**l` with the last layer global for additive, 64 for 3Lin.
+            positions an additive, 3Lin or Transformer block sees; a None entry
+            makes an additive or Transformer block global and gives a 3Lin block 64.
+            None picks the originals' defaults: `4 * 2**l` with the last layer
+            global for additive, 64 for 3Lin, every position for the Transformer.
         dropout: float in `[0, 1)`. The dropout rate of every dropout in
             training: on the embeddings (after `embedding_norm`), on each
             block's mixer and feed-forward outputs before they join the

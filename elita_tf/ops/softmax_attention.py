@@ -28,7 +28,7 @@ def empty_kv_cache(batch_size, max_sequence_length, num_heads, head_dim, dtype="
     return ops.zeros(shape, dtype), ops.zeros(shape, dtype), valid, ops.zeros((batch_size,), "int32")
 
 
-def update_kv_cache(cache, key, value, mask=None, name="layer"):
+def update_kv_cache(cache, key, value, mask=None, name="layer", padded_steps_count=False):
     """Writes `T` new positions into each row, at that row's position.
 
     Args:
@@ -38,6 +38,11 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
             moves past its last real position: what follows overwrites right
             padding.
         name: the owning layer's name, for the overflow error.
+        padded_steps_count: bool. A padded single step (`T = 1`, mask
+            False) keeps its place, as in the parallel form, rather than being
+            written over; a prefill's right padding still ends its row. A
+            window counts positions so, as the windowed means do (a masked
+            step pushes an empty slot). Defaults to `False`.
 
     Returns:
         `(new_cache, visible)`: `visible [B, 1, T, L]` bool, True where new
@@ -68,7 +73,10 @@ def update_kv_cache(cache, key, value, mask=None, name="layer"):
         valid[:, None, None, :],
     )
     # Right padding is not part of the sequence: the next positions overwrite it.
-    new_cache = (key_cache, value_cache, valid, position + real_extent(mask, length))
+    advance = real_extent(mask, length)
+    if padded_steps_count:
+        advance = ops.where(ops.equal(length, 1), 1, advance)
+    new_cache = (key_cache, value_cache, valid, position + advance)
     return dict(zip(KV_CACHE_NAMES, new_cache)), visible
 
 

@@ -27,7 +27,7 @@ def _layer(dtype="float32", **kwargs):
 
 
 def reference(layer, x, mask=None):
-    """Softmax attention by its definition, in float64, from the layer's own weights."""
+    """Softmax attention by its definition, in float64, from the layer's own weights (in its window, if any)."""
     w = lambda v: ops.cast(v.value, "float64")  # noqa: E731
     x = ops.cast(x, "float64")
 
@@ -38,6 +38,8 @@ def reference(layer, x, mask=None):
     q, k, v = (dense(x, d, "btd,dhe->bthe") for d in (att.query_dense, att.key_dense, att.value_dense))
     length = x.shape[1]
     visible = np.tril(np.ones((length, length), bool))[None, None]
+    if layer.sliding_window_size is not None:  # key s within the window of query t: t - s < W
+        visible = visible & ~np.tril(np.ones((length, length), bool), -layer.sliding_window_size)[None, None]
     if mask is not None:
         visible = visible & np.asarray(mask, bool)[:, None, None, :]
     scores = ops.einsum("bthe,bshe->bhts", q, k) / np.sqrt(q.shape[-1])
@@ -51,6 +53,22 @@ def test_outputs_and_gradients_match_reference(length):
     x = tensor(np.random.default_rng(1).normal(size=(2, length, WIDTH)))
     tol = float64_tolerance(1e-8, MULTI_HEAD_ATTENTION)
     assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("window", [1, 8])
+def test_a_sliding_window_matches_its_reference_in_training_and_decoding(window):
+    layer = _layer("float64", sliding_window_size=window)
+    x = tensor(np.random.default_rng(1).normal(size=(2, 40, WIDTH)))
+    tol = float64_tolerance(1e-8, MULTI_HEAD_ATTENTION)
+    assert_matches_reference(layer, lambda x: reference(layer, x), x, layer.weights, rtol=tol, atol=tol)
+    global_layer = _layer("float64")
+    assert not np.allclose(numpy(global_layer(x))[:, window:], numpy(layer(x))[:, window:])  # the window matters
+    np.testing.assert_allclose(numpy(global_layer(x))[:, :window], numpy(layer(x))[:, :window], rtol=1e-12)
+    cache, outputs = layer.get_initial_cache(2), []
+    for start, stop in [(0, 13)] + [(t, t + 1) for t in range(13, 40)]:  # a prefill past the window, then steps
+        y, cache = layer(x[:, start:stop], cache=cache)
+        outputs.append(numpy(y))
+    np.testing.assert_allclose(np.concatenate(outputs, 1), numpy(reference(layer, x)), rtol=1e-10, atol=1e-10)
 
 
 def test_padding_and_decoding_match_reference():
@@ -73,6 +91,8 @@ def test_arguments_and_a_full_cache_are_errors():
         CausalSelfAttention(0)
     with pytest.raises(ValueError, match="dropout=1.5"):
         CausalSelfAttention(2, dropout=1.5)
+    with pytest.raises(ValueError, match="sliding_window_size=0"):
+        CausalSelfAttention(2, sliding_window_size=0)
     layer = CausalSelfAttention(2, max_sequence_length=4)
     with pytest.raises(ValueError, match="build or call it"):
         layer.get_initial_cache(1)

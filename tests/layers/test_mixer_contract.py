@@ -38,6 +38,9 @@ MIXERS = {
     "additive_window_8": lambda: AdditiveAttention(2, sliding_window_size=8),
     "additive_window_40": lambda: AdditiveAttention(2, sliding_window_size=40, chunk_size=32),
     "causal_self_attention": lambda: CausalSelfAttention(2, head_dim=4, max_sequence_length=128),
+    "causal_self_attention_window_8": lambda: CausalSelfAttention(
+        2, head_dim=4, max_sequence_length=128, sliding_window_size=8
+    ),
     "shaped": lambda: ShapedAttention(2, value_projection=True, max_sequence_length=128),
     # The Combiner starts at zero (the layer is the identity): give it weights that show a leak.
     "3lin": lambda: TriLinearAttention(
@@ -81,7 +84,7 @@ PROJECTIONLESS = {"short_convolution"}
 # Long inputs for the mixed-precision check: linear-time layers at 16K, quadratic ones shorter.
 LONG = {"causal_self_attention": 2048, "shaped": 2048, "3lin_wide": 128, "block_transformer": 2048}
 LONG.update({"block_sas_p": 2048, "block_sas": 2048, "block_3lin": 4096, "3lin": 4096})
-LONG["block_transformer_short_convolution"] = 2048
+LONG["block_transformer_short_convolution"] = LONG["causal_self_attention_window_8"] = 2048
 
 
 def _mixer(name):

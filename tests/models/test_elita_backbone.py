@@ -56,6 +56,7 @@ def test_a_none_window_is_global_for_additive_and_the_default_for_3lin():
     assert windows("additive", (None, 3)) == [None, 3]
     assert windows("additive", None) == [4, None]
     assert windows("3lin", (None, 5)) == [64, 5]
+    assert windows("transformer", None) == [None, None] and windows("transformer", (4, None)) == [4, None]
 
 
 def test_mixed_blocks_and_wide_ffn_is_shared():
