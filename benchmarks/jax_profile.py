@@ -159,3 +159,41 @@ def hlo_instructions(dump_dir):
                     product = next((i["product"] for i in computations[instruction["calls"]][1] if i["product"]), None)
                 found[module, instruction["name"]] = (names[instruction["name"]], instruction["opcode"], product)
     return found
+
+
+def peak_temporaries(dump_dir):
+    """`(arena bytes, peak bytes, {(module, instruction): bytes})`: the train step's temporaries at their peak.
+
+    XLA gives a compiled step one arena for its temporaries (the buffer assignment's "preallocated-temp"
+    allocation), where each intermediate value lives from the instruction that makes it to its last use (the
+    live-range dump). The peak is the instruction at which the live values' sizes sum highest; the values are
+    named by the instructions that made them. The arena can be larger than the peak (fragmentation); the
+    weights, the optimizer's slots and the batch live outside it.
+    """
+    found = (0, 0, {})
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*after_optimizations-buffer-assignment.txt"))):
+        module = re.match(r"module_\d+\.(.*?)\.\w+_after_optimizations", os.path.basename(path)).group(1)
+        with open(path) as f:
+            text = f.read()
+        arena = re.search(r"^allocation \d+: size (\d+), preallocated-temp:\n((?: value:.*\n)*)", text, re.M)
+        if not arena:
+            continue
+        sizes = {
+            name: int(size) for name, size in re.findall(r"value: <\d+ ([\w.\-]+) @\d+> \(size=(\d+),", arena.group(2))
+        }
+        with open(path.replace("-buffer-assignment.txt", "-live-range.txt")) as f:
+            ranges = re.findall(r"^\s+([\w.\-]+)\{[^}]*\}:(\d+)-(\d+)$", f.read(), re.M)
+        changes = collections.Counter()
+        spans = [(name, int(start), int(end)) for name, start, end in ranges if name in sizes]
+        for name, start, end in spans:
+            changes[start] += sizes[name]
+            changes[end + 1] -= sizes[name]
+        total, peak, peak_at = 0, 0, 0
+        for time in sorted(changes):
+            total += changes[time]
+            if total > peak:
+                peak, peak_at = total, time
+        live = {(module, name): sizes[name] for name, start, end in spans if start <= peak_at <= end}
+        if int(arena.group(1)) > found[0]:  # the step's module (the largest), once compiled
+            found = (int(arena.group(1)), peak, live)
+    return found

@@ -1,34 +1,36 @@
-"""Where a training step's time goes: the TensorFlow profiler's op times, grouped by part of the model.
+"""Where a training step's time and memory go on each Keras backend, grouped by part of the model.
 
 Runs `--warmup` steps of an architecture at a size (`--size`, the seed by default; the same compiled
-`train_on_batch` as `training_step.py`), times `--steps` more, traces as many with `tf.profiler`, and reads
-the trace (`*.xplane.pb`) back: every TensorFlow op's time on the executor threads, grouped into the
-token mixers, the feed-forward networks, the norms, the output head with its loss, the
-optimizer and the rest, forward and backward apart, and the most expensive ops. Times are
-op time summed over threads, per step; the wall-clock step is printed beside them.
+`train_on_batch` as `training_step.py`), times `--steps` more, traces as many with the backend's own profiler,
+and reads the trace back: each op's time, grouped into the token mixers' kernel, their projections (every matrix
+product of a mixer with a weight), the feed-forward networks, the norms, the output head with its loss, the
+optimizer and the rest, forward and backward apart, and the most expensive ops. The wall-clock step is printed
+beside them.
 
-`--memory` also reads the allocator's events from the same trace and lists the tensors alive
-at the step's memory peak, by the op that made them: what the backward pass keeps from the
-forward pass, and the working memory around the peak.
+- TensorFlow without XLA: `tf.profiler`'s trace (`*.xplane.pb`), every TensorFlow op's time on the executor
+  threads (summed over threads), by its op name.
+- `--jit-compile` (TensorFlow or JAX): XLA's own ops and fusions, their time on the GPU's timeline (the
+  `/device:GPU:0` plane: kernel time, without the host's launch overhead) or, without a GPU, on the host threads
+  that run XLA's CPU code. Each is traced back to the op it came from (the `op_name` of XLA's HLO: TensorFlow's
+  trace carries it, JAX's comes from XLA's HLO dump, `jax_profile.py`, without TensorFlow). Beside it: the model
+  FLOPs utilisation, 6 x parameters x tokens a step over the untraced step time, against the GPU's dense
+  bfloat16 peak.
+- PyTorch (`KERAS_BACKEND=torch`, eager): `torch.profiler`'s trace, every ATen op's own time, by the layer
+  around it (`torch_profile.py`: each layer's call is wrapped in a range of its path, and a backward op belongs
+  to the forward op that made its autograd node).
 
-    python benchmarks/profile_step.py --architecture elita
-    python benchmarks/profile_step.py --architecture elita --dtype-policy mixed_bfloat16 --memory
+`--memory` lists the tensors alive at the step's memory peak, by part and by the op that made them: what the
+backward pass keeps from the forward pass, and the working memory around the peak. TensorFlow's come from its
+allocator's events and PyTorch's from the profiler's (on one more step, traced apart: recording allocations
+slows every op), each counting what the traced steps allocated; JAX's are XLA's temporaries at their peak, from
+the buffer assignment and live ranges XLA dumps (the weights and the optimizer's slots live outside them).
+
+    python benchmarks/profile_step.py --architecture elita --memory
+    KERAS_BACKEND=jax python benchmarks/profile_step.py --architecture elita --jit-compile --memory
+    KERAS_BACKEND=torch python benchmarks/profile_step.py --architecture elita --memory
     python benchmarks/profile_step.py --architecture transformer --output-head full
-
-`--jit-compile` compiles the step with XLA, and the table is then XLA's own ops and fusions: their time on the
-GPU's timeline (the `/device:GPU:0` plane: kernel time, without the host's launch overhead) or, without a GPU,
-on the host threads that run XLA's CPU code. Each is traced back to the TensorFlow op it came from (the
-`op_name` of XLA's HLO, which the trace carries) and grouped into ELiTA's parts: the token mixers' kernel, the
-projections (every matrix product of a mixer with a weight: the named projections, and the output product that
-is fused with ELiTA's gate), the feed-forward networks, the norms, the output head with its loss, the optimizer
-and the rest. Beside it: the model FLOPs utilisation, 6 x parameters x tokens a step over the untraced step
-time, against the GPU's dense bfloat16 peak.
-
     python benchmarks/profile_step.py --jit-compile --size 25m --sequence-length 8192 --batch-size 2 \
         --dtype-policy mixed_bfloat16 --top 20 --out raw.jsonl        # the GPU script's profile
-
-On JAX (`KERAS_BACKEND=jax`, `--jit-compile` only) the same table comes from JAX's own profiler and XLA's HLO
-dump (`jax_profile.py`), without TensorFlow.
 """
 
 import argparse
@@ -42,28 +44,10 @@ import tempfile
 import time
 
 import jax_profile
+import torch_profile
 from measure import environment, most_common, op_names, synthetic_batch, training_model
 
 from elita_tf.models import MODEL_SIZES
-
-PARTS = [
-    ("mixer norm", r"block_\d+(?:_\d+)?/mixer_norm"),
-    ("ffn norm", r"block_\d+(?:_\d+)?/ffn_norm"),
-    ("norms' custom gradients", r"layer_norm_gradient"),  # custom gradients run outside their layer's scope
-    ("token mixers", r"block_\d+(?:_\d+)?/mixer|causal_mean_gradient|gated_projection_gradient"),
-    ("feed-forward", r"block_\d+(?:_\d+)?/ffn|wide_ffn|pairwise_product|pairwise_projection"),
-    ("output head and loss", r"cross_entropy|/logits|sparse_categorical|final_norm"),
-    ("optimizer", r"adam|Adam|optimizer|AssignVariable|ReadVariable"),
-    ("embedding", r"embedding"),
-]
-
-
-def part_of(op_name):
-    for part, pattern in PARTS:
-        if re.search(pattern, op_name):
-            return part
-    return "other"
-
 
 def _load_space(logdir):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -110,7 +94,7 @@ def read_peak_tensors(logdir):
             total -= live.pop(key)[0]
     by_op = collections.defaultdict(lambda: [0, None])
     for size, op, shape in at_peak.values():
-        entry = by_op[_any_block(op.split(":")[0])]
+        entry = by_op[op.split(":")[0]]
         entry[0] += size
         entry[1] = shape
     return peak, by_op
@@ -156,6 +140,16 @@ PROJECTION_LAYERS = (
 BF16_PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0)]
 # Control flow that runs other instructions (whose events hold those instructions' time as well).
 _CONTAINERS = ("while", "conditional", "call", "async-start", "async-update", "async-done")
+
+
+def part_of(op_name):
+    """The part of `XLA_PART_NAMES` that a TensorFlow op (of a step without XLA) belongs to, by its name."""
+    for part, pattern in XLA_PARTS:
+        if re.search(pattern, op_name):
+            if part == "token mixer":
+                return "projections" if re.search(PROJECTION_LAYERS, op_name) else "token mixer kernel"
+            return part
+    return "rest"
 
 
 def bf16_peak_tflops(device):
@@ -337,8 +331,10 @@ def main():
     import keras
 
     backend = keras.backend.backend()
-    if backend != "tensorflow" and (args.memory or not args.jit_compile):
-        parser.error(f"on {backend}, profile the compiled step (--jit-compile) without --memory (TensorFlow's)")
+    if backend == "jax" and not args.jit_compile:
+        parser.error("on jax, profile the compiled step (--jit-compile)")
+    if backend == "torch" and args.jit_compile:
+        parser.error("on torch, profile the eager step (without --jit-compile): torch.compile's kernels have no layers")
     dump_dir = tempfile.mkdtemp(prefix="elita-hlo-") if backend == "jax" else None
     if dump_dir:  # before the step compiles: its HLO, for the op names
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {jax_profile.dump_flags(dump_dir)}"
@@ -366,24 +362,35 @@ def main():
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     logdir = tempfile.mkdtemp(prefix="elita-profile-")
-    if backend == "jax":
-        import jax
-
-        jax.profiler.start_trace(logdir)
-    else:
-        import tensorflow as tf
-
-        # Host tracer level 3 records the allocator's events (`--memory`).
-        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3 if args.memory else 2)
-        tf.profiler.experimental.start(logdir, options)
     start = time.perf_counter()
-    for _ in range(args.steps):
-        loss = float(model.train_on_batch(x, y))
-    wall = (time.perf_counter() - start) / args.steps
-    if backend == "jax":
-        jax.profiler.stop_trace()
+    if backend == "torch":
+        remove = torch_profile.annotate(model)
+        trace_path, memory_path = os.path.join(logdir, "trace.json"), os.path.join(logdir, "memory.json")
+        losses = []
+        torch_profile.trace(lambda: losses.append(float(model.train_on_batch(x, y))), args.steps, trace_path)
+        wall = (time.perf_counter() - start) / args.steps
+        if args.memory:  # one more step, its allocations traced
+            torch_profile.trace(lambda: losses.append(float(model.train_on_batch(x, y))), 1, memory_path, memory=True)
+        remove()
+        loss = losses[-1]
     else:
-        tf.profiler.experimental.stop()
+        if backend == "jax":
+            import jax
+
+            jax.profiler.start_trace(logdir)
+        else:
+            import tensorflow as tf
+
+            # Host tracer level 3 records the allocator's events (`--memory`).
+            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3 if args.memory else 2)
+            tf.profiler.experimental.start(logdir, options)
+        for _ in range(args.steps):
+            loss = float(model.train_on_batch(x, y))
+        if backend == "jax":
+            jax.profiler.stop_trace()
+        else:
+            tf.profiler.experimental.stop()
+        wall = (time.perf_counter() - start) / args.steps
     ms = lambda ps: ps / 1e9 / args.steps  # noqa: E731  (per step)
 
     result = {
@@ -402,11 +409,19 @@ def main():
         **environment(),
     }
     print(
-        f"# {args.architecture}, B={args.batch_size} T={args.sequence_length} V={args.vocabulary_size} "
+        f"# {args.architecture} on {backend}, B={args.batch_size} T={args.sequence_length} V={args.vocabulary_size} "
         f"d={args.hidden_dim} L={args.num_layers} H={args.num_heads} D={args.head_dim}, {args.output_head} head, "
         f"{args.dtype_policy}{', XLA' if args.jit_compile else ''}, on {result['device']}"
     )
-    if args.jit_compile:
+    if backend == "torch":
+        ops, _, _ = torch_profile.read_trace(trace_path)
+        rows = [(torch_part(name), direction, name, op, us * 1e6) for name, direction, op, us in ops]
+        _print_ops(args, result, rows, "the host threads (ATen ops' own time)", ms)
+        if args.memory:
+            _, peak, live = torch_profile.read_trace(memory_path)
+            rows = [(torch_part(name), made_in, name, op, size) for (name, made_in, op), (size, _) in live.items()]
+            _print_peak(args, result, peak, rows, "the tensors allocated since the trace began")
+    elif args.jit_compile:
         on = "cpu" if result["device"] == "CPU" else "gpu"
         if backend == "jax":
             times, plane = jax_profile.read_times(logdir, on)
@@ -416,21 +431,29 @@ def main():
             instructions = xla_instructions(space)
         widths = {args.hidden_dim, args.num_heads * args.head_dim}
         rows = xla_profile(times, instructions, widths, args.sequence_length)
-        _print_xla(args, result, rows, plane, ms)
+        _print_ops(args, result, rows, plane, ms, kind="XLA")
+        if args.memory:  # JAX's: XLA's arena of temporaries
+            arena, peak, live = jax_profile.peak_temporaries(dump_dir)
+            rows = [(part, made_in, name, opcode, size) for part, made_in, name, opcode, size in xla_profile(
+                live, instructions, widths, args.sequence_length)]
+            _print_peak(args, result, peak, rows, f"XLA's temporaries, in an arena of {arena / 2**20:.0f} MiB")
     else:
         _print_executor(args, result, read_op_times(logdir), wall, ms)
-    if args.memory:
+    if args.memory and backend == "tensorflow":
         peak, by_op = read_peak_tensors(logdir)
-        print(f"\n{peak / 2**20:.0f} MiB of tensors alive at the traced steps' peak; the {args.top} largest by op:")
-        for name, (size, shape) in sorted(by_op.items(), key=lambda kv: -kv[1][0])[: args.top]:
-            print(f"{size / 2**20:7.1f} MiB  {name}  {shape}")
+        rows = [
+            (part_of(name), "backward" if "gradient" in name else "forward", *name.rsplit("/", 1), size)
+            for name, (size, _) in by_op.items()
+        ]
+        counted = "the tensors TensorFlow's allocator held, allocated since the trace began"
+        _print_peak(args, result, peak, rows, counted)
     if args.out:
         with open(args.out, "a") as f:
             f.write(json.dumps(result) + "\n")
 
 
 def _print_executor(args, result, times, wall, ms):
-    """The TensorFlow executor's op times (a step without XLA), grouped into `PARTS`."""
+    """The TensorFlow executor's op times (a step without XLA), grouped into `XLA_PART_NAMES` as XLA's are."""
     total = sum(times.values())
     per_part = collections.Counter()
     for (name, _), ps in times.items():
@@ -440,12 +463,11 @@ def _print_executor(args, result, times, wall, ms):
     print("| part | forward ms | backward ms | share of op time |")
     print("|---|---|---|---|")
     parts = {}
-    for part in [p for p, _ in PARTS] + ["other"]:
+    for part in XLA_PART_NAMES:
         forward, backward = per_part[part, "forward"], per_part[part, "backward"]
-        if forward + backward:
-            share = 100 * (forward + backward) / total
-            print(f"| {part} | {ms(forward):.0f} | {ms(backward):.0f} | {share:.0f}% |")
-            parts[part] = {"forward_ms": ms(forward), "backward_ms": ms(backward)}
+        share = 100 * (forward + backward) / total if total else 0.0
+        print(f"| {part} | {ms(forward):.0f} | {ms(backward):.0f} | {share:.0f}% |")
+        parts[part] = {"forward_ms": ms(forward), "backward_ms": ms(backward)}
     print(f"\nThe {args.top} most expensive ops (numbered copies of one op summed):")
     by_op = collections.Counter()
     for (name, kind), ps in times.items():
@@ -461,8 +483,49 @@ def _print_executor(args, result, times, wall, ms):
     )
 
 
-def _print_xla(args, result, rows, plane, ms):
-    """XLA's op times on `plane`, grouped into `XLA_PART_NAMES`, the most expensive ops, and the FLOPs utilisation."""
+def torch_part(range_name):
+    """The part of `XLA_PART_NAMES` that a PyTorch op in `torch_profile`'s range `range_name` belongs to."""
+    if range_name == torch_profile.OPTIMIZER_RANGE:
+        return "optimizer"
+    if range_name == torch_profile.LOSS_RANGE or re.search(r"(?:^|/)logits", range_name):
+        return "output head and loss"
+    if re.search(r"mixer_norm|ffn_norm|final_norm", range_name):
+        return "norms"
+    if re.search(r"block_\d+(?:_\d+)?/mixer", range_name):
+        return "projections" if re.search(PROJECTION_LAYERS, f"/{range_name}/") else "token mixer kernel"
+    if re.search(r"block_\d+(?:_\d+)?/ffn", range_name):
+        return "feed-forward"
+    return "rest"
+
+
+def _print_peak(args, result, peak, rows, counted):
+    """The tensors alive at a step's memory peak, `rows` of `(part, made in, layer, op, bytes)`, by part and by op.
+
+    `counted` says what the peak counts (printed beside it).
+    """
+    by_op, by_part = collections.Counter(), collections.Counter()
+    for part, direction, layer, op, size in rows:
+        by_op[part, direction, _any_block(layer), op] += size
+        by_part[part] += size
+    print(f"\n{peak / 2**20:.0f} MiB alive at the peak ({counted}), by part:")
+    print(" | ".join(f"{part} {size / 2**20:.0f} MiB" for part, size in by_part.most_common()))
+    print(f"The {args.top} largest by op (the same op of every block summed; made in the forward or backward pass):")
+    print("| MiB | part | made in | layer | op |")
+    print("|---|---|---|---|---|")
+    top = by_op.most_common(args.top)
+    for (part, direction, layer, op), size in top:
+        print(f"| {size / 2**20:.1f} | {part} | {direction} | {layer or '-'} | {op} |")
+    result.update(
+        peak_tensor_mib=peak / 2**20,
+        peak_counts=counted,
+        peak_by_part={part: size / 2**20 for part, size in by_part.items()},
+        peak_top=[{"part": p, "made_in": d, "layer": r, "op": o, "mib": s / 2**20} for (p, d, r, o), s in top],
+    )
+
+
+def _print_ops(args, result, rows, plane, ms, kind="PyTorch"):
+    """`kind`'s op times on `plane`, grouped into `XLA_PART_NAMES`, the most expensive ops, and the FLOPs
+    utilisation."""
     total = sum(row[-1] for row in rows)
     tokens = args.batch_size * args.sequence_length
     flop = 6 * result["params"] * tokens
@@ -480,7 +543,7 @@ def _print_xla(args, result, rows, plane, ms):
     )
     print(
         f"# step {result['step_s'] * 1e3:.1f} ms untraced (median of {args.steps}), "
-        f"{result['profiled_step_s'] * 1e3:.1f} ms traced; XLA op time on {plane} {ms(total):.1f} ms a step"
+        f"{result['profiled_step_s'] * 1e3:.1f} ms traced; {kind} op time on {plane} {ms(total):.1f} ms a step"
     )
     print(
         f"# {result['params']:,} parameters x {tokens:,} tokens a step: 6 x params x tokens = {flop / 1e12:.2f} TFLOP, "
@@ -503,12 +566,12 @@ def _print_xla(args, result, rows, plane, ms):
         parts[part] = {"forward_ms": ms(forward), "backward_ms": ms(backward)}
         share = 100 * (forward + backward) / total if total else 0.0
         print(f"| {part} | {ms(forward):.2f} | {ms(backward):.2f} | {share:.0f}% |")
-    print(f"\nThe {args.top} most expensive XLA ops (the same op of every block summed):")
+    print(f"\nThe {args.top} most expensive {kind} ops (the same op of every block summed):")
     by_op = collections.Counter()
     for part, _, name, opcode, ps in rows:
         by_op[part, opcode, _any_block(re.sub(r"_\d+(?=/|$)", "", name))] += ps
     top = by_op.most_common(args.top)
-    print("| ms a step | share | part | XLA op | op (its layers) |")
+    print(f"| ms a step | share | part | {kind} op | op (its layers) |")
     print("|---|---|---|---|---|")
     for (part, opcode, name), ps in top:
         print(f"| {ms(ps):.3f} | {100 * ps / total:.1f}% | {part} | {opcode} | {name} |")

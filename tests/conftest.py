@@ -18,9 +18,9 @@ def pytest_configure(config):
 
 
 # What also runs on JAX and PyTorch (`KERAS_BACKEND=jax|torch python -m pytest`): the ops, the layers, the model,
-# its optimizers, and elita-train and its resuming on that backend. The rest (the data pipeline, the SavedModel and
-# LiteRT exports, tf.distribute, the commands' own checks) runs on TensorFlow, with which every backend's runs and
-# presets are read.
+# its optimizers, elita-train and its resuming on that backend, and the step's profile. The rest (the data pipeline,
+# the SavedModel and LiteRT exports, tf.distribute, the commands' own checks) runs on TensorFlow, with which every
+# backend's runs and presets are read.
 EVERY_BACKEND = (
     "tests/ops/",
     "tests/layers/",
@@ -30,6 +30,7 @@ EVERY_BACKEND = (
     "tests/training/test_other_backends.py",
     "tests/training/test_distribution.py",
     "tests/test_optimizers.py",
+    "tests/test_profile_step.py",
 )
 # Eager JAX on the CPU is an order slower than the other backends (the whole EVERY_BACKEND set ran past 55
 # minutes on 2 cores and did not finish; PyTorch's takes 7). By default JAX runs this part of it: the model,

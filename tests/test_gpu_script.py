@@ -115,7 +115,8 @@ def test_the_jax_step_and_its_profile_run_without_tensorflow(tmp_path):
     commands = [
         ["training_step.py", "--architectures", "elita", "--sequence-lengths", "32", "--tokens", "64"]
         + ["--repeats", "1"],
-        ["profile_step.py", "--sequence-length", "32", "--batch-size", "2", "--warmup", "1", "--steps", "2"],
+        ["profile_step.py", "--sequence-length", "32", "--batch-size", "2", "--warmup", "1", "--steps", "2"]
+        + ["--memory"],
     ]
     for count, command in enumerate(commands, 1):
         proc = subprocess.run(
@@ -140,6 +141,9 @@ def test_the_jax_step_and_its_profile_run_without_tensorflow(tmp_path):
         assert parts[part]["backward_ms"] > 0, (part, parts)
     total = sum(t["forward_ms"] + t["backward_ms"] for t in parts.values())
     assert parts["rest"]["forward_ms"] + parts["rest"]["backward_ms"] < 0.2 * total, parts
+    # XLA's temporaries at their peak, from the buffer assignment and the live ranges it dumps, by part.
+    assert profile["peak_tensor_mib"] > 0 and "XLA's temporaries" in profile["peak_counts"], profile
+    assert {"token mixer kernel", "feed-forward", "norms"} <= set(profile["peak_by_part"]), profile["peak_by_part"]
 
 
 def test_the_zoology_recall_grid_runs_on_jax_without_tensorflow(tmp_path):
