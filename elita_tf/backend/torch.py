@@ -25,7 +25,61 @@ def ordered(after, compute):
 
 
 def matmul(a, b, transpose_a=False, transpose_b=False):
-    return torch.matmul(a.mT if transpose_a else a, b.mT if transpose_b else b)
+    """`torch.matmul`, but a large float32 product of rows with a matrix on the CPU goes to oneDNN.
+
+    PyTorch's CPU build takes float32 products to MKL's BLAS, which on AMD's CPUs runs at 100-200 GFLOP/s where
+    oneDNN (the library TensorFlow's CPU products use) runs at 330-470 on the same cores: 2.5x less time for
+    the output head's and FeedForward2's products (docs/benchmarks.md, "Where the step goes"). oneDNN's product
+    is float32 throughout, as MKL's (no reduced-precision mode); only the order of the sums differs.
+    """
+    a, b = a.mT if transpose_a else a, b.mT if transpose_b else b
+    if _by_onednn(a, b):
+        return _OneDnnProduct.apply(a, b)
+    return torch.matmul(a, b)
+
+
+# Below this many multiply-adds oneDNN's fixed cost (about 10 microseconds a call) outweighs its speed.
+_ONEDNN_LEAST_PRODUCT = 1 << 22
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _by_onednn(a, b):
+    """Whether `a [..., m, k] @ b [k, n]` goes to oneDNN: float32 on the CPU, eager, and large enough."""
+    return (
+        _ONEDNN
+        and a.dtype == b.dtype == torch.float32
+        and a.device.type == b.device.type == "cpu"
+        and b.ndim == 2
+        and a.ndim >= 2
+        and a.numel() * b.shape[1] >= _ONEDNN_LEAST_PRODUCT
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _onednn_product(a, b):
+    """`a [..., k] @ b [k, n]` by oneDNN's inner product (`b`'s transpose as its `[n, k]` weight)."""
+    rows = a.reshape(-1, a.shape[-1])
+    product = torch.ops.mkldnn._linear_pointwise(rows, b.mT, None, "none", [], "")
+    return product.reshape(*a.shape[:-1], b.shape[1])
+
+
+class _OneDnnProduct(torch.autograd.Function):
+    """`a @ b` by oneDNN, with the gradients autograd takes for `torch.matmul` (oneDNN's op has none): `g bᵀ`
+    and `aᵀ g`, each again through `matmul`."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _onednn_product(a, b)
+
+    @staticmethod
+    def backward(ctx, upstream):
+        a, b = ctx.saved_tensors
+        d_a = matmul(upstream, b, transpose_b=True) if ctx.needs_input_grad[0] else None
+        if not ctx.needs_input_grad[1]:
+            return d_a, None
+        rows, upstream_rows = a.reshape(-1, a.shape[-1]), upstream.reshape(-1, upstream.shape[-1])
+        return d_a, matmul(rows, upstream_rows, transpose_a=True)
 
 
 def _like(x, other):
