@@ -66,6 +66,8 @@ def custom_gradient(forward):
     `grad(*inputs, upstream=upstream)` on PyTorch; this takes both. `forward` must close over no
     tensor that is differentiated (JAX refuses it): whatever the gradient needs is an argument. The
     gradient may keep an output (a norm's gradient reads its `y`): what is returned is `unlinked` from it.
+    The backward pass holds what the gradient function holds, and nothing else (on PyTorch Keras' own would
+    also hold every input: `elita_tf.backend.torch.custom_gradient`).
     """
 
     def with_gradient(*args):
@@ -77,4 +79,4 @@ def custom_gradient(forward):
 
         return outputs, gradient
 
-    return keras.ops.custom_gradient(with_gradient)
+    return _module.custom_gradient(with_gradient)

@@ -5,6 +5,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+from keras.ops import custom_gradient  # noqa: F401  (Keras' own, as `elita_tf.backend` takes it)
 
 
 def compiled_or_on_gpu():

@@ -20,6 +20,35 @@ def cumulative_logsumexp(x, axis, reverse=False):
     return torch.logcumsumexp(x, axis)
 
 
+def custom_gradient(with_gradient):
+    """Keras' `custom_gradient`, but the backward pass holds only what the gradient function holds.
+
+    Keras' PyTorch one saves every input of the op for the backward pass (`ctx.save_for_backward(*args)`),
+    whether the gradient reads it or not: a norm's input, which its gradient never reads, is the residual
+    stream, so every block held two `[B, T, d]` tensors more than on TensorFlow and JAX. Here, as there,
+    the gradient function's closure holds what it needs until the backward pass has run.
+    """
+
+    def call(*args):
+        return _CustomGradient.apply(with_gradient, *args)
+
+    return call
+
+
+class _CustomGradient(torch.autograd.Function):
+    """`with_gradient(*args) -> (outputs, gradient)` (no gradient recorded inside), `gradient(*upstreams)` after."""
+
+    @staticmethod
+    def forward(ctx, with_gradient, *args):
+        outputs, ctx.gradient = with_gradient(*args)
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *upstreams):
+        gradients, ctx.gradient = ctx.gradient(*upstreams), None  # what it held goes with it
+        return (None, *gradients)
+
+
 def ordered(after, compute):
     return compute()
 

@@ -20,6 +20,18 @@ from elita_tf.ops.utils.dtypes import accumulator_dtype
 from elita_tf.ops.utils.positions import real_extent
 
 
+def _head_major(values):
+    """Time-major values `[B, T, H, D]` as the kernel's head-major `[B, H, T, D]`, laid out so in memory.
+
+    Where a transpose is a view of its input (PyTorch), the kernel's `[B * H, T, D]` rows would copy it, and
+    the backward pass keep both that copy and the view's `[B, T, H, D]` (for the gate): the reshape makes the one
+    copy that both share. Elsewhere a transpose is that copy already, and the reshapes cost nothing.
+    """
+    batch, length, heads, depth = ops.shape(values)
+    rows = ops.reshape(ops.transpose(values, [0, 2, 1, 3]), [batch * heads, length, depth])  # no -1: T may be 0
+    return ops.reshape(rows, [batch, heads, length, depth])
+
+
 @keras.saving.register_keras_serializable(package="elita_tf")
 class Attention2(CausalMixer):
     """ELiTA efficient time-linear attention (`Attention2`), causal.
@@ -241,7 +253,7 @@ class Attention2(CausalMixer):
         # take their own calls, which dequantize.
         if not backend.compiled_or_on_gpu() or any(layer.quantization_mode is not None for layer in layers):
             logits = (ops.cast(layer(inputs), acc) for layer in layers[:3])
-            return (*logits, ops.transpose(self.value_dense(inputs), [0, 2, 1, 3]))
+            return (*logits, _head_major(self.value_dense(inputs)))
         heads, width, depth = self.value_dense.kernel.shape
         # The kernels stacked as rows, `[3H + H D, d]`: the logit kernels `[H, d]` as they are, so that neither
         # they nor their gradients need a transposed copy.
@@ -257,7 +269,7 @@ class Attention2(CausalMixer):
         logits = ops.reshape(projected[:, : 3 * heads], [shape[0], shape[1], 3, heads])
         kappa, delta, rho = ops.unstack(ops.cast(ops.transpose(logits, [2, 0, 3, 1]), acc), num=3)  # [B, H, T] each
         values = ops.reshape(projected[:, 3 * heads :], [shape[0], shape[1], heads, depth])
-        return kappa, delta, rho, ops.transpose(values, [0, 2, 1, 3])
+        return kappa, delta, rho, _head_major(values)
 
     document_starts_with_cache = True
 

@@ -83,7 +83,11 @@ def _prepare(logits, values, mask):
     if mask is not None:
         mask = ops.cast(mask, "bool")[:, None, :]  # [B, 1, T]
         logits = ops.where(mask, logits, NEG_INF)
-        values = ops.where(mask[..., None], values, 0.0)
+        # Without padding (a packed batch) on a CPU the values go through as they are: a zeroed copy of them is
+        # what the backward pass would keep, beside the values themselves that the layer keeps.
+        values = backend.branch_or_select(
+            ops.all(mask), lambda: values, lambda: ops.where(mask[..., None], values, ops.zeros((), values.dtype))
+        )
     return logits, values
 
 

@@ -176,8 +176,9 @@ def decayed_prefix(log_norm, items, block_size, levels, item_logits=None, factor
     log_w = ops.reshape(pad_axis(log_w, 1, pad, NEG_INF), [-1, (length + pad) // block_size, block_size])
 
     inner = chunk_products(log_w, lz, x, block_size, factors)  # [N, K, C, D]
-    # Carry: everything before each block, decayed to the block's rows.
-    carry = decayed_prefix(lz[..., -1], inner[:, :, -1], block_size, levels - 1)
+    # Carry: everything before each block, decayed to the block's rows. The blocks' last rows are copied: where a
+    # slice is a view (PyTorch), the level above would keep the whole of `inner` for its backward pass.
+    carry = decayed_prefix(lz[..., -1], ops.copy(inner[:, :, -1]), block_size, levels - 1)
     prev_lz = shift_right(lz[..., -1], axis=1, fill=NEG_INF)
     prev = shift_right(carry, axis=1)
     # An outer product per chunk (`outer_product`): its gradients are matrix-vector products rather

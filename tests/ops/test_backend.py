@@ -108,3 +108,44 @@ def test_a_large_float32_product_goes_to_onednn_with_the_gradients_of_a_product(
         assert error < 1e-5, error
     small = torch.ones(8, 8, requires_grad=True)
     assert not torch_backend._by_onednn(small, small) and backend.matmul(small, small).grad_fn.name() == "MmBackward0"
+
+
+@pytest.mark.skipif(ops.convert_to_tensor(0).__class__.__module__ != "torch", reason="PyTorch's autograd graph")
+def test_a_custom_gradient_holds_no_input_that_its_gradient_does_not_read():
+    # Keras' PyTorch custom_gradient saves every input for the backward pass. A norm's gradient reads its output, not
+    # its input, which in a model is the residual stream: two [B, T, d] tensors a block held for nothing.
+    import gc
+    import weakref
+
+    import torch
+
+    from elita_tf.ops import unscaled_layer_norm
+
+    values = torch.randn(2, 40, 8, dtype=torch.float32, requires_grad=True)
+    inputs = values * 2.0
+    outputs = unscaled_layer_norm(inputs)
+    alive = weakref.ref(inputs)
+    del inputs
+    gc.collect()
+    assert alive() is None
+    upstream = torch.randn(outputs.shape)
+    (outputs * upstream).sum().backward()
+    reference = values.detach().clone().requires_grad_()
+    doubled = reference * 2.0
+    centred = doubled - doubled.mean(-1, keepdim=True)
+    (centred / torch.sqrt(centred.square().mean(-1, keepdim=True) + 1e-3) * upstream).sum().backward()
+    np.testing.assert_allclose(values.grad.numpy(), reference.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(ops.convert_to_tensor(0).__class__.__module__ != "torch", reason="PyTorch's tensors and views")
+def test_a_mixer_sees_its_finite_inputs_without_a_copy():
+    # The mixer's projections keep their input for the backward pass; the norm's output is kept already. A copy of it
+    # (`ops.copy` clones on PyTorch) was a third [B, T, d] tensor a block held.
+    from elita_tf.ops.utils.nonfinite import contain_nonfinite
+
+    inputs = ops.convert_to_tensor(np.random.default_rng(0).normal(size=(2, 5, 3)), "float32")
+    seen = []
+    outputs = contain_nonfinite(lambda clean: seen.append(clean) or clean * 1.0, inputs)
+    (clean,) = seen
+    assert clean is not inputs and clean.data_ptr() == inputs.data_ptr()
+    np.testing.assert_array_equal(ops.convert_to_numpy(outputs), ops.convert_to_numpy(inputs))

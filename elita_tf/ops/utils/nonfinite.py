@@ -45,11 +45,12 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
     finite = ops.isfinite(inputs)  # [B, T, d]
     # XLA fuses each reduction of `finite` below into one pass; elsewhere rows first, so that the rest are small.
     rows = finite if backend.compiled_or_on_gpu() else ops.all(finite, axis=-1, keepdims=True)
-    # Without a bad value the inputs go through as they are on a CPU: no copy, which the mixer's projections
-    # would keep for the backward pass beside the norm's output that it equals.
+    # Without a bad value the inputs go through as they are on a CPU: a new tensor over the same memory, which
+    # carries no Keras mask (the mixer's own layers would warn that they drop it), and no copy (`ops.copy` is one
+    # on PyTorch), which the mixer's projections would keep for the backward pass beside the norm's output.
     clean = backend.branch_or_select(
         ops.all(rows),
-        lambda: ops.copy(inputs),
+        lambda: ops.reshape(inputs, ops.shape(inputs)),
         lambda: ops.where(finite, inputs, ops.zeros((), inputs.dtype)),
     )
     result = compute(clean)
