@@ -6,8 +6,8 @@
     elita-recall --output-dir runs/recall-quick --quick
 
 Zoology's figure 2 (`elita_tf.training.recall`), two ways. `--protocol cpu` (the default) at CPU
-size: every architecture at widths {64, 128, 256} with 2 layers, on the tasks of sequence length 64
-with 4 and 16 pairs and 256 with 16 and 64, each as it is, on new sequences every epoch.
+size: every architecture at width 64 with 2 layers, on the tasks of sequence length 64 with 4 pairs
+and 128 with 8, at learning rates 4.6e-4, 1e-3 and 2.2e-3, each as it is, on new sequences every epoch.
 `--protocol zoology` as Zoology's: its model (no feed-forward network, tied embeddings, dropout 0.1,
 learned positions for attention alone) and data (vocabulary 8,192, 100,000 fixed training sequences,
 3,000 test, zeros between the queries, batches of 512 to 64 by length), widths {64, ..., 512}, tasks

@@ -164,7 +164,7 @@ def test_every_flag_has_help_and_the_old_settings_flag_sets_tasks(capsys):
     for field in dataclasses.fields(RecallSettings):
         flag = "--" + field.name.replace("_", "-")
         assert f"{flag} " in text and field.metadata["help"].split()[0].strip("`") in text, flag
-    assert "Default: 64:4 64:16 256:16 256:64" in text
+    assert "Default: 64:4 128:8" in text
     _, _, settings, _ = cli.parse_args(["--output-dir", "x", "--settings", "64:8"])
     assert settings.tasks == ((64, 8),) and "--settings is deprecated: use --tasks" in capsys.readouterr().err
     with pytest.warns(FutureWarning, match="use `tasks`"):
@@ -220,14 +220,14 @@ def test_a_partial_cell_of_other_settings_is_refused(tmp_path):
 
 
 def test_zoologys_protocol_sets_its_defaults_and_its_model():
-    from elita_tf.training.recall_settings import ZOOLOGY, ZOOLOGY_LEARNING_RATES
+    from elita_tf.training.recall_settings import CPU_LEARNING_RATES, ZOOLOGY, ZOOLOGY_LEARNING_RATES
 
     _, architectures, settings, time_limit = cli.parse_args(["--output-dir", "x", "--protocol", "zoology"])
     assert settings == RecallSettings(**ZOOLOGY) and time_limit is None
     assert [round(rate, 7) for rate in ZOOLOGY_LEARNING_RATES] == [1e-4, 4.642e-4, 2.1544e-3, 1e-2]
     assert settings.learning_rates == ZOOLOGY_LEARNING_RATES and settings.widths == (64, 128, 256, 512)
     assert [settings.batch_size_at(t) for t in (64, 128, 256, 512, 1024)] == [512, 512, 256, 128, 64]
-    assert RecallSettings().batch_size_at(256) == 64 and RecallSettings().learning_rates == ZOOLOGY_LEARNING_RATES[1:3]
+    assert RecallSettings().batch_size_at(256) == 64 and RecallSettings().learning_rates == CPU_LEARNING_RATES
     # --quick's sizes under Zoology's rules; a flag given wins over both.
     _, _, quick, _ = cli.parse_args(["--output-dir", "x", "--protocol", "zoology", "--quick", "--epochs", "2"])
     assert quick == RecallSettings(**(QUICK | {"protocol": "zoology", "random_non_queries": False, "epochs": 2}))
