@@ -71,7 +71,8 @@ def _stat_value(plane, stat):
 
 
 def read_peak_tensors(logdir):
-    """`(peak bytes, {op name: (bytes, shape)})`: the allocations alive at the traced steps' highest total."""
+    """`(peak bytes, {op name: bytes})`: the allocations alive at the traced steps' highest total, by the op that
+    made them."""
     events = []
     for plane in _load_space(logdir).planes:
         stat_names = {key: value.name for key, value in plane.stat_metadata.items()}
@@ -86,17 +87,15 @@ def read_peak_tensors(logdir):
         key = (stats.get("allocator_name"), stats.get("addr"))
         if kind == "MemoryAllocation":
             size = int(stats.get("requested_bytes") or 0)
-            live[key] = (size, str(stats.get("tf_op")), stats.get("shape"))
+            live[key] = (size, str(stats.get("tf_op")))
             total += size
             if total > peak:
                 peak, at_peak = total, dict(live)
         elif key in live:
             total -= live.pop(key)[0]
-    by_op = collections.defaultdict(lambda: [0, None])
-    for size, op, shape in at_peak.values():
-        entry = by_op[op.split(":")[0]]
-        entry[0] += size
-        entry[1] = shape
+    by_op = collections.Counter()
+    for size, op in at_peak.values():
+        by_op[op.split(":")[0]] += size
     return peak, by_op
 
 
@@ -443,7 +442,7 @@ def main():
         peak, by_op = read_peak_tensors(logdir)
         rows = [
             (part_of(name), "backward" if "gradient" in name else "forward", *name.rsplit("/", 1), size)
-            for name, (size, _) in by_op.items()
+            for name, size in by_op.items()
         ]
         counted = "the tensors TensorFlow's allocator held, allocated since the trace began"
         _print_peak(args, result, peak, rows, counted)
