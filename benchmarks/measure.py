@@ -47,6 +47,31 @@ def run_measurements(cmd, timeout, env=None):
     return [json.loads(line) for line in lines], None
 
 
+def alive_at_peak(events):
+    """`(peak bytes, [(bytes, owner)])`: the allocations alive when the total allocated was highest.
+
+    `events`: `(address, bytes, owner)` in time order; positive bytes allocate at the address, anything else
+    frees what is there (a free of what was allocated before the events began is not counted). Two passes: the
+    peak's place, then the allocations replayed up to it (no copy of the live set at every new high).
+    """
+    live, total, peak, peak_at = {}, 0, 0, -1
+    for i, (address, size, _) in enumerate(events):
+        if size > 0:
+            live[address] = size
+            total += size
+            if total > peak:
+                peak, peak_at = total, i
+        elif address in live:
+            total -= live.pop(address)
+    live = {}
+    for address, size, owner in events[: peak_at + 1]:
+        if size > 0:
+            live[address] = (size, owner)
+        else:
+            live.pop(address, None)
+    return peak, list(live.values())
+
+
 def most_common(names):
     """The most common of the non-empty `names`, or ""."""
     counts = collections.Counter(name for name in names if name)

@@ -45,7 +45,7 @@ import time
 
 import jax_profile
 import torch_profile
-from measure import environment, most_common, op_names, synthetic_batch, training_model
+from measure import alive_at_peak, environment, most_common, op_names, synthetic_batch, training_model
 
 from elita_tf.models import MODEL_SIZES
 
@@ -82,19 +82,17 @@ def read_peak_tensors(logdir):
                 if kind in ("MemoryAllocation", "MemoryDeallocation"):
                     stats = {stat_names.get(s.metadata_id): _stat_value(plane, s) for s in event.stats}
                     events.append((line.timestamp_ns * 1000 + event.offset_ps, kind, stats))
-    live, total, peak, at_peak = {}, 0, 0, {}
-    for _, kind, stats in sorted(events, key=lambda e: e[0]):
-        key = (stats.get("allocator_name"), stats.get("addr"))
-        if kind == "MemoryAllocation":
-            size = int(stats.get("requested_bytes") or 0)
-            live[key] = (size, str(stats.get("tf_op")))
-            total += size
-            if total > peak:
-                peak, at_peak = total, dict(live)
-        elif key in live:
-            total -= live.pop(key)[0]
+    allocations = [
+        (
+            (stats.get("allocator_name"), stats.get("addr")),
+            int(stats.get("requested_bytes") or 0) if kind == "MemoryAllocation" else 0,
+            str(stats.get("tf_op")),
+        )
+        for _, kind, stats in sorted(events, key=lambda e: e[0])
+    ]
+    peak, live = alive_at_peak(allocations)
     by_op = collections.Counter()
-    for size, op in at_peak.values():
+    for size, op in live:
         by_op[op.split(":")[0]] += size
     return peak, by_op
 

@@ -17,6 +17,8 @@ JSON (`read_trace`):
 import collections
 import json
 
+from measure import alive_at_peak
+
 # Ranges around the parts that are no layer's call (`annotate`).
 LOSS_RANGE, OPTIMIZER_RANGE = "token_losses", "optimizer"
 
@@ -126,23 +128,9 @@ def _close(entry, ops, creator):
 def _peak(allocations):
     """`(peak bytes, live)` of `read_trace` from `[(microseconds, bytes, address, owner)]`, + allocated, - freed."""
     allocations.sort(key=lambda a: a[0])
-    live, total, peak, peak_at = {}, 0, 0, -1
-    for i, (_, size, address, _) in enumerate(allocations):
-        if size > 0:
-            live[address] = size
-            total += size
-            if total > peak:
-                peak, peak_at = total, i
-        elif address in live:  # a free of what the trace saw allocated
-            total -= live.pop(address)
-    live = {}
-    for _, size, address, owner in allocations[: peak_at + 1]:
-        if size > 0:
-            live[address] = (size, owner)
-        else:
-            live.pop(address, None)
+    peak, live = alive_at_peak([(address, size, owner) for _, size, address, owner in allocations])
     found = collections.defaultdict(lambda: [0, 0])
-    for size, owner in live.values():
+    for size, owner in live:
         found[owner][0] += size
         found[owner][1] += 1
     return peak, {owner: tuple(value) for owner, value in found.items()}
