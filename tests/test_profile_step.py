@@ -105,7 +105,9 @@ def test_the_pytorch_step_profile_gives_every_part_its_time_and_its_memory(tmp_p
     for part in ("token mixer kernel", "projections", "feed-forward", "norms", "output head and loss"):
         assert parts[part]["backward_ms"] > 0, (part, parts)
     total = sum(t["forward_ms"] + t["backward_ms"] for t in parts.values())
-    assert parts["rest"]["forward_ms"] + parts["rest"]["backward_ms"] < 0.2 * total, parts
+    # About 1% here alone; an op's own time is its wall time, so on a loaded machine one preempted op outside the
+    # layers can take a third of a toy step. Without the ranges every op would be "rest".
+    assert parts["rest"]["forward_ms"] + parts["rest"]["backward_ms"] < 0.5 * total, parts
     # The tensors alive at the peak: what the forward pass keeps for the backward pass, by part.
     assert profile["peak_tensor_mib"] > 0
     assert {"token mixer kernel", "feed-forward", "norms"} <= set(profile["peak_by_part"]), profile["peak_by_part"]
