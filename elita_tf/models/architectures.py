@@ -41,9 +41,10 @@ ARCHITECTURES = {
     "elita-conv": {"blocks": "elita", "ffn": "feedforward2", "short_convolution": 4},
     "linear-conv": {"blocks": "linear", "ffn": "mlp", "position_embedding": True, "short_convolution": 4},
     # ELiTA with a Transformer block (softmax attention over every position, no learned positions) in every 3,
-    # the top one among them: the hybrid of linear-time models with a few global attention layers.
+    # the first one among them: the hybrid of linear-time models with a few global attention layers.
     "elita-hybrid": {"blocks": "elita", "ffn": "feedforward2", "attention_interval": 3},
-    # Both: the short convolution gives the attention blocks each position's predecessors to match on.
+    # Both: the short convolution gives the attention blocks each position's predecessors to match on. The one
+    # hybrid here that recalls (docs/results.md).
     "elita-conv-hybrid": {"blocks": "elita", "ffn": "feedforward2", "short_convolution": 4, "attention_interval": 3},
     "3lin": {"blocks": "3lin", "ffn": "none"},
     "additive": {"blocks": "additive", "ffn": "mlp", "position_embedding": True},
@@ -166,10 +167,8 @@ def check_architecture(config):
     if len(config["blocks"]) != num_layers:
         fail("blocks", config["blocks"], f"one block type, or one per layer ({num_layers})")
     interval = config["attention_interval"]
-    if interval is not None:  # the last block and every `interval`-th below it: the top always attends
-        config["blocks"] = [
-            "transformer" if (num_layers - 1 - i) % interval == 0 else block for i, block in enumerate(config["blocks"])
-        ]
+    if interval is not None:  # the first block and every `interval`-th above it: the bottom always attends
+        config["blocks"] = ["transformer" if i % interval == 0 else block for i, block in enumerate(config["blocks"])]
     sizes = config["sliding_window_sizes"]
     if sizes is not None and len(sizes) != num_layers:
         fail("sliding_window_sizes", sizes, f"None or one size (a positive integer or None) per layer ({num_layers})")

@@ -184,9 +184,11 @@ class ElitaBackbone(lora.LoraAdapters, SavedPolicies, keras_hub.models.Backbone)
         short_convolution: int `K` or None. A `ShortConvolution` of kernel
             size `K` before the mixer of every block (`M(S(n(x)))`), the
             token shift that linear models need to recall. Defaults to `None`.
-        attention_interval: int `k` or None. Hybrid: the top block and every
-            `k`-th below it are `"transformer"` blocks (global softmax
-            attention), the others as `blocks` says. Defaults to `None`.
+        attention_interval: int `k` or None. Hybrid: the first block and every
+            `k`-th above it are `"transformer"` blocks (global softmax
+            attention), the others as `blocks` says. With a short convolution,
+            attention first recalls where attention last does not
+            (`docs/results.md`). Defaults to `None`.
         lora_rank: int or None. Start with LoRA adapters of this rank on every
             projection (`enable_lora`); an adapted model's config records it,
             so it saves and loads with its adapters. Defaults to `None`.

@@ -72,8 +72,8 @@ def test_mixed_blocks_and_wide_ffn_is_shared():
     assert backbone(_inputs(np.zeros((1, 5), int))).shape == (1, 5, 24)
 
 
-def test_an_attention_interval_puts_attention_at_the_top_block_and_every_kth_below_it():
-    for num_layers, interval, transformers in [(2, 3, [1]), (6, 3, [2, 5]), (7, 3, [0, 3, 6]), (4, 1, [0, 1, 2, 3])]:
+def test_an_attention_interval_puts_attention_at_the_first_block_and_every_kth_above_it():
+    for num_layers, interval, transformers in [(2, 3, [0]), (6, 3, [0, 3]), (7, 3, [0, 3, 6]), (4, 1, [0, 1, 2, 3])]:
         backbone = ElitaBackbone(vocabulary_size=24, attention_interval=interval, **{**SMALL, "num_layers": num_layers})
         assert [i for i, block in enumerate(backbone.blocks) if block == "transformer"] == transformers
         mixers = {type(backbone.get_layer(f"block_{i}").mixer).__name__ for i in transformers}

@@ -94,7 +94,7 @@ def test_data_and_model_parallel_train_as_one_device_and_the_mesh_holds_its_part
     elita, hybrid = report["elita"]["cut"], report["elita-hybrid"]["cut"]
     assert elita["block_0/mixer/value/kernel"] == ["model", None, None]  # [H, d, D]: by heads
     assert elita["block_0/ffn/w3/kernel"] == ["model", None, None]
-    assert hybrid["block_1/mixer/attention/query/kernel"] == [None, "model", None]  # the top block: [d, H, D]
+    assert hybrid["block_0/mixer/attention/query/kernel"] == [None, "model", None]  # the first block: [d, H, D]
     assert report["linear"]["cut"]["block_0/mixer/value/kernel"] == [None, "model", None]
 
 
