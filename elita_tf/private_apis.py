@@ -30,3 +30,11 @@ def unscale_loss_for_distribution(loss):
     from keras.src.losses.loss import unscale_loss_for_distribution
 
     return unscale_loss_for_distribution(loss)
+
+
+def torch_device():
+    """The device Keras' PyTorch backend makes tensors on now: its `device_scope`'s (`"meta"` while it infers
+    shapes), else its default."""
+    from keras.src.backend.torch.core import get_device
+
+    return get_device()

@@ -18,6 +18,8 @@
                                           tensors over the same memory, so that a gradient may keep an output
     scan(step, init, xs)                  `jax.lax.scan`: `step(carry, x) -> (carry, y)` along axis 0 of the nest
                                           `xs`, one step at a time; returns the last carry and the stacked `y`s
+    full(shape, value, dtype)             `ops.full` of a Python number (on PyTorch also on the `"meta"` device of
+                                          Keras' shape inference, where Keras' own refuses it)
     matmul(a, b, transpose_a=False, transpose_b=False)
     no_gradient()                         a context in which nothing is recorded for a backward pass (PyTorch's
                                           autograd records every op it is not told to leave out)
@@ -49,6 +51,7 @@ check_less_equal = _module.check_less_equal
 compiled_or_on_gpu = _module.compiled_or_on_gpu
 cumsum = _module.cumsum
 cumulative_logsumexp = _module.cumulative_logsumexp
+full = _module.full
 matmul = _module.matmul
 maximum = _module.maximum
 minimum = _module.minimum

@@ -5,7 +5,7 @@ import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
-from keras.ops import custom_gradient  # noqa: F401  (Keras' own, as `elita_tf.backend` takes it)
+from keras.ops import custom_gradient, full  # noqa: F401  (Keras' own, as `elita_tf.backend` takes them)
 
 
 def compiled_or_on_gpu():

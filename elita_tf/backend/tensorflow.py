@@ -3,7 +3,7 @@
 import contextlib
 
 import tensorflow as tf
-from keras.ops import custom_gradient  # noqa: F401  (Keras' own, as `elita_tf.backend` takes it)
+from keras.ops import custom_gradient, full  # noqa: F401  (Keras' own, as `elita_tf.backend` takes them)
 
 from elita_tf.private_apis import in_xla_context
 

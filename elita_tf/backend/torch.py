@@ -1,6 +1,9 @@
 """The PyTorch side of `elita_tf.backend`."""
 
+import keras
 import torch
+
+from elita_tf.private_apis import torch_device
 
 
 def compiled_or_on_gpu():
@@ -8,8 +11,13 @@ def compiled_or_on_gpu():
 
 
 def branch_or_select(usual, fast, general):
-    """Eager on a CPU, a Python branch on the value; compiled or on a GPU, `general()` alone (no host sync)."""
-    if compiled_or_on_gpu():
+    """Eager on a CPU, a Python branch on the value; compiled or on a GPU, `general()` alone (no host sync).
+
+    A tensor on the `"meta"` device (Keras' shape inference, `compute_output_spec`) has no value: `general()`,
+    whose shapes are `fast()`'s. A branch there would send Keras to its fallback, a whole forward pass on real
+    tensors of the batch's shape, the full `[B, T, V]` logits among them, in the first training step.
+    """
+    if compiled_or_on_gpu() or usual.device.type == "meta":
         return general()
     return fast() if bool(usual) else general()
 
@@ -47,6 +55,13 @@ class _CustomGradient(torch.autograd.Function):
     def backward(ctx, *upstreams):
         gradients, ctx.gradient = ctx.gradient(*upstreams), None  # what it held goes with it
         return (None, *gradients)
+
+
+def full(shape, value, dtype):
+    """Keras' `full` from a Python number: Keras' own makes the number a tensor first and reads it back, which a
+    `"meta"` tensor (Keras' shape inference) cannot do."""
+    dtype = getattr(torch, keras.backend.standardize_dtype(dtype))
+    return torch.full(tuple(shape), value, dtype=dtype, device=torch_device())
 
 
 def ordered(after, compute):
@@ -124,10 +139,13 @@ def minimum(a, b):
 
 
 def check_less_equal(x, limit, message):
-    if not torch.compiler.is_compiling():
-        x, limit = torch.as_tensor(x), torch.as_tensor(limit)
-        if not bool(torch.all(x <= limit)):
-            raise ValueError(f"{message}. Received: {x.cpu().numpy()} > {limit.cpu().numpy()}")
+    """Eagerly, a check of the values; compiled, or on the `"meta"` device of Keras' shape inference, none (there
+    are no values to read)."""
+    if torch.compiler.is_compiling():
+        return
+    x, limit = torch.as_tensor(x), torch.as_tensor(limit)
+    if "meta" not in (x.device.type, limit.device.type) and not bool(torch.all(x <= limit)):
+        raise ValueError(f"{message}. Received: {x.cpu().numpy()} > {limit.cpu().numpy()}")
 
 
 def check_all(condition, message, report):

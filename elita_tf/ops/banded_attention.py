@@ -48,7 +48,14 @@ from elita_tf.checks import check_integer, fail, is_integer
 from elita_tf.ops.utils.documents import document_positions
 from elita_tf.ops.utils.dtypes import NEG_INF, accumulator_dtype, dtype_of
 from elita_tf.ops.utils.nonfinite import nan_rows
-from elita_tf.ops.utils.positions import gather_rows, pad_axis, real_extent, window_after, write_positions
+from elita_tf.ops.utils.positions import (
+    gather_rows,
+    max_at_least,
+    pad_axis,
+    real_extent,
+    window_after,
+    write_positions,
+)
 from elita_tf.renames import accepts_renamed_arguments
 
 BANDED_CHUNK_SIZE = 32
@@ -111,7 +118,7 @@ def _null_softmax(scores, values_fn, extra=None):
     """
     # The null slot's logit 0 is in the max: exp(-m) <= 1 and every weight <= 1 (and a row of no
     # slots, T = 0, has a maximum).
-    row_max = ops.max(scores, axis=-1, initial=0.0)
+    row_max = max_at_least(scores, 0.0, axis=-1)
     if extra is not None:
         row_max = ops.maximum(row_max, extra[0])
     # Any `m` gives the same quotient: one that Keras' `maximum` rounded to float32 (PyTorch, float64 logits) shifts
@@ -401,7 +408,7 @@ def _packed(queries, keys, values, valid, document_starts, window, slope, hyper,
     before = window - 1
     all_keys, all_values = (ops.pad(x, [[0, 0], [0, 0], [before, 0], [0, 0]]) for x in (keys, values))
     key_valid = ops.concatenate([ops.zeros((batch, before), "bool"), ops.logical_and(valid, position >= 1)], axis=1)
-    key_document = ops.concatenate([ops.full((batch, before), -1, dtype="int32"), document], axis=1)
+    key_document = ops.concatenate([backend.full((batch, before), -1, "int32"), document], axis=1)
     return _banded(
         queries,
         all_keys,

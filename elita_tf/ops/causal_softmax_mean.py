@@ -65,9 +65,9 @@ def empty_softmax_mean_state(batch_size, num_heads, head_dim, window=None, dtype
     """
     dtype = accumulator_dtype(dtype)
     if window is None:
-        log_z = ops.full([batch_size, num_heads], NEG_INF, dtype)
+        log_z = backend.full([batch_size, num_heads], NEG_INF, dtype)
         return log_z, ops.zeros([batch_size, num_heads, head_dim], dtype)
-    logits = ops.full([batch_size, num_heads, window], NEG_INF, dtype)
+    logits = backend.full([batch_size, num_heads, window], NEG_INF, dtype)
     return logits, ops.zeros([batch_size, num_heads, window, head_dim], dtype)
 
 

@@ -84,9 +84,9 @@ def pairwise_projection(alpha, beta, kernel, swish=False, slice_rows=8192):
         rows = tensors[0].shape[0]
         if rows is None or rows <= slice_rows:
             return [tensors]
-        # the first row of every slice after the first
-        starts = list(range(slice_rows, rows, slice_rows))
-        return list(zip(*(ops.split(t, starts) for t in tensors)))
+        # rows `start .. start + slice_rows` (Python's slices, not Keras' `split`, which on PyTorch reads its
+        # indices back from a tensor, and no `"meta"` tensor of Keras' shape inference has values to read)
+        return [tuple(t[start : start + slice_rows] for t in tensors) for start in range(0, rows, slice_rows)]
 
     def in_turn(parts, step, after=()):
         """`step` on each slice, each after the previous slice's results exist."""

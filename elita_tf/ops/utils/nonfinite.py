@@ -68,7 +68,7 @@ def contain_nonfinite(compute, inputs, padding_mask=None):
 
     def poison_rows(x):
         mask = ops.reshape(poisoned, (*ops.shape(poisoned), *[1] * (len(x.shape) - 2)))
-        return ops.where(mask, ops.full((), float("nan"), x.dtype), x)
+        return ops.where(mask, backend.full((), float("nan"), x.dtype), x)
 
     if not isinstance(result, tuple):
         return poison_rows(result)
@@ -86,4 +86,4 @@ def nan_rows(rows, x):
     if not is_float(x) or len(x.shape) == 0:
         return x
     mask = ops.reshape(rows, (*ops.shape(rows), *[1] * (len(x.shape) - 1)))
-    return ops.where(mask, ops.full((), float("nan"), x.dtype), x)
+    return ops.where(mask, backend.full((), float("nan"), x.dtype), x)

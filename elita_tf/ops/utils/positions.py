@@ -3,6 +3,8 @@ positions end."""
 
 from keras import ops
 
+from elita_tf import backend
+
 
 def pad_axis(x, axis, pad, value=0):
     """`x` with `pad` entries of `value` appended along `axis`; `x` itself, no op, when `pad` is a Python 0."""
@@ -58,8 +60,22 @@ def real_extent(mask, length):
     if mask is None:
         return ops.convert_to_tensor(length, "int32")
     positions = ops.arange(1, ops.shape(mask)[1] + 1, dtype="int32")[None, :]
-    # At least 0: the maximum over no positions (T = 0) is the smallest int32.
-    return ops.maximum(ops.max(ops.where(ops.cast(mask, "bool"), positions, 0), axis=1, initial=0), 0)
+    return max_at_least(ops.where(ops.cast(mask, "bool"), positions, 0), 0, axis=1)
+
+
+def max_at_least(x, floor, axis):
+    """The maximum of `x` along `axis`, and at least `floor`: `floor` where the axis is empty.
+
+    Keras' `ops.max(..., initial=floor)` without its `initial`, which on PyTorch fills a tensor from a tensor,
+    a host read that the `"meta"` device of Keras' shape inference refuses (and then runs the model on real
+    tensors instead). A tensor of no entries (any axis of size 0: Keras' PyTorch `max` refuses every one) has
+    none to take; one of an unknown size (a TensorFlow graph) takes TensorFlow's, whose maximum over no entries
+    is the dtype's lowest.
+    """
+    if 0 in x.shape:
+        shape = [size for i, size in enumerate(ops.shape(x)) if i != axis % len(x.shape)]
+        return backend.full(shape, floor, x.dtype)
+    return ops.maximum(ops.max(x, axis=axis), floor)
 
 
 def window_after(sequence, end, size, axis):
